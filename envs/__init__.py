@@ -1,0 +1,28 @@
+"""SpecSched's system model and Gymnasium environments.
+
+Importing ``envs`` registers ``EdgeSchedule-v0`` (see :mod:`envs.edge_schedule`).
+"""
+
+import gymnasium as gym
+
+from envs.config import ConfigError, EnvConfig
+from envs.feasibility import CostModel, PlanBuilder, check_plan, check_plans
+from envs.outcome import Outcome, evaluate_plan
+from envs.plan import AD, REJECT, SD, Plan
+from envs.profile import Profile, ProfileError, available_profiles, load_profile
+from envs.workload import Round, sample_round
+
+ENV_ID = "EdgeSchedule-v0"
+
+if ENV_ID not in gym.registry:
+    gym.register(
+        id=ENV_ID,
+        entry_point="envs.edge_schedule:EdgeScheduleEnv",
+        vector_entry_point="envs.edge_schedule:EdgeScheduleVectorEnv",
+    )
+
+__all__ = [
+    "AD", "ENV_ID", "REJECT", "SD", "ConfigError", "CostModel", "EnvConfig", "Outcome", "Plan",
+    "PlanBuilder", "Profile", "ProfileError", "Round", "available_profiles", "check_plan",
+    "check_plans", "evaluate_plan", "load_profile", "sample_round",
+]

@@ -1,0 +1,142 @@
+"""The environment's configuration: workload, wireless channel, prediction error and model switches.
+
+One flat dataclass so that ``gymnasium.make("EdgeSchedule-v0", num_users=12)`` and Hydra's
+``env.num_users=12`` address the same field. Ranges are ``[low, high]`` pairs drawn uniformly
+(integers inclusive). Defaults are the BALANCE paper's setting (``shared/reference/balance.md`` §4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_USERS_LIMIT = 4096
+KV_MEMORY_MODELS = ("per_user", "padded")
+USER_ORDERS = ("arrival", "deadline", "slack")
+REWARD_TIMINGS = ("admission", "episode_end")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the field and the allowed values."""
+
+
+def _pair(default: tuple[float, float]):
+    return field(default_factory=lambda: list(default))
+
+
+@dataclass
+class EnvConfig:
+    # --- round size and hardware -------------------------------------------------------------
+    num_users: int = 50  #: K, users per round
+    max_users: int | None = None  #: K_max for observation padding; defaults to num_users
+    profile: str = "rtx4090_llama2-7b_tinyllama-1.1b"  #: file in conf/profile/ (no .yaml) or a path
+    memory_bytes: float | None = None  #: override the device memory Q (memory sweeps)
+    max_gamma: int = 8  #: G, the largest draft depth; actions are reject, AD, SD@1..G
+    # --- workload (per user, uniform) ---------------------------------------------------------
+    input_tokens: list = _pair((1, 1000))
+    output_tokens: list = _pair((1, 1000))
+    deadline_s: list = _pair((0.5, 13.0))
+    alpha: list = _pair((0.6, 0.95))  #: predicted per-token SD acceptance
+    # --- wireless channel -----------------------------------------------------------------------
+    cell_radius_m: float = 250.0
+    min_distance_m: float = 10.0
+    uplink_bandwidth_hz: float = 1.0e6
+    downlink_bandwidth_hz: float = 2.0e6
+    uplink_psd_dbm_per_hz: float = -50.0
+    downlink_psd_dbm_per_hz: float = -29.0
+    noise_psd_dbm_per_hz: float = -174.0
+    path_loss_db_at_1km: float = 128.1  #: PL(d) = a + b * log10(d / 1 km)
+    path_loss_slope_db: float = 37.6
+    bits_per_token: float = 32.0
+    # --- predicted vs realised ------------------------------------------------------------------
+    alpha_cv: float = 0.0  #: realised acceptance ~ Beta(mean = predicted, CV = alpha_cv)
+    output_cv: float = 0.0  #: realised output ~ predicted * exp(s * t_nu), CV of the log-normal = output_cv
+    output_tail_nu: float | None = None  #: Student-t degrees of freedom of the output error; None = normal
+    simulate_acceptance: bool = False  #: draw SD acceptance token by token instead of using expectations
+    # --- model switches ---------------------------------------------------------------------------
+    kv_memory: str = "per_user"  #: 'per_user' (own output) or 'padded' (batch max output) KV accounting
+    user_order: str = "arrival"  #: order users are presented to the env: arrival, deadline, slack
+    reward_timing: str = "admission"  #: 'admission': +1 on admit, -1 at the end per late user; 'episode_end'
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # Validation is explicit (not just type hints) because Hydra and gymnasium.make pass raw values.
+    def validate(self) -> EnvConfig:
+        def bad(name: str, allowed: str, got: Any) -> ConfigError:
+            return ConfigError(f"env config field '{name}' must be {allowed}, got {got!r}")
+
+        if not isinstance(self.num_users, int) or isinstance(self.num_users, bool) or not 1 <= self.num_users <= MAX_USERS_LIMIT:
+            raise bad("num_users", f"an integer in [1, {MAX_USERS_LIMIT}]", self.num_users)
+        if self.max_users is not None and (not isinstance(self.max_users, int) or not self.num_users <= self.max_users <= MAX_USERS_LIMIT):
+            raise bad("max_users", f"null or an integer in [num_users={self.num_users}, {MAX_USERS_LIMIT}]", self.max_users)
+        if not isinstance(self.profile, str) or not self.profile:
+            raise bad("profile", "the name of a file in conf/profile/ without .yaml", self.profile)
+        if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int | float) and self.memory_bytes > 0):
+            raise bad("memory_bytes", "null or a number > 0", self.memory_bytes)
+        if not isinstance(self.max_gamma, int) or not 1 <= self.max_gamma <= 32:
+            raise bad("max_gamma", "an integer in [1, 32]", self.max_gamma)
+        self.input_tokens = self._range("input_tokens", self.input_tokens, 1, 1 << 20, integer=True)
+        self.output_tokens = self._range("output_tokens", self.output_tokens, 1, 1 << 20, integer=True)
+        self.deadline_s = self._range("deadline_s", self.deadline_s, 1e-6, 1e6)
+        self.alpha = self._range("alpha", self.alpha, 0.0, 1.0)
+        for name in ("cell_radius_m", "uplink_bandwidth_hz", "downlink_bandwidth_hz", "bits_per_token"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise bad(name, "a finite number > 0", v)
+        if not (isinstance(self.min_distance_m, int | float) and 0 < self.min_distance_m < self.cell_radius_m):
+            raise bad("min_distance_m", f"a number in (0, cell_radius_m={self.cell_radius_m})", self.min_distance_m)
+        for name in ("uplink_psd_dbm_per_hz", "downlink_psd_dbm_per_hz", "noise_psd_dbm_per_hz", "path_loss_db_at_1km", "path_loss_slope_db"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v)):
+                raise bad(name, "a finite number", v)
+        for name in ("alpha_cv", "output_cv"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and 0 <= v <= 2):
+                raise bad(name, "a number in [0, 2]", v)
+        if self.output_tail_nu is not None and not (isinstance(self.output_tail_nu, int | float) and self.output_tail_nu > 2):
+            raise bad("output_tail_nu", "null (normal) or a number > 2 (finite variance)", self.output_tail_nu)
+        if not isinstance(self.simulate_acceptance, bool):
+            raise bad("simulate_acceptance", "true or false", self.simulate_acceptance)
+        if self.kv_memory not in KV_MEMORY_MODELS:
+            raise bad("kv_memory", f"one of {list(KV_MEMORY_MODELS)}", self.kv_memory)
+        if self.user_order not in USER_ORDERS:
+            raise bad("user_order", f"one of {list(USER_ORDERS)}", self.user_order)
+        if self.reward_timing not in REWARD_TIMINGS:
+            raise bad("reward_timing", f"one of {list(REWARD_TIMINGS)}", self.reward_timing)
+        return self
+
+    @staticmethod
+    def _range(name: str, value: Any, lo: float, hi: float, integer: bool = False) -> list:
+        try:
+            a, b = (float(v) for v in value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"env config field '{name}' must be a [low, high] pair, got {value!r}") from None
+        if not (lo <= a <= b <= hi):
+            raise ConfigError(f"env config field '{name}' must satisfy {lo} <= low <= high <= {hi}, got {value!r}")
+        if integer:
+            if a != int(a) or b != int(b):
+                raise ConfigError(f"env config field '{name}' must hold integers, got {value!r}")
+            return [int(a), int(b)]
+        return [a, b]
+
+    @property
+    def k_max(self) -> int:
+        return self.max_users if self.max_users is not None else self.num_users
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EnvConfig:
+        """Build from keyword arguments, rejecting unknown names with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ConfigError(f"unknown env config field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> EnvConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

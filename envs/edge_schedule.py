@@ -1,0 +1,384 @@
+"""EdgeSchedule-v0: admit the users of one round to AD, SD or reject, one user at a time.
+
+## Description
+
+An edge server with one GPU hosts a large model (LLM) and a small draft model (SLM). A round of
+``K`` users arrives; each user asks for one completion with an input length, a predicted output
+length, an end-to-end deadline and a predicted speculative-decoding acceptance rate, over its own
+wireless link. The agent sees the users one at a time and decides for each: reject, serve it by
+autoregressive decoding (AD, LLM alone), or by speculative decoding (SD, SLM drafts ``gamma``
+tokens, LLM verifies) -- the first SD admission fixes the round's draft depth. AD and SD users form
+two batches that run concurrently with compute shares ``z`` / ``1 - z`` and KV-memory shares
+``lam`` / ``1 - lam``, chosen at the end so that every admitted user meets its deadline
+(``envs.feasibility``). The goal is to serve as many users as possible (the BALANCE paper's task
+throughput).
+
+## Action Space
+
+``Discrete(2 + G)`` (``G = max_gamma``, default 8):
+
+| Num | Action |
+|-----|--------|
+| 0 | reject the current user |
+| 1 | admit it to the AD batch |
+| 1 + g | admit it to the SD batch with draft depth g (1 <= g <= G) |
+
+``action_masks()`` (sb3-contrib convention, True = allowed) returns exactly the actions that keep
+the plan feasible under the exact check; reject is always allowed. An action outside the mask is
+accepted, **treated as reject**, and flagged with ``info["invalid_action"] = True``.
+
+## Observation Space
+
+``Box(0, 1, (14 + G + 8 * (1 + K_max),), float32)``, every entry normalised to ``[0, 1]``.
+User features (8 each): input / I_hi, predicted output / O_hi, deadline / T_hi, predicted
+acceptance, slack (deadline - downlink) / T_hi, uplink time / 0.1 s (clipped), expected SD tokens
+per iteration at the largest depth / (G + 1), and a presence flag.
+
+| Index | Observation |
+|-------|-------------|
+| 0-7 | the current user (8 user features) |
+| 8-13 | AD batch: size / K_max, longest input / I_hi, longest output / O_hi, compute share needed, KV memory used / SD-case budget, tightest slack / T_hi |
+| 14-19 | SD batch: the same six |
+| 20 | chosen draft depth / G (0 while SD is empty) |
+| 21 | compute share AD would need with the current user added (clipped at 1) |
+| 22 | progress: users decided / K |
+| 23 - 24+G | the action mask as 0/1 (reject, AD, SD@1..G) |
+| then | the users still to come, in presentation order, ``K_max`` rows of 8 user features, padded with zeros (presence 0) |
+
+## Rewards
+
++1 for every served user. With ``reward_timing="admission"`` (default) the +1 is paid when the user
+is admitted and taken back (-1) at the episode's end for an admitted user whose *realised* latency
+misses its deadline (only possible when the config adds prediction error); with
+``"episode_end"`` the whole reward is paid on the last step. Either way an episode returns the
+number of users served.
+
+## Starting State
+
+A round drawn from the config (``envs.workload.sample_round``) with ``self.np_random``, or the
+round given in ``reset(options={"round": Round})`` (used to evaluate schedulers on the same
+rounds). Users are presented in ``user_order`` (arrival, deadline or slack).
+
+## Episode End
+
+Terminated after the last user of the round is decided (``K`` steps). Never truncated. The final
+``info`` holds ``served``, ``admitted_ad``, ``admitted_sd``, ``rejected``, ``late``, ``gamma``,
+``z``, ``lam`` and ``modes`` (per user, in the round's original order).
+
+## Arguments
+
+``gymnasium.make("EdgeSchedule-v0", **kwargs)`` with any field of :class:`envs.config.EnvConfig`,
+e.g. ``num_users=12, profile="a100-40gb_llama2-13b_llama2-7b", alpha_cv=0.3``. Unknown or
+out-of-range values raise ``ConfigError`` naming the field.
+
+## Vectorized environment
+
+``gymnasium.make_vec("EdgeSchedule-v0", num_envs=N, vectorization_mode="vector_entry_point")``
+builds :class:`EdgeScheduleVectorEnv`, which runs ``N`` rounds at once in numpy (autoreset
+``NEXT_STEP``); sub-env ``i`` seeded with ``seed + i`` reproduces the scalar env seeded ``seed + i``.
+
+## Version History
+
+* v0: initial version.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from envs.config import EnvConfig
+from envs.feasibility import CostModel, PlanBuilder, expected_tokens_per_iteration
+from envs.outcome import evaluate_plan
+from envs.plan import AD, REJECT, SD, Plan
+from envs.workload import Round, sample_round
+
+USER_FEATURES = 8
+BATCH_FEATURES = 6
+UPLINK_SCALE_S = 0.1
+
+
+def observation_size(cfg: EnvConfig) -> int:
+    return USER_FEATURES + 2 * BATCH_FEATURES + 3 + (2 + cfg.max_gamma) + USER_FEATURES * cfg.k_max
+
+
+def user_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
+    """(K, 8) normalised features of the round's users in presentation order."""
+    r = rnd.subset(order)
+    e_max = expected_tokens_per_iteration(r.alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
+    f = np.stack(
+        [
+            r.input_tokens / cfg.input_tokens[1],
+            r.output_tokens / cfg.output_tokens[1],
+            r.deadline_s / cfg.deadline_s[1],
+            r.alpha,
+            r.slack_s / cfg.deadline_s[1],
+            r.uplink_s / UPLINK_SCALE_S,
+            e_max,
+            np.ones(r.num_users),
+        ],
+        axis=1,
+    )
+    return np.clip(f, 0.0, 1.0).astype(np.float32)
+
+
+class _Rounds:
+    """The per-round arrays a builder consumes, stacked for N rounds in presentation order."""
+
+    def __init__(self, n: int, k: int):
+        self.order = np.zeros((n, k), dtype=np.int64)
+        self.inp = np.zeros((n, k), dtype=np.int64)
+        self.out = np.zeros((n, k), dtype=np.int64)
+        self.alpha = np.zeros((n, k))
+        self.up = np.zeros((n, k))
+        self.slack = np.zeros((n, k))
+        self.feats = np.zeros((n, k, USER_FEATURES), dtype=np.float32)
+        self.rounds: list[Round | None] = [None] * n
+
+    def load(self, i: int, rnd: Round, cfg: EnvConfig) -> None:
+        order = rnd.order(cfg.user_order)
+        self.rounds[i] = rnd
+        self.order[i] = order
+        self.inp[i] = rnd.input_tokens[order]
+        self.out[i] = rnd.output_tokens[order]
+        self.alpha[i] = rnd.alpha[order]
+        self.up[i] = rnd.uplink_s[order]
+        self.slack[i] = rnd.slack_s[order]
+        self.feats[i] = user_features(rnd, order, cfg)
+
+    def user(self, t: np.ndarray):
+        rows = np.arange(len(t))
+        tt = np.minimum(t, self.inp.shape[1] - 1)
+        return self.inp[rows, tt], self.out[rows, tt], self.alpha[rows, tt], self.up[rows, tt], self.slack[rows, tt]
+
+
+def _encode(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, data: _Rounds, t: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """The observation of N rounds whose current user index is ``t`` (the same table as above)."""
+    n, k = data.inp.shape
+    k_max = cfg.k_max
+    rows = np.arange(n)
+    tt = np.minimum(t, k - 1)
+    current = data.feats[rows, tt] * (t < k)[:, None]
+    budget = max(float(cost.memory_budget(True)), 1.0)
+    batch = []
+    for m in (0, 1):
+        slack = np.where(np.isfinite(builder.slack_min[m]), builder.slack_min[m], cfg.deadline_s[1])
+        batch.append(
+            np.stack(
+                [
+                    builder.b[m] / k_max,
+                    builder.s_max[m] / cfg.input_tokens[1],
+                    builder.n_max[m] / cfg.output_tokens[1],
+                    builder.share[m],
+                    builder.mem[m] / budget,
+                    slack / cfg.deadline_s[1],
+                ],
+                axis=1,
+            )
+        )
+    prep = builder._prepared
+    share_ad = prep[1][5] if prep is not None else np.ones(n)
+    misc = np.stack([builder.gamma / cfg.max_gamma, share_ad, t / k], axis=1)
+    idx = t[:, None] + 1 + np.arange(k_max)[None, :]
+    present = idx < k
+    future = data.feats[rows[:, None], np.minimum(idx, k - 1)] * present[:, :, None]
+    obs = np.concatenate([current, *batch, misc, masks.astype(np.float32), future.reshape(n, -1)], axis=1)
+    return np.clip(obs, 0.0, 1.0).astype(np.float32)
+
+
+def _final_info(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, i: int, rnd: Round, order: np.ndarray, modes_presented: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+    modes = np.zeros(rnd.num_users, dtype=np.int8)
+    modes[order] = modes_presented
+    z, lam = builder.shares()
+    gamma = int(builder.gamma[i]) if builder.gamma[i] > 0 else 0
+    plan = Plan(modes, gamma=max(gamma, 1), z=float(z[i]), lam=float(lam[i]))
+    outcome = evaluate_plan(cost, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance)
+    admitted = plan.admitted
+    return {
+        "served": outcome.served_count,
+        "admitted_ad": plan.admitted_ad,
+        "admitted_sd": plan.admitted_sd,
+        "rejected": rnd.num_users - admitted,
+        "late": admitted - outcome.served_count,
+        "gamma": gamma,
+        "z": float(z[i]),
+        "lam": float(lam[i]),
+        "modes": modes,
+    }
+
+
+class EdgeScheduleEnv(gym.Env):
+    """One round per episode, users decided one at a time (see the module docstring)."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None, **kwargs: Any):
+        self.cfg = EnvConfig.from_kwargs(**kwargs)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.render_mode = render_mode
+        self.cost = CostModel.from_config(self.cfg)
+        self.action_space = spaces.Discrete(2 + self.cfg.max_gamma)
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
+        self._builder = PlanBuilder(self.cost, 1, self.cfg.max_gamma)
+        self._data = _Rounds(1, self.cfg.num_users)
+        self._t = np.zeros(1, dtype=np.int64)
+        self._modes = np.zeros(self.cfg.num_users, dtype=np.int8)
+        self._masks = np.ones((1, 2 + self.cfg.max_gamma), dtype=bool)
+        self._done = True
+
+    @property
+    def round(self) -> Round | None:
+        """The current round (users in their original order)."""
+        return self._data.rounds[0]
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        rnd = options.get("round")
+        if rnd is None:
+            rnd = sample_round(self.np_random, self.cfg)
+        elif not isinstance(rnd, Round) or rnd.num_users != self.cfg.num_users:
+            raise ValueError(f"options['round'] must be a Round with num_users={self.cfg.num_users} users")
+        self._data.load(0, rnd, self.cfg)
+        self._builder.reset()
+        self._t[:] = 0
+        self._modes[:] = REJECT
+        self._done = False
+        self._masks = self._builder.prepare(*self._data.user(self._t))
+        return self._obs(), {}
+
+    def action_masks(self) -> np.ndarray:
+        """Bool (2 + G,): which actions keep the plan feasible for the current user."""
+        if self._done:
+            mask = np.zeros(2 + self.cfg.max_gamma, dtype=bool)
+            mask[0] = True
+            return mask
+        return self._masks[0].copy()
+
+    def step(self, action):
+        if self._done:
+            raise RuntimeError("step() called after the episode ended; call reset()")
+        a = int(action)
+        valid = bool(self._builder.apply(np.array([a]))[0])
+        t = int(self._t[0])
+        mode = REJECT if not valid or a == 0 else (AD if a == 1 else SD)
+        self._modes[t] = mode
+        reward = 1.0 if (mode != REJECT and self.cfg.reward_timing == "admission") else 0.0
+        info: dict[str, Any] = {"invalid_action": not valid}
+        self._t[0] = t + 1
+        terminated = t + 1 >= self.cfg.num_users
+        if terminated:
+            self._done = True
+            info.update(_final_info(self.cfg, self.cost, self._builder, 0, self.round, self._data.order[0], self._modes, self.np_random))
+            reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
+            self._masks = np.zeros_like(self._masks)
+            self._masks[:, 0] = True
+        else:
+            self._masks = self._builder.prepare(*self._data.user(self._t))
+        return self._obs(), reward, terminated, False, info
+
+    def _obs(self) -> np.ndarray:
+        return _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)[0]
+
+    def render(self):
+        if self.render_mode != "ansi":
+            return None
+        b = self._builder
+        lines = [
+            f"user {int(self._t[0])}/{self.cfg.num_users}  gamma={int(b.gamma[0])}",
+            f"AD: {int(b.b[0, 0])} users, share needed {b.share[0, 0]:.3f}, KV {b.mem[0, 0] / 1e9:.2f} GB",
+            f"SD: {int(b.b[1, 0])} users, share needed {b.share[1, 0]:.3f}, KV {b.mem[1, 0] / 1e9:.2f} GB",
+            "mask: " + "".join("1" if m else "0" for m in self.action_masks()),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+class EdgeScheduleVectorEnv(VectorEnv):
+    """``N`` independent rounds stepped together in numpy (autoreset ``NEXT_STEP``).
+
+    Sub-env ``i`` draws its rounds from its own generator seeded with ``seed + i``, so it
+    reproduces ``EdgeScheduleEnv`` reset with ``seed + i``. ``action_masks()`` returns (N, 2 + G).
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
+
+    def __init__(self, num_envs: int = 8, **kwargs: Any):
+        kwargs.pop("render_mode", None)
+        self.cfg = EnvConfig.from_kwargs(**kwargs)
+        self.num_envs = int(num_envs)
+        if self.num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.cost = CostModel.from_config(self.cfg)
+        self.single_action_space = spaces.Discrete(2 + self.cfg.max_gamma)
+        self.single_observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
+        self.action_space = spaces.MultiDiscrete(np.full(self.num_envs, 2 + self.cfg.max_gamma))
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(self.num_envs, observation_size(self.cfg)), dtype=np.float32)
+        self._builder = PlanBuilder(self.cost, self.num_envs, self.cfg.max_gamma)
+        self._data = _Rounds(self.num_envs, self.cfg.num_users)
+        self._t = np.zeros(self.num_envs, dtype=np.int64)
+        self._modes = np.zeros((self.num_envs, self.cfg.num_users), dtype=np.int8)
+        self._rngs = [seeding.np_random(None)[0] for _ in range(self.num_envs)]
+        self._needs_reset = np.ones(self.num_envs, dtype=bool)
+        self._masks = np.ones((self.num_envs, 2 + self.cfg.max_gamma), dtype=bool)
+
+    def _reset_envs(self, which: np.ndarray) -> None:
+        for i in np.flatnonzero(which):
+            self._data.load(i, sample_round(self._rngs[i], self.cfg), self.cfg)
+        self._builder.reset(which)
+        self._t[which] = 0
+        self._modes[which] = REJECT
+        self._needs_reset[which] = False
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        if seed is not None:
+            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"reset(seed=...) needs {self.num_envs} seeds, got {len(seeds)}")
+            self._rngs = [seeding.np_random(s)[0] for s in seeds]
+        self._reset_envs(np.ones(self.num_envs, dtype=bool))
+        self._masks = self._builder.prepare(*self._data.user(self._t))
+        return _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks), {}
+
+    def action_masks(self) -> np.ndarray:
+        return self._masks.copy()
+
+    def step(self, actions):
+        actions = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
+        resetting = self._needs_reset.copy()
+        active = ~resetting
+        # sub-envs that ended last step reset now (their action is ignored: act as reject)
+        valid = self._builder.apply(np.where(active, actions, 0))
+        k = self.cfg.num_users
+        rows = np.flatnonzero(active)
+        mode = np.where(~valid | (actions == 0), REJECT, np.where(actions == 1, AD, SD)).astype(np.int8)
+        self._modes[rows, self._t[rows]] = mode[rows]
+        rewards = np.where(active & (mode != REJECT) & (self.cfg.reward_timing == "admission"), 1.0, 0.0)
+        self._t[active] += 1
+        terminated = active & (self._t >= k)
+        infos: dict[str, Any] = {"invalid_action": active & ~valid, "_invalid_action": active.copy()}
+        if terminated.any():
+            keys = ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma", "z", "lam")
+            final = {key: np.zeros(self.num_envs) for key in keys}
+            for i in np.flatnonzero(terminated):
+                fi = _final_info(self.cfg, self.cost, self._builder, i, self._data.rounds[i], self._data.order[i], self._modes[i], self._rngs[i])
+                for key in keys:
+                    final[key][i] = fi[key]
+                rewards[i] += -fi["late"] if self.cfg.reward_timing == "admission" else fi["served"]
+            for key in keys:
+                infos[key] = final[key]
+                infos[f"_{key}"] = terminated.copy()
+        if resetting.any():
+            self._reset_envs(resetting)
+        self._needs_reset = terminated
+        self._masks = self._builder.prepare(*self._data.user(self._t))
+        # an ended sub-env only allows reject until it resets
+        self._masks[terminated] = False
+        self._masks[terminated, 0] = True
+        obs = _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)
+        return obs, rewards, terminated, np.zeros(self.num_envs, dtype=bool), infos

@@ -1,0 +1,347 @@
+"""Hardware/model cost profiles: what one forward pass costs and how much memory things take.
+
+A profile is a YAML file under ``conf/profile/`` that names a device, a large model (LLM) and a
+small model (SLM), and says where pass times ``tau_M(b, q, c)`` come from:
+
+* ``roofline`` -- computed from the specs: ``tau = layers * layer_overhead_s
+  + max(FLOPs / (flops_efficiency * peak_flops_per_s), bytes / (bandwidth_efficiency * bandwidth))``;
+* ``table`` -- a measured grid over ``(b, q, c)`` (written by ``runtime.profile``), interpolated
+  linearly and extrapolated linearly at the edges;
+* ``linear`` -- a fitted model ``tau = intercept_s + per_flop_s * FLOPs + per_byte_s * bytes``.
+
+Conventions used everywhere: ``b`` is the batch size (sequences), ``q`` the new tokens per
+sequence in the pass, ``c`` the context length attended to *including* the ``q`` new tokens.
+All times are seconds, all sizes bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "conf" / "profile"
+LATENCY_SOURCES = ("roofline", "table", "linear")
+
+
+class ProfileError(ValueError):
+    """A profile file or dict is malformed; the message names the field and the allowed values."""
+
+
+def _require(d: dict, key: str, where: str) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise ProfileError(f"profile field '{where}{key}' is missing")
+    return d[key]
+
+
+def _positive(d: dict, key: str, where: str, *, integer: bool = False, allow_zero: bool = False) -> float:
+    value = _require(d, key, where)
+    try:
+        num = float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(f"profile field '{where}{key}' must be a number, got {value!r}") from None
+    ok = num >= 0 if allow_zero else num > 0
+    if not ok or not math.isfinite(num):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ProfileError(f"profile field '{where}{key}' must be {bound}, got {value!r}")
+    if integer:
+        if num != int(num):
+            raise ProfileError(f"profile field '{where}{key}' must be an integer, got {value!r}")
+        return int(num)
+    return num
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator (or CPU) as the cost model sees it."""
+
+    name: str
+    memory_bytes: float  #: total device memory Q
+    bandwidth_bytes_per_s: float  #: peak memory bandwidth
+    flops_per_s: float  #: peak dense matmul throughput at the models' dtype
+    reserve_bytes: float  #: activations, runtime context, fragmentation: taken off Q first
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DeviceSpec:
+        w = "device."
+        return cls(
+            name=str(_require(d, "name", w)),
+            memory_bytes=_positive(d, "memory_bytes", w),
+            bandwidth_bytes_per_s=_positive(d, "bandwidth_bytes_per_s", w),
+            flops_per_s=_positive(d, "flops_per_s", w),
+            reserve_bytes=_positive(d, "reserve_bytes", w, allow_zero=True),
+        )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A Llama-style decoder (GQA, SwiGLU) described by its config numbers."""
+
+    name: str
+    params: float  #: parameter count
+    layers: int
+    hidden: int  #: d
+    ffn_hidden: int  #: d_ff
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    dtype_bytes: int
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> ModelSpec:
+        w = f"{where}."
+        spec = cls(
+            name=str(_require(d, "name", w)),
+            params=_positive(d, "params", w),
+            layers=_positive(d, "layers", w, integer=True),
+            hidden=_positive(d, "hidden", w, integer=True),
+            ffn_hidden=_positive(d, "ffn_hidden", w, integer=True),
+            heads=_positive(d, "heads", w, integer=True),
+            kv_heads=_positive(d, "kv_heads", w, integer=True),
+            head_dim=_positive(d, "head_dim", w, integer=True),
+            vocab=_positive(d, "vocab", w, integer=True),
+            dtype_bytes=_positive(d, "dtype_bytes", w, integer=True),
+        )
+        if spec.kv_heads > spec.heads:
+            raise ProfileError(f"profile field '{w}kv_heads' must be <= heads ({spec.heads}), got {spec.kv_heads}")
+        return spec
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V for every layer: ``2 * layers * kv_heads * head_dim * dtype_bytes``."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def flops(self, b, q, c):
+        """FLOPs of one pass (Transformer blocks + LM head on every new token)."""
+        d, dkv = self.hidden, self.kv_heads * self.head_dim
+        per_token = self.layers * (4.0 * d * d + 4.0 * d * dkv + 6.0 * d * self.ffn_hidden) + 2.0 * d * self.vocab
+        attention = self.layers * 4.0 * d * np.asarray(c, dtype=float)
+        return np.asarray(b, dtype=float) * np.asarray(q, dtype=float) * (per_token + attention)
+
+    def bytes_moved(self, b, q, c):
+        """Bytes one pass streams: all weights once, plus every sequence's KV read and written."""
+        b = np.asarray(b, dtype=float)
+        return self.weight_bytes + b * np.asarray(c, dtype=float) * self.kv_bytes_per_token
+
+
+class LatencyModel:
+    """``tau(b, q, c)`` for one model on one device; numpy-broadcasting over its arguments."""
+
+    def tau(self, b, q, c):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    # Sums of decode steps are asked for constantly (AD batch times); a lazily grown
+    # prefix-sum table over integer contexts makes each one O(1) for every latency source.
+    _prefix: np.ndarray | None = None
+
+    def decode_sum(self, b, c_start, n):
+        """``sum_{i=1..n} tau(b, 1, c_start + i)`` for integer arrays (``n >= 0``)."""
+        b = np.asarray(b, dtype=np.int64)
+        c_start = np.asarray(c_start, dtype=np.int64)
+        n = np.asarray(n, dtype=np.int64)
+        need_b = int(b.max(initial=1))
+        need_c = int((c_start + n).max(initial=1))
+        self._ensure_prefix(need_b, need_c)
+        p = self._prefix
+        return p[b, c_start + n] - p[b, c_start]
+
+    def _ensure_prefix(self, b_max: int, c_max: int) -> None:
+        p = self._prefix
+        if p is not None and p.shape[0] > b_max and p.shape[1] > c_max:
+            return
+        rows = max(b_max + 1, 0 if p is None else p.shape[0], 16)
+        cols = max(c_max + 1, 0 if p is None else p.shape[1], 2048)
+        # grow geometrically so a slowly rising maximum does not rebuild the table each call
+        if p is not None:
+            rows = max(rows, p.shape[0] * 2 if b_max >= p.shape[0] else p.shape[0])
+            cols = max(cols, p.shape[1] * 2 if c_max >= p.shape[1] else p.shape[1])
+        bb = np.arange(rows, dtype=float)[:, None]
+        cc = np.arange(cols, dtype=float)[None, :]
+        step = np.where(cc >= 1, self.tau(np.maximum(bb, 1), 1, np.maximum(cc, 1)), 0.0)
+        step[0, :] = 0.0
+        self._prefix = np.cumsum(step, axis=1)
+
+
+@dataclass
+class RooflineLatency(LatencyModel):
+    model: ModelSpec
+    device: DeviceSpec
+    flops_efficiency: float
+    bandwidth_efficiency: float
+    layer_overhead_s: float
+
+    def tau(self, b, q, c):
+        compute = self.model.flops(b, q, c) / (self.flops_efficiency * self.device.flops_per_s)
+        memory = self.model.bytes_moved(b, q, c) / (self.bandwidth_efficiency * self.device.bandwidth_bytes_per_s)
+        return self.model.layers * self.layer_overhead_s + np.maximum(compute, memory)
+
+
+@dataclass
+class LinearLatency(LatencyModel):
+    model: ModelSpec
+    intercept_s: float
+    per_flop_s: float
+    per_byte_s: float
+
+    def tau(self, b, q, c):
+        return self.intercept_s + self.per_flop_s * self.model.flops(b, q, c) + self.per_byte_s * self.model.bytes_moved(b, q, c)
+
+
+@dataclass
+class TableLatency(LatencyModel):
+    """Trilinear interpolation of a measured grid; linear extrapolation outside it."""
+
+    b_grid: np.ndarray
+    q_grid: np.ndarray
+    c_grid: np.ndarray
+    tau_s: np.ndarray  #: shape (len(b), len(q), len(c))
+    _axes: tuple = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._axes = (self.b_grid, self.q_grid, self.c_grid)
+
+    @staticmethod
+    def _bracket(grid: np.ndarray, x: np.ndarray):
+        if len(grid) == 1:
+            i = np.zeros_like(x, dtype=np.int64)
+            return i, i, np.zeros_like(x, dtype=float)
+        i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+        w = (x - grid[i]) / (grid[i + 1] - grid[i])
+        return i, i + 1, w
+
+    def tau(self, b, q, c):
+        b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (b, q, c)))
+        ib0, ib1, wb = self._bracket(self.b_grid, b)
+        iq0, iq1, wq = self._bracket(self.q_grid, q)
+        ic0, ic1, wc = self._bracket(self.c_grid, c)
+        t = self.tau_s
+        out = 0.0
+        for ib, fb in ((ib0, 1 - wb), (ib1, wb)):
+            for iq, fq in ((iq0, 1 - wq), (iq1, wq)):
+                for ic, fc in ((ic0, 1 - wc), (ic1, wc)):
+                    out = out + fb * fq * fc * t[ib, iq, ic]
+        # extrapolation can dip below the smallest measurement; a pass is never free
+        return np.maximum(out, self.tau_s.min() * 0.5)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything the cost model needs about the hardware and the model pair."""
+
+    name: str
+    device: DeviceSpec
+    llm: ModelSpec
+    slm: ModelSpec
+    latency_source: str
+    tau_llm: LatencyModel = field(compare=False)
+    tau_slm: LatencyModel = field(compare=False)
+    notes: str = ""
+
+    @property
+    def kv_llm_bytes(self) -> float:
+        return self.llm.kv_bytes_per_token
+
+    @property
+    def kv_slm_bytes(self) -> float:
+        return self.slm.kv_bytes_per_token
+
+    @classmethod
+    def from_dict(cls, d: dict, name: str = "") -> Profile:
+        if not isinstance(d, dict):
+            raise ProfileError("a profile must be a mapping with fields device, llm, slm, latency")
+        device = DeviceSpec.from_dict(_require(d, "device", ""))
+        llm = ModelSpec.from_dict(_require(d, "llm", ""), "llm")
+        slm = ModelSpec.from_dict(_require(d, "slm", ""), "slm")
+        lat = _require(d, "latency", "")
+        source = _require(lat, "source", "latency.")
+        if source not in LATENCY_SOURCES:
+            raise ProfileError(f"profile field 'latency.source' must be one of {list(LATENCY_SOURCES)}, got {source!r}")
+        if source == "roofline":
+            w = "latency."
+            common = dict(
+                device=device,
+                flops_efficiency=_positive(lat, "flops_efficiency", w),
+                bandwidth_efficiency=_positive(lat, "bandwidth_efficiency", w),
+            )
+            for key in ("flops_efficiency", "bandwidth_efficiency"):
+                if common[key] > 1:
+                    raise ProfileError(f"profile field 'latency.{key}' must be in (0, 1], got {common[key]}")
+            over = lat.get("layer_overhead_s", 0.0)
+            over_l = _positive({"v": lat.get("llm_layer_overhead_s", over)}, "v", "latency.llm_layer_overhead_s", allow_zero=True)
+            over_s = _positive({"v": lat.get("slm_layer_overhead_s", over)}, "v", "latency.slm_layer_overhead_s", allow_zero=True)
+            tau_l = RooflineLatency(model=llm, layer_overhead_s=over_l, **common)
+            tau_s = RooflineLatency(model=slm, layer_overhead_s=over_s, **common)
+        elif source == "linear":
+            def lin(key: str, spec: ModelSpec) -> LinearLatency:
+                sub = _require(lat, key, "latency.")
+                w = f"latency.{key}."
+                return LinearLatency(
+                    model=spec,
+                    intercept_s=_positive(sub, "intercept_s", w, allow_zero=True),
+                    per_flop_s=_positive(sub, "per_flop_s", w, allow_zero=True),
+                    per_byte_s=_positive(sub, "per_byte_s", w, allow_zero=True),
+                )
+            tau_l, tau_s = lin("llm", llm), lin("slm", slm)
+        else:
+            tau_l, tau_s = _table("llm", lat), _table("slm", lat)
+        return cls(
+            name=name or str(d.get("name", "")),
+            device=device,
+            llm=llm,
+            slm=slm,
+            latency_source=source,
+            tau_llm=tau_l,
+            tau_slm=tau_s,
+            notes=str(d.get("notes", "")),
+        )
+
+    def with_memory(self, memory_bytes: float) -> Profile:
+        """The same profile with a different device memory ``Q`` (for memory sweeps)."""
+        if not memory_bytes > 0:
+            raise ProfileError(f"memory_bytes must be > 0, got {memory_bytes}")
+        dev = DeviceSpec(**{**self.device.__dict__, "memory_bytes": float(memory_bytes)})
+        return Profile(self.name, dev, self.llm, self.slm, self.latency_source, self.tau_llm, self.tau_slm, self.notes)
+
+
+def _table(key: str, lat: dict) -> TableLatency:
+    sub = _require(lat, key, "latency.")
+    w = f"latency.{key}."
+    axes = []
+    for ax in ("b", "q", "c"):
+        arr = np.asarray(_require(sub, ax, w), dtype=float)
+        if arr.ndim != 1 or len(arr) == 0 or np.any(arr <= 0) or np.any(np.diff(arr) <= 0):
+            raise ProfileError(f"profile field '{w}{ax}' must be a non-empty, strictly increasing list of positive numbers")
+        axes.append(arr)
+    tau = np.asarray(_require(sub, "tau_s", w), dtype=float)
+    shape = tuple(len(a) for a in axes)
+    if tau.shape != shape:
+        raise ProfileError(f"profile field '{w}tau_s' must have shape {shape} (b, q, c), got {tau.shape}")
+    if np.any(~np.isfinite(tau)) or np.any(tau <= 0):
+        raise ProfileError(f"profile field '{w}tau_s' must hold positive finite seconds")
+    return TableLatency(axes[0], axes[1], axes[2], tau)
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load and validate a profile by name (a file in ``conf/profile/`` without ``.yaml``) or path."""
+    path = Path(name_or_path)
+    # names may contain dots ("tinyllama-1.1b"), so only a .yaml/.yml suffix marks a path
+    if path.suffix not in (".yaml", ".yml"):
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"profile {str(name_or_path)!r} not found; available: {available_profiles()}")
+    with path.open() as fh:
+        data = yaml.safe_load(fh)
+    return Profile.from_dict(data, name=path.stem)

@@ -1,0 +1,118 @@
+"""Rounds of users: what each user asks for, predicted and realised.
+
+A round is ``K`` users, each with one task: input length, predicted output length, end-to-end
+deadline, predicted SD acceptance rate, and a position in the cell that fixes its uplink and
+downlink times. Realised output length and acceptance are drawn at the same time from the
+configured error model (equal to the predictions by default) so that a round is fixed by its seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+from scipy import stats
+
+from envs.channel import link_rates_bps, transfer_time_s
+from envs.config import EnvConfig
+
+ALPHA_MAX = 0.999  #: realised acceptance is kept below 1 so expected tokens per iteration stay finite
+
+
+@dataclass
+class Round:
+    """One round of users (arrays of length K). Times in seconds, lengths in tokens."""
+
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray  #: predicted output length O_k (what schedulers see)
+    deadline_s: np.ndarray
+    alpha: np.ndarray  #: predicted acceptance alpha_k
+    distance_m: np.ndarray
+    uplink_s: np.ndarray  #: time to send the prompt
+    downlink_s: np.ndarray  #: time to send the predicted output
+    realized_output_tokens: np.ndarray
+    realized_alpha: np.ndarray
+    realized_downlink_s: np.ndarray
+
+    @property
+    def num_users(self) -> int:
+        return len(self.input_tokens)
+
+    @property
+    def slack_s(self) -> np.ndarray:
+        """Time left for uplink + compute: ``T_k - t_d,k`` (predicted downlink)."""
+        return self.deadline_s - self.downlink_s
+
+    def subset(self, idx) -> Round:
+        return Round(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def order(self, how: str) -> np.ndarray:
+        """Presentation order of the users: 'arrival' (as drawn), 'deadline' or 'slack' ascending."""
+        if how == "arrival":
+            return np.arange(self.num_users)
+        key = self.deadline_s if how == "deadline" else self.slack_s
+        return np.argsort(key, kind="stable")
+
+    @classmethod
+    def from_arrays(cls, cfg: EnvConfig, input_tokens, output_tokens, deadline_s, alpha, distance_m) -> Round:
+        """A round with given users and exact predictions (realised = predicted)."""
+        i = np.asarray(input_tokens, dtype=np.int64)
+        o = np.asarray(output_tokens, dtype=np.int64)
+        up, down = link_rates_bps(np.asarray(distance_m, dtype=float), cfg)
+        t_down = transfer_time_s(o, down, cfg)
+        return cls(
+            input_tokens=i,
+            output_tokens=o,
+            deadline_s=np.asarray(deadline_s, dtype=float),
+            alpha=np.asarray(alpha, dtype=float),
+            distance_m=np.asarray(distance_m, dtype=float),
+            uplink_s=transfer_time_s(i, up, cfg),
+            downlink_s=t_down,
+            realized_output_tokens=o.copy(),
+            realized_alpha=np.asarray(alpha, dtype=float).copy(),
+            realized_downlink_s=t_down.copy(),
+        )
+
+
+def _beta_with_mean_cv(mean: np.ndarray, cv: float, u: np.ndarray) -> np.ndarray:
+    """Quantile ``u`` of a Beta with the given mean and coefficient of variation.
+
+    The variance is capped just below ``mean * (1 - mean)``, the most a Beta on [0, 1] can have.
+    """
+    var = np.minimum((cv * mean) ** 2, 0.999 * mean * (1.0 - mean))
+    total = mean * (1.0 - mean) / var - 1.0
+    return stats.beta.ppf(u, mean * total, (1.0 - mean) * total)
+
+
+def sample_round(rng: np.random.Generator, cfg: EnvConfig, num_users: int | None = None) -> Round:
+    """Draw one round from ``cfg``. Every draw comes from ``rng``, in a fixed order.
+
+    The error draws are always made (and scaled by the configured CV), so rounds with the same
+    seed share their users across error settings: common random numbers for sweeps.
+    """
+    k = cfg.num_users if num_users is None else num_users
+    i = rng.integers(cfg.input_tokens[0], cfg.input_tokens[1] + 1, size=k)
+    o = rng.integers(cfg.output_tokens[0], cfg.output_tokens[1] + 1, size=k)
+    t = rng.uniform(cfg.deadline_s[0], cfg.deadline_s[1], size=k)
+    a = rng.uniform(cfg.alpha[0], cfg.alpha[1], size=k)
+    # uniform over the annulus area between min_distance and the cell radius
+    r2 = rng.uniform(cfg.min_distance_m**2, cfg.cell_radius_m**2, size=k)
+    d = np.sqrt(r2)
+    u_alpha = rng.random(size=k)
+    z_out = rng.standard_normal(size=k)
+    chi = rng.chisquare(cfg.output_tail_nu, size=k) if cfg.output_tail_nu is not None else None
+
+    rnd = Round.from_arrays(cfg, i, o, t, a, d)
+    if cfg.alpha_cv > 0:
+        mean = np.clip(a, 1e-3, ALPHA_MAX)
+        rnd.realized_alpha = np.clip(_beta_with_mean_cv(mean, cfg.alpha_cv, np.clip(u_alpha, 1e-9, 1 - 1e-9)), 0.0, ALPHA_MAX)
+    if cfg.output_cv > 0:
+        # log-normal (or log-t) error with median equal to the prediction
+        s = np.sqrt(np.log1p(cfg.output_cv**2))
+        shock = z_out if chi is None else z_out / np.sqrt(chi / cfg.output_tail_nu)
+        realized = np.rint(o * np.exp(s * shock))
+        # a heavy tail can draw absurd lengths; cap at 4x the largest configured output
+        rnd.realized_output_tokens = np.clip(realized, 1, 4 * cfg.output_tokens[1]).astype(np.int64)
+        _, down = link_rates_bps(d, cfg)
+        rnd.realized_downlink_s = transfer_time_s(rnd.realized_output_tokens, down, cfg)
+    return rnd
