@@ -161,34 +161,34 @@ def _encode(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, data: _Rounds
     """The observation of N rounds whose current user index is ``t`` (the same table as above)."""
     n, k = data.inp.shape
     k_max = cfg.k_max
+    head = USER_FEATURES + 2 * BATCH_FEATURES + 3
+    obs = np.zeros((n, observation_size(cfg)), dtype=np.float32)
     rows = np.arange(n)
-    tt = np.minimum(t, k - 1)
-    current = data.feats[rows, tt] * (t < k)[:, None]
+    live = t < k
+    obs[:, :USER_FEATURES] = data.feats[rows, np.minimum(t, k - 1)] * live[:, None]
     budget = max(float(cost.memory_budget(True)), 1.0)
-    batch = []
+    col = USER_FEATURES
     for m in (0, 1):
         slack = np.where(np.isfinite(builder.slack_min[m]), builder.slack_min[m], cfg.deadline_s[1])
-        batch.append(
-            np.stack(
-                [
-                    builder.b[m] / k_max,
-                    builder.s_max[m] / cfg.input_tokens[1],
-                    builder.n_max[m] / cfg.output_tokens[1],
-                    builder.share[m],
-                    builder.mem[m] / budget,
-                    slack / cfg.deadline_s[1],
-                ],
-                axis=1,
-            )
-        )
+        for value in (builder.b[m] / k_max, builder.s_max[m] / cfg.input_tokens[1], builder.n_max[m] / cfg.output_tokens[1], builder.share[m], builder.mem[m] / budget, slack / cfg.deadline_s[1]):
+            obs[:, col] = value
+            col += 1
     prep = builder._prepared
-    share_ad = prep[1][5] if prep is not None else np.ones(n)
-    misc = np.stack([builder.gamma / cfg.max_gamma, share_ad, t / k], axis=1)
-    idx = t[:, None] + 1 + np.arange(k_max)[None, :]
-    present = idx < k
-    future = data.feats[rows[:, None], np.minimum(idx, k - 1)] * present[:, :, None]
-    obs = np.concatenate([current, *batch, misc, masks.astype(np.float32), future.reshape(n, -1)], axis=1)
-    return np.clip(obs, 0.0, 1.0).astype(np.float32)
+    obs[:, col] = builder.gamma / cfg.max_gamma
+    obs[:, col + 1] = np.where(live, prep[1][5], 1.0) if prep is not None else 1.0
+    obs[:, col + 2] = t / k
+    np.clip(obs[:, :head], 0.0, 1.0, out=obs[:, :head])
+    obs[:, head : head + masks.shape[1]] = masks
+    future = obs[:, head + masks.shape[1] :].reshape(n, k_max, USER_FEATURES)
+    t0 = int(t[0])
+    if np.all(t == t0):  # the usual case: every round is at the same user
+        m = max(0, min(k - t0 - 1, k_max))
+        future[:, :m] = data.feats[:, t0 + 1 : t0 + 1 + m]
+    else:
+        idx = t[:, None] + 1 + np.arange(k_max)[None, :]
+        present = idx < k
+        future[:] = data.feats[rows[:, None], np.minimum(idx, k - 1)] * present[:, :, None]
+    return obs
 
 
 def _final_info(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, i: int, rnd: Round, order: np.ndarray, modes_presented: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""EdgeSchedule-v0: API conformance, masks, determinism, vector twin."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import envs
+from envs import AD, SD, ConfigError, check_plans
+from envs.edge_schedule import EdgeScheduleVectorEnv
+
+
+def make(**kw):
+    return gym.make(envs.ENV_ID, **{"num_users": 12, **kw})
+
+
+@pytest.mark.parametrize("kw", [{}, {"profile": "a100-40gb_llama2-13b_llama2-7b"}, {"alpha_cv": 0.3, "output_cv": 0.3, "simulate_acceptance": True}, {"kv_memory": "padded", "user_order": "deadline", "reward_timing": "episode_end"}])
+def test_gymnasium_and_sb3_check_env(kw):
+    check_env(make(**kw).unwrapped)
+    sb3_check_env(make(**kw))
+
+
+def test_bad_kwargs():
+    with pytest.raises(ConfigError, match="num_users"):
+        make(num_users=0)
+    with pytest.raises(ConfigError, match="unknown"):
+        make(bogus=1)
+
+
+def _run(env, seed, policy_seed):
+    rng = np.random.default_rng(policy_seed)
+    obs, _ = env.reset(seed=seed)
+    trace, total = [obs], 0.0
+    while True:
+        m = env.unwrapped.action_masks()
+        a = int(rng.choice(np.flatnonzero(m)))
+        obs, r, term, trunc, info = env.step(a)
+        trace.append(obs)
+        total += r
+        if term or trunc:
+            return np.array(trace), total, info
+
+
+def test_masks_exact_along_episodes():
+    env = make()
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        env.reset(seed=seed)
+        u = env.unwrapped
+        rnd, order = u.round, u._data.order[0]
+        for t in range(12):
+            mask = u.action_masks()
+            modes = np.zeros(12, dtype=np.int8)
+            modes[order[:t]] = u._modes[:t]
+            gamma = int(u._builder.gamma[0])
+            for a in range(1, mask.size):
+                trial = modes.copy()
+                trial[order[t]] = AD if a == 1 else SD
+                g = a - 1 if a >= 2 else max(gamma, 1)
+                expect = bool(check_plans(u.cost, rnd, trial, g).feasible) and not (a >= 2 and gamma and g != gamma)
+                assert mask[a] == expect
+            env.step(int(rng.choice(np.flatnonzero(mask))))
+
+
+def test_episode_returns_served_and_info_keys():
+    traj, total, info = _run(make(), 3, 0)
+    for key in ("served", "admitted_ad", "admitted_sd", "gamma", "z", "lam"):
+        assert key in info
+    assert total == info["served"] == info["admitted_ad"] + info["admitted_sd"]
+    assert len(traj) == 13
+
+
+def test_invalid_action_is_reject_and_flagged():
+    env = make(num_users=40, deadline_s=[0.5, 0.6])  # almost nothing fits
+    env.reset(seed=0)
+    u = env.unwrapped
+    for _ in range(40):
+        mask = u.action_masks()
+        bad = np.flatnonzero(~mask)
+        if bad.size:
+            _, r, term, _, info = env.step(int(bad[0]))
+            assert info["invalid_action"] and r == 0.0
+            return
+        env.step(0)
+    pytest.fail("no invalid action found")
+
+
+def test_out_of_range_action_is_reject():
+    env = make()
+    env.reset(seed=0)
+    _, r, _, _, info = env.step(99)
+    assert info["invalid_action"] and r == 0.0
+
+
+def test_seeded_runs_repeat():
+    a = _run(make(alpha_cv=0.2, output_cv=0.2, simulate_acceptance=True), 11, 1)
+    b = _run(make(alpha_cv=0.2, output_cv=0.2, simulate_acceptance=True), 11, 1)
+    assert np.array_equal(a[0], b[0]) and a[1] == b[1]
+
+
+def test_vector_env_equals_scalar_env():
+    n, k = 4, 12
+    venv = gym.make_vec(envs.ENV_ID, num_envs=n, vectorization_mode="vector_entry_point", num_users=k)
+    assert isinstance(venv.unwrapped, EdgeScheduleVectorEnv)
+    scalars = [make() for _ in range(n)]
+    vobs, _ = venv.reset(seed=100)
+    sobs = [e.reset(seed=100 + i)[0] for i, e in enumerate(scalars)]
+    assert np.array_equal(vobs, np.stack(sobs))
+    rng = np.random.default_rng(0)
+    for step in range(2 * k + 1):  # two episodes plus the autoreset step
+        vmask = venv.unwrapped.action_masks()
+        actions = []
+        for i in range(n):
+            m = vmask[i]
+            actions.append(int(rng.choice(np.flatnonzero(m))) if rng.random() < 0.9 else int(rng.integers(0, m.size)))
+        vobs, vr, vterm, _, vinfo = venv.step(np.array(actions))
+        for i, e in enumerate(scalars):
+            if step == k:  # NEXT_STEP autoreset: the scalar twin resets (continuing its stream)
+                o, _ = e.reset()
+                r, term = 0.0, False
+            else:
+                assert np.array_equal(vmask[i], e.unwrapped.action_masks())
+                o, r, term, _, info = e.step(actions[i])
+                if term:
+                    assert vinfo["served"][i] == info["served"]
+            assert np.array_equal(vobs[i], o), (step, i)
+            assert vr[i] == r and vterm[i] == term
+
+
+def test_reset_with_given_round():
+    env = make()
+    env.reset(seed=0)
+    rnd = env.unwrapped.round
+    env2 = make()
+    env2.reset(seed=123, options={"round": rnd})
+    assert np.array_equal(env2.unwrapped.round.input_tokens, rnd.input_tokens)
+    with pytest.raises(ValueError):
+        make(num_users=5).reset(options={"round": rnd})
+
+
+def test_render_ansi():
+    env = make(render_mode="ansi")
+    env.reset(seed=0)
+    assert "AD:" in env.render()

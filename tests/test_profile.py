@@ -1,0 +1,145 @@
+import numpy as np
+import pytest
+import yaml
+
+from envs import ConfigError, EnvConfig, ProfileError, available_profiles, load_profile
+from envs.channel import link_rates_bps, path_loss_db
+from envs.profile import PROFILE_DIR, Profile
+
+
+def test_shipped_profiles_load():
+    names = available_profiles()
+    for want in ("rtx4090_llama2-7b_tinyllama-1.1b", "a100-40gb_llama2-13b_llama2-7b", "h100_llama2-13b_llama2-7b", "h200_llama2-13b_llama2-7b"):
+        assert want in names
+    for name in names:
+        p = load_profile(name)
+        assert p.llm.weight_bytes > p.slm.weight_bytes
+        assert p.device.memory_bytes > p.llm.weight_bytes + p.slm.weight_bytes
+        t1 = p.tau_llm.tau(1, 1, 100)
+        assert 0 < t1 < 1
+
+
+def test_model_sizes_match_reference():
+    p = load_profile("rtx4090_llama2-7b_tinyllama-1.1b")
+    assert p.llm.kv_bytes_per_token == 512 * 1024  # balance.md §1.5
+    assert p.slm.kv_bytes_per_token == 22 * 1024
+    # ~13.2 GFLOP per token at short context for Llama-2-7B
+    assert 12.5e9 < float(p.llm.flops(1, 1, 1)) < 14e9
+
+
+def test_tau_monotone():
+    p = load_profile("rtx4090_llama2-7b_tinyllama-1.1b")
+    for tau in (p.tau_llm, p.tau_slm):
+        assert tau.tau(2, 1, 100) >= tau.tau(1, 1, 100)
+        assert tau.tau(1, 8, 100) >= tau.tau(1, 1, 100)
+        assert tau.tau(1, 1, 1000) >= tau.tau(1, 1, 100)
+
+
+def test_decode_sum_matches_loop():
+    p = load_profile("rtx4090_llama2-7b_tinyllama-1.1b")
+    direct = sum(float(p.tau_llm.tau(3, 1, 200 + i)) for i in range(1, 51))
+    assert np.isclose(float(p.tau_llm.decode_sum(3, 200, 50)), direct, rtol=1e-9)
+    assert float(p.tau_llm.decode_sum(3, 200, 0)) == 0.0
+    # growing the table for a larger batch/context keeps earlier answers
+    big = float(p.tau_llm.decode_sum(300, 5000, 10))
+    assert big > 0 and np.isclose(float(p.tau_llm.decode_sum(3, 200, 50)), direct, rtol=1e-9)
+
+
+def _raw(name="rtx4090_llama2-7b_tinyllama-1.1b"):
+    return yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+
+
+def test_missing_field_named():
+    d = _raw()
+    del d["llm"]["layers"]
+    with pytest.raises(ProfileError, match="llm.layers"):
+        Profile.from_dict(d)
+
+
+def test_negative_memory_named():
+    d = _raw()
+    d["device"]["memory_bytes"] = -1
+    with pytest.raises(ProfileError, match="device.memory_bytes.*> 0"):
+        Profile.from_dict(d)
+
+
+def test_unknown_latency_source_named():
+    d = _raw()
+    d["latency"]["source"] = "magic"
+    with pytest.raises(ProfileError, match="latency.source.*roofline"):
+        Profile.from_dict(d)
+
+
+def test_unknown_profile_lists_available():
+    with pytest.raises(ProfileError, match="available"):
+        load_profile("no-such-profile")
+
+
+def test_table_profile_interpolates_grid(tmp_path):
+    d = _raw()
+    roof = Profile.from_dict(d)
+    grid = {"b": [1, 4, 16, 64], "q": [1, 5, 64, 512], "c": [64, 256, 1024, 4096]}
+    lat = {"source": "table"}
+    for key, tau in (("llm", roof.tau_llm), ("slm", roof.tau_slm)):
+        b, q, c = np.meshgrid(*(np.array(v, float) for v in grid.values()), indexing="ij")
+        lat[key] = {**grid, "tau_s": tau.tau(b, q, c).tolist()}
+    d["latency"] = lat
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump(d))
+    table = load_profile(path)
+    assert table.latency_source == "table"
+    assert np.isclose(float(table.tau_llm.tau(4, 5, 256)), float(roof.tau_llm.tau(4, 5, 256)))
+    mid = float(table.tau_llm.tau(8, 1, 500))
+    assert float(table.tau_llm.tau(4, 1, 256)) <= mid <= float(table.tau_llm.tau(16, 1, 1024))
+    # the environment runs on it
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+
+    env = gym.make("EdgeSchedule-v0", num_users=6, profile=str(path))
+    env.reset(seed=0)
+    env.step(1)
+
+
+def test_table_shape_checked(tmp_path):
+    d = _raw()
+    d["latency"] = {"source": "table", "llm": {"b": [1, 2], "q": [1], "c": [10], "tau_s": [[[0.1]]]}, "slm": {"b": [1], "q": [1], "c": [1], "tau_s": [[[0.1]]]}}
+    with pytest.raises(ProfileError, match="latency.llm.tau_s.*shape"):
+        Profile.from_dict(d)
+
+
+def test_linear_profile():
+    d = _raw()
+    d["latency"] = {"source": "linear", "llm": {"intercept_s": 0.004, "per_flop_s": 1e-14, "per_byte_s": 1.2e-12}, "slm": {"intercept_s": 0.002, "per_flop_s": 1e-14, "per_byte_s": 1.2e-12}}
+    p = Profile.from_dict(d)
+    assert float(p.tau_llm.tau(1, 1, 10)) > 0.004
+
+
+def test_channel_reference_numbers():
+    cfg = EnvConfig()
+    assert abs(float(path_loss_db(250.0, cfg)) - 105.46) < 0.1
+    up, down = link_rates_bps(np.array([250.0]), cfg)
+    assert 5.5e6 < up[0] < 7e6  # ~6 Mbit/s uplink at the cell edge
+    assert 24e6 < down[0] < 28e6  # ~26 Mbit/s downlink
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("num_users", 0, "num_users"),
+        ("num_users", 10**6, "num_users"),
+        ("alpha", [0.9, 0.5], "alpha"),
+        ("kv_memory", "paged", "kv_memory"),
+        ("memory_bytes", -5, "memory_bytes"),
+        ("input_tokens", [0, 10], "input_tokens"),
+        ("max_gamma", 0, "max_gamma"),
+    ],
+)
+def test_config_errors_name_field(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        EnvConfig(**{field: value})
+
+
+def test_unknown_config_field():
+    with pytest.raises(ConfigError, match="unknown env config field"):
+        EnvConfig.from_kwargs(num_userz=3)
