@@ -1,0 +1,130 @@
+"""BALANCE (arXiv 2608.05926): hybrid AD/SD scheduling by enumerating compute and memory splits.
+
+For every candidate ``(z, lam)`` on a grid that includes 0 and 1 (``grid_step``, default 0.05):
+
+1. ``M_rem = Q - reserve - W_L`` if ``z = 1`` (no SD, the SLM is not loaded), else ``... - W_S``;
+2. AD users are chosen optimally with compute share ``z`` and KV budget ``lam * M_rem``
+   (:func:`agents.mode_solver.solve_mode`);
+3. SD users are chosen optimally among the rest with ``1 - z`` and ``(1 - lam) * M_rem``;
+4. the pair serving the most users wins (ties: the earlier grid point, z descending).
+
+Grid points are visited best-first and skipped when a cheap upper bound on AD + SD cannot beat
+the incumbent, so the number served equals a full grid scan's, only faster. The AD-only
+point ``(1, 1)`` and SD-only point ``(0, 0)`` are on the grid, so BALANCE is never below AD-only
+or SD-only, and (the per-mode solves being optimal) never below half the optimum.
+
+``BalanceGammaSearch`` also searches the draft depth per round (every ``gamma`` in ``gammas``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agents.mode_solver import ModeTable, build_table, solve_mode, upper_bound_grid
+from agents.scheduler import Scheduler
+from envs.config import EnvConfig
+from envs.feasibility import CostModel
+from envs.plan import AD, SD, Plan
+from envs.workload import Round
+
+
+def grid(step: float) -> np.ndarray:
+    if not 0 < step <= 1:
+        raise ValueError(f"grid_step must be in (0, 1], got {step}")
+    n = int(round(1.0 / step))
+    return np.unique(np.concatenate([np.linspace(0.0, 1.0, n + 1), [0.0, 1.0]]))
+
+
+def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values, tables: tuple[ModeTable, ModeTable] | None = None) -> tuple[Plan, int]:
+    """Best plan over the given ``z`` x ``lam`` candidates; returns (plan, grid points solved).
+
+    Two exact shortcuts keep this fast. (1) A grid point whose upper bound (AD bound + SD bound,
+    each over all users) cannot beat the incumbent is skipped. (2) For a fixed ``z``, raising
+    ``lam`` only gives AD more memory and SD less: if AD cannot serve more users than at the
+    previous ``lam``, the previous AD set stays optimal and SD can only do worse, so the point is
+    dominated and skipped.
+    """
+    k = rnd.num_users
+    ad_tab, sd_tab = tables or (build_table(cost, rnd, AD, gamma), build_table(cost, rnd, SD, gamma))
+    everyone = np.ones(k, dtype=bool)
+    rem_sd = float(cost.memory_budget(True))
+    rem_ad_only = float(cost.memory_budget(False))
+    best_n, best_plan, solved = -1, None, 0
+    zs = sorted((float(v) for v in z_values), reverse=True)
+    lams = sorted(float(v) for v in lam_values)
+    # visit the single-mode corners first (cheap, and a strong incumbent prunes the rest)
+    corners = [(z, lam) for z, lam in ((0.0, 0.0), (1.0, 1.0)) if z in zs and lam in lams]
+    for z, lam in corners:
+        m_rem = rem_ad_only if z >= 1.0 else rem_sd
+        solved += 1
+        chosen = solve_mode(ad_tab, everyone, z, lam * m_rem) if z >= 1.0 else solve_mode(sd_tab, everyone, 1.0 - z, (1.0 - lam) * m_rem)
+        if len(chosen) > best_n:
+            modes = np.zeros(k, dtype=np.int8)
+            modes[chosen] = AD if z >= 1.0 else SD
+            best_n, best_plan = len(chosen), Plan(modes, gamma=gamma, z=z, lam=lam)
+    # every grid point's bounds at once: AD by (z, lam * M_rem), SD by (1 - z, (1 - lam) * M_rem)
+    z_arr, lam_arr = np.array(zs), np.array(lams)
+    ad_ub = np.where(
+        (z_arr >= 1.0)[:, None],
+        upper_bound_grid(ad_tab, z_arr, lam_arr * rem_ad_only),
+        upper_bound_grid(ad_tab, z_arr, lam_arr * rem_sd),
+    )
+    sd_ub = np.where((z_arr >= 1.0)[:, None], 0, upper_bound_grid(sd_tab, 1.0 - z_arr, (1.0 - lam_arr) * rem_sd))
+    for iz, z in enumerate(zs):
+        prev_ad = None
+        for il, lam in enumerate(lams):
+            m_rem = rem_ad_only if z >= 1.0 else rem_sd
+            ad_share, ad_mem = z, lam * m_rem
+            sd_share, sd_mem = (0.0, 0.0) if z >= 1.0 else (1.0 - z, (1.0 - lam) * m_rem)
+            if prev_ad is not None and ad_ub[iz, il] <= len(prev_ad):
+                continue  # AD set unchanged, SD has less memory: dominated
+            if ad_ub[iz, il] + sd_ub[iz, il] <= best_n:
+                continue
+            solved += 1
+            ad = solve_mode(ad_tab, everyone, ad_share, ad_mem)
+            if prev_ad is not None and len(ad) <= len(prev_ad):
+                continue
+            prev_ad = ad
+            rest = everyone.copy()
+            rest[ad] = False
+            sd = solve_mode(sd_tab, rest, sd_share, sd_mem, at_least=max(best_n - len(ad), 0))
+            if len(ad) + len(sd) > best_n:
+                modes = np.zeros(k, dtype=np.int8)
+                modes[ad] = AD
+                modes[sd] = SD
+                best_n, best_plan = len(ad) + len(sd), Plan(modes, gamma=gamma, z=z, lam=lam)
+    plan = best_plan if best_plan is not None else Plan.reject_all(k, gamma)
+    plan.extra["grid_points_solved"] = solved
+    return plan, solved
+
+
+class Balance(Scheduler):
+    """The paper's algorithm with a fixed draft depth ``gamma``."""
+
+    name = "balance"
+    z_grid: np.ndarray | None = None  #: None = the full grid
+    lam_grid: np.ndarray | None = None
+
+    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, grid_step: float = 0.05):
+        super().__init__(cost, cfg, gamma, seed)
+        self.grid_step = grid_step
+        g = grid(grid_step)
+        self._z = g if self.z_grid is None else np.asarray(self.z_grid, dtype=float)
+        self._lam = g if self.lam_grid is None else np.asarray(self.lam_grid, dtype=float)
+
+    def decide(self, rnd: Round) -> Plan:
+        return split_search(self.cost, rnd, self.gamma, self._z, self._lam)[0]
+
+
+class BalanceGammaSearch(Balance):
+    """BALANCE that also picks the draft depth per round (every gamma in 1..max_gamma)."""
+
+    name = "balance_gamma"
+
+    def decide(self, rnd: Round) -> Plan:
+        best = None
+        for gamma in range(1, self.cfg.max_gamma + 1):
+            plan = split_search(self.cost, rnd, gamma, self._z, self._lam)[0]
+            if best is None or plan.admitted > best.admitted:
+                best = plan
+        return best

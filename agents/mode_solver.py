@@ -1,0 +1,258 @@
+"""Serve as many users as possible in ONE mode (AD or SD) with a given compute share and KV budget.
+
+This is BALANCE's per-mode subproblem (balance.md §3.3). A batch's cost depends only on its size
+``b`` and its maxima, so the solver enumerates *thresholds* and, for each, takes the cheapest
+eligible users in memory order:
+
+* thresholds on the longest input ``S`` and (AD) the longest output ``N`` / (SD) the most
+  iterations ``J``; for each threshold tuple ``theta`` the cost ``C(b, theta)`` is tabulated for
+  every ``b`` once per round;
+* the tightest slack ``s`` is enumerated too, and the uplink threshold is then implied: for a
+  target size ``b`` the best uplink limit is ``s - C(b, theta) / share`` (every user with a faster
+  uplink is eligible);
+* eligible users are taken in ascending order of their KV need (``O_k``), as many as fit; the
+  largest feasible ``b`` is found by binary search (feasibility is monotone in ``b``).
+
+Tuples are visited best-bound first (branch and bound): a tuple's bound ignores the slack/uplink
+coupling, and the search stops when no remaining bound beats the incumbent.
+
+**SD output threshold (modelling choice).** SD's cost depends on ``N`` only through the context
+its iterations attend to. Rather than a third enumerated threshold (K^3 tuples), the SD solver
+uses, for each ``(S, J)``, ``N = max O_k`` over *all* users with ``I_k <= S`` and ``J_k <= J``:
+always an upper bound on the chosen batch's ``N`` (so every returned set is feasible), exact when
+the longest such output is taken, and independent of which users AD already took (so the cost
+table is computed once per round). ``optimistic=True`` instead costs SD iterations at the prompt
+length alone (context growth ignored) -- a relaxation used for certified upper bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from envs.feasibility import CostModel, sd_iterations
+from envs.plan import AD, SD
+from envs.workload import Round
+
+EPS = 1e-9
+
+
+@dataclass
+class ModeTable:
+    """Per-round, per-mode data shared by every (share, memory, user subset) query.
+
+    Users are held in KV order (``O`` ascending); ``perm`` re-orders them by slack, descending.
+    """
+
+    mode: int
+    gamma: int
+    order: np.ndarray  #: user indices sorted by KV need (O ascending)
+    out_sorted: np.ndarray  #: O_k in that order
+    slack_sorted: np.ndarray
+    up_sorted: np.ndarray
+    perm: np.ndarray  #: positions (in KV order) sorted by slack, descending
+    elig: np.ndarray  #: (T, K) bool: user (KV order) within tuple thresholds
+    s_thr: np.ndarray  #: (T,) input threshold
+    n_thr: np.ndarray  #: (T,) output threshold used in cost/memory
+    cost: np.ndarray  #: (T, K + 1) C(b, theta), b = 0..K
+    mem_base: np.ndarray  #: (T,) per-user fixed KV tokens (S [+ N if padded] [+ gamma for SD])
+    mem_unit: float  #: bytes per KV token of this mode
+    per_user_out: bool  #: whether memory adds each user's own O_k
+    _cache: dict | None = None  #: requirement matrices by available-user set (bytes)
+
+    @property
+    def num_tuples(self) -> int:
+        return len(self.s_thr)
+
+    def requirements(self, avail_sorted: np.ndarray):
+        """Per tuple and eligible rank: the compute share and KV tokens a batch of that size needs.
+
+        ``share_req[t, r]`` is the share needed by the ``r+1`` eligible users with the largest
+        slack (their slack minus the fastest eligible uplink is the best possible budget), and
+        ``mem_req[t, r]`` the KV tokens of the ``r+1`` users with the smallest outputs. Both rise
+        with ``r``, so a size bound is a count of entries under a limit.
+        """
+        if self._cache is None:
+            self._cache = {}
+        key = np.packbits(avail_sorted).tobytes()
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        elig = self.elig & avail_sorted[None, :]
+        n0 = elig.sum(axis=1)
+        up_min = np.where(elig, self.up_sorted[None, :], np.inf).min(axis=1)
+        el_s = elig[:, self.perm]
+        rank_s = np.cumsum(el_s, axis=1)
+        c = np.take_along_axis(self.cost, np.minimum(rank_s, self.cost.shape[1] - 1), axis=1)
+        budget = self.slack_sorted[self.perm][None, :] - up_min[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share_req = np.where(el_s & (budget > 0), c / np.where(budget > 0, budget, 1.0), np.inf)
+        # keep only eligible entries, packed to the left in rank order
+        share_req = np.sort(share_req, axis=1)
+        if self.per_user_out:
+            cnt = np.cumsum(elig, axis=1)
+            need = cnt * self.mem_base[:, None] + np.cumsum(np.where(elig, self.out_sorted[None, :], 0), axis=1)
+            mem_req = np.sort(np.where(elig, need, np.inf), axis=1)
+        else:
+            r = np.arange(1, elig.shape[1] + 1)[None, :]
+            mem_req = np.where(r <= n0[:, None], r * self.mem_base[:, None], np.inf)
+        out = (elig, n0, share_req, mem_req)
+        if len(self._cache) > 256:  # bounded: one round's distinct AD sets
+            self._cache.clear()
+        self._cache[key] = out
+        return out
+
+
+def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: bool = False) -> ModeTable:
+    """Tabulate thresholds, eligibility and batch cost for one mode of one round."""
+    k = rnd.num_users
+    order = np.argsort(rnd.output_tokens, kind="stable")
+    inp = rnd.input_tokens[order]
+    out = rnd.output_tokens[order]
+    second = out if mode == AD else sd_iterations(out, rnd.alpha[order], gamma)
+    s_vals = np.unique(inp)
+    t_vals = np.unique(second)
+    s_thr = np.repeat(s_vals, len(t_vals))
+    t_thr = np.tile(t_vals, len(s_vals))
+    elig = (inp[None, :] <= s_thr[:, None]) & (second[None, :] <= t_thr[:, None])
+    keep = elig.any(axis=1)
+    elig = elig[keep]
+    # tuples with the same eligible set are dominated by the one at that set's own maxima
+    s_thr = np.where(elig, inp[None, :], 0).max(axis=1)
+    t_thr = np.where(elig, second[None, :], 0).max(axis=1)
+    _, first = np.unique(np.stack([s_thr, t_thr], axis=1), axis=0, return_index=True)
+    first = np.sort(first)
+    elig, s_thr, t_thr = elig[first], s_thr[first], t_thr[first]
+    b = np.arange(k + 1)[None, :]
+    if mode == AD:
+        n_thr = t_thr
+        c = cost.ad_time(b, s_thr[:, None], n_thr[:, None])
+        unit = cost.kv_l
+        base = s_thr + (n_thr if cost.kv_memory == "padded" else 0)
+    else:
+        n_thr = np.where(elig, out[None, :], 0).max(axis=1)
+        n_cost = np.zeros_like(n_thr) if optimistic else n_thr
+        c = cost.sd_time(b, s_thr[:, None], n_cost[:, None], t_thr[:, None], gamma)
+        unit = cost.kv_sd
+        base = s_thr + gamma + (n_cost if cost.kv_memory == "padded" else 0)
+    slack = rnd.slack_s[order]
+    return ModeTable(
+        mode=mode,
+        gamma=gamma,
+        order=order,
+        out_sorted=out,
+        slack_sorted=slack,
+        up_sorted=rnd.uplink_s[order],
+        perm=np.argsort(-slack, kind="stable"),
+        elig=elig,
+        s_thr=s_thr,
+        n_thr=n_thr,
+        cost=np.asarray(c, dtype=float),
+        mem_base=base.astype(float),
+        mem_unit=float(unit),
+        per_user_out=cost.kv_memory == "per_user",
+    )
+
+
+def _bounds(tab: ModeTable, avail: np.ndarray, share: float, mem: float):
+    """Per-tuple upper bound on the batch size, and each tuple's eligible mask under ``avail``."""
+    elig, n0, share_req, mem_req = tab.requirements(avail)
+    b_time = (share_req <= share * (1 + EPS)).sum(axis=1)
+    b_mem = (mem_req <= mem / tab.mem_unit * (1 + EPS)).sum(axis=1)
+    return np.minimum(np.minimum(n0, b_time), b_mem), elig
+
+
+def _best_for_tuple(tab: ModeTable, t: int, elig_row: np.ndarray, share: float, mem: float, lo: int, hi: int):
+    """Largest b in [lo, hi] achievable for tuple t (with its chosen users), or (0, None)."""
+    users = np.flatnonzero(elig_row)
+    slack = tab.slack_sorted[users]
+    up = tab.up_sorted[users]
+    out = tab.out_sorted[users]
+    s_cands = np.unique(slack)
+    mem_tokens = mem / tab.mem_unit * (1 + EPS)
+    base = tab.mem_base[t]
+
+    def feasible(b: int):
+        u_lim = s_cands - tab.cost[t, b] / share
+        ok_rows = u_lim >= 0
+        if not ok_rows.any():
+            return None
+        sc, ul = s_cands[ok_rows], u_lim[ok_rows]
+        el = (slack[None, :] >= sc[:, None]) & (up[None, :] <= ul[:, None] * (1 + EPS) + 1e-15)
+        cnt = np.cumsum(el, axis=1)
+        enough = cnt[:, -1] >= b
+        if not enough.any():
+            return None
+        if tab.per_user_out:
+            pos = np.argmax(cnt >= b, axis=1)
+            cum_out = np.cumsum(np.where(el, out[None, :], 0), axis=1)
+            need = b * base + cum_out[np.arange(len(sc)), pos]
+        else:
+            need = np.full(len(sc), b * base)
+        good = enough & (need <= mem_tokens)
+        if not good.any():
+            return None
+        row = int(np.argmax(good))
+        chosen = np.flatnonzero(el[row])[:b]
+        return users[chosen]
+
+    best = feasible(lo)
+    if best is None:
+        return 0, None
+    best_b = lo
+    lo += 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = feasible(mid)
+        if got is None:
+            hi = mid - 1
+        else:
+            best_b, best, lo = mid, got, mid + 1
+    return best_b, best
+
+
+def solve_mode(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_least: int = 0) -> np.ndarray:
+    """Largest set of users (original indices) servable in this mode with ``share`` and ``mem``.
+
+    ``avail`` (bool, original user order) marks users not taken elsewhere. Only sets larger than
+    ``at_least`` are searched for; if none exists the empty set is returned.
+    """
+    if share <= 0 or mem <= 0:
+        return np.zeros(0, dtype=np.int64)
+    avail_sorted = np.asarray(avail, dtype=bool)[tab.order]
+    if not avail_sorted.any():
+        return np.zeros(0, dtype=np.int64)
+    ub, elig = _bounds(tab, avail_sorted, share, mem)
+    best_b, best_set = at_least, None
+    for t in np.argsort(-ub, kind="stable"):
+        if ub[t] <= best_b:
+            break
+        b, chosen = _best_for_tuple(tab, int(t), elig[t], share, mem, best_b + 1, int(ub[t]))
+        if b > best_b:
+            best_b, best_set = b, chosen
+    if best_set is None:
+        return np.zeros(0, dtype=np.int64)
+    return tab.order[best_set]
+
+
+def upper_bound_grid(tab: ModeTable, shares, mems) -> np.ndarray:
+    """:func:`mode_upper_bound` with every user available, for all ``shares`` x ``mems`` at once."""
+    shares = np.asarray(shares, dtype=float)
+    mems = np.asarray(mems, dtype=float)
+    everyone = np.ones(tab.elig.shape[1], dtype=bool)
+    _, n0, share_req, mem_req = tab.requirements(everyone)
+    b_time = (share_req[None, :, :] <= shares[:, None, None] * (1 + EPS)).sum(axis=2)  # (S, T)
+    b_mem = (mem_req[None, :, :] <= mems[:, None, None] / tab.mem_unit * (1 + EPS)).sum(axis=2)  # (M, T)
+    ub = np.minimum(np.minimum(b_time[:, None, :], b_mem[None, :, :]), n0[None, None, :]).max(axis=2, initial=0)
+    ub[shares <= 0, :] = 0
+    ub[:, mems <= 0] = 0
+    return ub
+
+
+def mode_upper_bound(tab: ModeTable, avail: np.ndarray, share: float, mem: float) -> int:
+    """A cheap upper bound on :func:`solve_mode`'s answer (no slack/uplink coupling)."""
+    if share <= 0 or mem <= 0:
+        return 0
+    ub, _ = _bounds(tab, np.asarray(avail, dtype=bool)[tab.order], share, mem)
+    return int(ub.max(initial=0))
