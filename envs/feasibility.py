@@ -265,6 +265,18 @@ class PlanBuilder:
         self.gamma[sel] = 0
         self._prepared = None
 
+    def take(self, rows: np.ndarray) -> PlanBuilder:
+        """A new builder holding copies of the given rounds' plans (rows may repeat): for search."""
+        rows = np.asarray(rows, dtype=np.int64)
+        new = PlanBuilder.__new__(PlanBuilder)
+        new.cost, new.g_max, new.gammas, new.n = self.cost, self.g_max, self.gammas, len(rows)
+        for name in ("b", "s_max", "n_max", "u_max", "slack_min", "sum_out", "share", "mem"):
+            setattr(new, name, getattr(self, name)[:, rows])
+        new.j_max = self.j_max[rows]
+        new.gamma = self.gamma[rows]
+        new._prepared = None
+        return new
+
     def _candidates(self, inp, out, alpha, up, slack):
         """Aggregates, shares and memory if the user joined AD (N,) or SD@g (N, G)."""
         c = self.cost

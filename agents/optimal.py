@@ -1,0 +1,171 @@
+"""The exact optimum of a round, and certified upper bounds where it is out of reach.
+
+* :class:`Exhaustive` (K <= 16): every assignment of users to {reject, AD, SD} is covered by a
+  level-by-level search over users with the exact incremental check (``envs.PlanBuilder``),
+  vectorised over the whole frontier of partial plans. Two prunings are exact: an infeasible
+  partial plan has no feasible extension (feasible sets are downward closed), and a node that
+  cannot beat the incumbent even by admitting every remaining user is dropped.
+* :class:`Optimal` (K up to 70 and beyond): branch and bound on the compute/memory split. Any
+  optimal plan with both modes used has shares ``(z*, lam*)`` inside some cell
+  ``[z0, z1] x [l0, l1]`` of a grid, so ``OPT <= max_cells AD*(z1, l1) + SD*(1 - z0, 1 - l0)``, where
+  ``AD*`` and ``SD*`` are single-mode optima over *all* users (SD costed optimistically, context
+  growth ignored: a relaxation), together with the AD-only and SD-only optima. The incumbent is
+  BALANCE on a fine grid; if bound and incumbent differ, the exhaustive search runs (warm-started)
+  under the time limit. Returns the optimum (``gap = 0``) or the incumbent with a certified
+  upper bound and its gap.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from agents.balance import grid, split_search
+from agents.mode_solver import build_table, solve_mode, upper_bound_grid
+from agents.scheduler import Scheduler
+from envs.config import EnvConfig
+from envs.feasibility import CostModel, PlanBuilder
+from envs.plan import AD, SD, Plan
+from envs.workload import Round
+
+
+def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), max_frontier: int = 4_000_000):
+    """Best plan with draft depth ``gamma`` serving more than ``incumbent`` users.
+
+    Returns ``(modes or None, complete, upper_bound)``: ``modes`` is None if no plan beats the
+    incumbent; ``complete`` is False if the time limit or frontier cap stopped the search, in
+    which case ``upper_bound`` is still valid (no pruned node could have exceeded it).
+    """
+    k = rnd.num_users
+    start = time.perf_counter()
+    # tight users first: infeasible branches die early
+    order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
+    builder = PlanBuilder(cost, 1, max_gamma)
+    paths = np.zeros((1, 0), dtype=np.int8)
+    admitted = np.zeros(1, dtype=np.int64)
+    best = incumbent
+    sd_action = 1 + gamma
+    for level, user in enumerate(order):
+        remaining = k - level
+        keep = admitted + remaining > best
+        if not keep.any():
+            return None, True, best
+        if time.perf_counter() - start > time_limit_s or keep.sum() * 3 > max_frontier:
+            return None, False, int((admitted[keep] + remaining).max())
+        rows = np.flatnonzero(keep)
+        n = len(rows)
+        child_rows = np.repeat(rows, 3)
+        actions = np.tile(np.array([sd_action, 1, 0]), n)
+        b = builder.take(child_rows)
+        u = slice(user, user + 1)
+        masks = b.prepare(*(np.repeat(x[u], len(child_rows)) for x in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)))
+        ok = masks[np.arange(len(child_rows)), actions]
+        b.apply(np.where(ok, actions, 0))
+        sel = np.flatnonzero(ok)
+        builder = b.take(sel)
+        mode = np.where(actions == 0, 0, np.where(actions == 1, AD, SD)).astype(np.int8)
+        paths = np.concatenate([paths[child_rows[sel]], mode[sel, None]], axis=1)
+        admitted = admitted[child_rows][sel] + (mode[sel] != 0)
+    i = int(np.argmax(admitted))
+    if admitted[i] <= incumbent:
+        return None, True, incumbent
+    modes = np.zeros(k, dtype=np.int8)
+    modes[order] = paths[i]
+    return modes, True, int(admitted[i])
+
+
+class Exhaustive(Scheduler):
+    """The exact optimum by complete search; for K <= ``max_users`` (default 16)."""
+
+    name = "exhaustive"
+
+    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, max_users: int = 16, time_limit_s: float = 60.0, warm_start: bool = True):
+        super().__init__(cost, cfg, gamma, seed)
+        self.max_users = max_users
+        self.time_limit_s = time_limit_s
+        self.warm_start = warm_start
+
+    def decide(self, rnd: Round) -> Plan:
+        if rnd.num_users > self.max_users:
+            raise ValueError(f"exhaustive search is limited to num_users <= {self.max_users}, got {rnd.num_users}; use 'optimal'")
+        # warm start: BALANCE's count minus one is a valid incumbent (the optimum is at least that)
+        g = grid(0.05)
+        lb = split_search(self.cost, rnd, self.gamma, g, g)[0].admitted if self.warm_start else 1
+        modes, complete, _ = exhaustive_search(self.cost, rnd, self.gamma, self.cfg.max_gamma, incumbent=max(lb - 1, 0), time_limit_s=self.time_limit_s)
+        if not complete:
+            raise TimeoutError(f"exhaustive search did not finish in {self.time_limit_s} s")
+        return _plan_from_modes(self.cost, rnd, modes, self.gamma, {"gap": 0, "upper_bound": int(np.count_nonzero(modes)) if modes is not None else 0})
+
+
+def _plan_from_modes(cost: CostModel, rnd: Round, modes, gamma: int, extra: dict) -> Plan:
+    from envs.feasibility import check_plans
+
+    if modes is None:
+        return Plan(np.zeros(rnd.num_users, dtype=np.int8), gamma=gamma, z=1.0, lam=1.0, extra=extra)
+    rep = check_plans(cost, rnd, modes, gamma)
+    return Plan(modes, gamma=gamma, z=float(rep.z), lam=float(rep.lam), extra=extra)
+
+
+def split_upper_bound(cost: CostModel, rnd: Round, gamma: int, step: float = 0.01, incumbent: int = 0) -> int:
+    """Certified upper bound on the optimum with draft depth ``gamma`` (see the module docstring)."""
+    k = rnd.num_users
+    everyone = np.ones(k, dtype=bool)
+    ad_tab = build_table(cost, rnd, AD, gamma)
+    sd_tab = build_table(cost, rnd, SD, gamma, optimistic=True)
+    rem_sd = float(cost.memory_budget(True))
+    ad_only = len(solve_mode(ad_tab, everyone, 1.0, float(cost.memory_budget(False))))
+    sd_only = len(solve_mode(sd_tab, everyone, 1.0, rem_sd))
+    g = grid(step)
+    # cheap bounds first for every cell corner, exact single-mode optima only where needed
+    ad_cheap = upper_bound_grid(ad_tab, g, g * rem_sd)  # (z1, l1)
+    sd_cheap = upper_bound_grid(sd_tab, 1.0 - g, (1.0 - g) * rem_sd)  # (z0, l0)
+    best = max(ad_only, sd_only, incumbent)
+    cells = []
+    for i in range(len(g) - 1):
+        for j in range(len(g) - 1):
+            cells.append((int(ad_cheap[i + 1, j + 1] + sd_cheap[i, j]), i, j))
+    cells.sort(reverse=True)
+    ad_cache: dict = {}
+    sd_cache: dict = {}
+    bound = max(ad_only, sd_only)
+    for cheap, i, j in cells:
+        if cheap <= bound:
+            break
+        a = ad_cache.get((i + 1, j + 1))
+        if a is None:
+            a = ad_cache[(i + 1, j + 1)] = len(solve_mode(ad_tab, everyone, float(g[i + 1]), float(g[j + 1]) * rem_sd))
+        s = sd_cache.get((i, j))
+        if s is None:
+            s = sd_cache[(i, j)] = len(solve_mode(sd_tab, everyone, 1.0 - float(g[i]), (1.0 - float(g[j])) * rem_sd))
+        bound = max(bound, min(a + s, k))
+    return max(bound, best if best <= bound else bound)
+
+
+class Optimal(Scheduler):
+    """Optimum or certified bound under a time limit (``plan.extra``: upper_bound, gap, optimal)."""
+
+    name = "optimal"
+
+    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05):
+        super().__init__(cost, cfg, gamma, seed)
+        self.time_limit_s = time_limit_s
+        self.bound_step = bound_step
+        self.incumbent_step = incumbent_step
+
+    def decide(self, rnd: Round) -> Plan:
+        start = time.perf_counter()
+        g = grid(self.incumbent_step)
+        inc_plan, _ = split_search(self.cost, rnd, self.gamma, g, g)
+        lb = inc_plan.admitted
+        ub = split_upper_bound(self.cost, rnd, self.gamma, self.bound_step, incumbent=lb)
+        plan = inc_plan
+        if ub > lb:
+            left = max(self.time_limit_s - (time.perf_counter() - start), 0.0)
+            modes, complete, search_ub = exhaustive_search(self.cost, rnd, self.gamma, self.cfg.max_gamma, incumbent=lb, time_limit_s=left)
+            if modes is not None:
+                plan = _plan_from_modes(self.cost, rnd, modes, self.gamma, {})
+                lb = plan.admitted
+            ub = lb if complete else min(ub, max(search_ub, lb))
+        plan.extra.update({"upper_bound": int(ub), "gap": int(ub - lb), "optimal": bool(ub == lb)})
+        return plan

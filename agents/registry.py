@@ -1,0 +1,38 @@
+"""Scheduler names -> classes, so configs and command lines can name any scheduler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.balance import Balance, BalanceGammaSearch
+from agents.baselines import ECRA, ECRMA, EMA, ADOnly, Greedy, RandomScheduler, SDOnly
+from agents.optimal import Exhaustive, Optimal
+from agents.scheduler import Scheduler
+from envs.config import EnvConfig
+from envs.feasibility import CostModel
+
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    cls.name: cls
+    for cls in (Balance, BalanceGammaSearch, ADOnly, SDOnly, ECRA, EMA, ECRMA, Greedy, RandomScheduler, Exhaustive, Optimal)
+}
+#: options each scheduler accepts from the evaluation config (others are ignored for it)
+OPTIONS = {
+    "grid_step": (Balance,),
+    "time_limit_s": (Exhaustive, Optimal),
+}
+
+
+def make_scheduler(name: str, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, **options: Any) -> Scheduler:
+    """Build a scheduler by name; ``policy`` needs ``policy_path`` (a trained model)."""
+    if name == "policy":
+        from agents.policy import PolicyScheduler  # torch is only imported when a policy is used
+
+        path = options.get("policy_path")
+        if not path:
+            raise ValueError("scheduler 'policy' needs policy_path=PATH/model.zip")
+        return PolicyScheduler(cost, cfg, gamma=gamma, seed=seed, path=path)
+    if name not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {name!r}; known: {sorted(SCHEDULERS) + ['policy']}")
+    cls = SCHEDULERS[name]
+    kwargs = {k: v for k, v in options.items() if v is not None and k in OPTIONS and issubclass(cls, OPTIONS[k])}
+    return cls(cost, cfg, gamma=gamma, seed=seed, **kwargs)
