@@ -118,6 +118,7 @@ def format_summary(summary: pd.DataFrame) -> str:
 
 def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The evaluation as the Hydra app runs it, from a plain dict config."""
+    cfg = {k: v for k, v in cfg.items() if k != "profile"}  # the profile group's data; env.profile names it
     known = {"env", "schedulers", "rounds", "seed", "gamma", "grid_step", "time_limit_s", "policy_path", "output", "progress"}
     unknown = sorted(set(cfg) - known)
     if unknown:

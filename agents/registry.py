@@ -19,6 +19,7 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
 OPTIONS = {
     "grid_step": (Balance,),
     "time_limit_s": (Exhaustive, Optimal),
+    "warm_start": (Exhaustive,),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 MAX_USERS_LIMIT = 4096
 KV_MEMORY_MODELS = ("per_user", "padded")
-USER_ORDERS = ("arrival", "deadline", "slack")
+USER_ORDERS = ("arrival", "deadline", "slack", "output")
 REWARD_TIMINGS = ("admission", "episode_end")
 
 
@@ -30,7 +30,7 @@ def _pair(default: tuple[float, float]):
 class EnvConfig:
     # --- round size and hardware -------------------------------------------------------------
     num_users: int = 50  #: K, users per round
-    max_users: int | None = None  #: K_max for observation padding; defaults to num_users
+    max_users: int | None = None  #: K_max, users the observation looks ahead (padded); default num_users
     profile: str = "rtx4090_llama2-7b_tinyllama-1.1b"  #: file in conf/profile/ (no .yaml) or a path
     memory_bytes: float | None = None  #: override the device memory Q (memory sweeps)
     max_gamma: int = 8  #: G, the largest draft depth; actions are reject, AD, SD@1..G
@@ -57,7 +57,7 @@ class EnvConfig:
     simulate_acceptance: bool = False  #: draw SD acceptance token by token instead of using expectations
     # --- model switches ---------------------------------------------------------------------------
     kv_memory: str = "per_user"  #: 'per_user' (own output) or 'padded' (batch max output) KV accounting
-    user_order: str = "arrival"  #: order users are presented to the env: arrival, deadline, slack
+    user_order: str = "arrival"  #: order users are presented to the env: arrival, deadline, slack, output (shortest first)
     reward_timing: str = "admission"  #: 'admission': +1 on admit, -1 at the end per late user; 'episode_end'
 
     def __post_init__(self) -> None:
@@ -70,8 +70,8 @@ class EnvConfig:
 
         if not isinstance(self.num_users, int) or isinstance(self.num_users, bool) or not 1 <= self.num_users <= MAX_USERS_LIMIT:
             raise bad("num_users", f"an integer in [1, {MAX_USERS_LIMIT}]", self.num_users)
-        if self.max_users is not None and (not isinstance(self.max_users, int) or not self.num_users <= self.max_users <= MAX_USERS_LIMIT):
-            raise bad("max_users", f"null or an integer in [num_users={self.num_users}, {MAX_USERS_LIMIT}]", self.max_users)
+        if self.max_users is not None and (not isinstance(self.max_users, int) or isinstance(self.max_users, bool) or not 1 <= self.max_users <= MAX_USERS_LIMIT):
+            raise bad("max_users", f"null or an integer in [1, {MAX_USERS_LIMIT}]", self.max_users)
         if not isinstance(self.profile, str) or not self.profile:
             raise bad("profile", "the name of a file in conf/profile/ without .yaml", self.profile)
         if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int | float) and self.memory_bytes > 0):

@@ -37,13 +37,16 @@ per iteration at the largest depth / (G + 1), and a presence flag.
 | Index | Observation |
 |-------|-------------|
 | 0-7 | the current user (8 user features) |
-| 8-13 | AD batch: size / K_max, longest input / I_hi, longest output / O_hi, compute share needed, KV memory used / SD-case budget, tightest slack / T_hi |
+| 8-13 | AD batch: size / K, longest input / I_hi, longest output / O_hi, compute share needed, KV memory used / SD-case budget, tightest slack / T_hi |
 | 14-19 | SD batch: the same six |
 | 20 | chosen draft depth / G (0 while SD is empty) |
 | 21 | compute share AD would need with the current user added (clipped at 1) |
 | 22 | progress: users decided / K |
 | 23 - 24+G | the action mask as 0/1 (reject, AD, SD@1..G) |
-| then | the users still to come, in presentation order, ``K_max`` rows of 8 user features, padded with zeros (presence 0) |
+| then | the next ``K_max`` users still to come (``max_users``, default K), in presentation order, 8 user features each, padded with zeros (presence 0) |
+
+A fixed ``max_users`` makes the observation size independent of ``K``, so one policy can run
+rounds of any size (it sees the next ``max_users`` users).
 
 ## Rewards
 
@@ -57,7 +60,7 @@ number of users served.
 
 A round drawn from the config (``envs.workload.sample_round``) with ``self.np_random``, or the
 round given in ``reset(options={"round": Round})`` (used to evaluate schedulers on the same
-rounds). Users are presented in ``user_order`` (arrival, deadline or slack).
+rounds). Users are presented in ``user_order`` (arrival, or ascending deadline, slack or predicted output).
 
 ## Episode End
 
@@ -170,7 +173,7 @@ def _encode(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, data: _Rounds
     col = USER_FEATURES
     for m in (0, 1):
         slack = np.where(np.isfinite(builder.slack_min[m]), builder.slack_min[m], cfg.deadline_s[1])
-        for value in (builder.b[m] / k_max, builder.s_max[m] / cfg.input_tokens[1], builder.n_max[m] / cfg.output_tokens[1], builder.share[m], builder.mem[m] / budget, slack / cfg.deadline_s[1]):
+        for value in (builder.b[m] / k, builder.s_max[m] / cfg.input_tokens[1], builder.n_max[m] / cfg.output_tokens[1], builder.share[m], builder.mem[m] / budget, slack / cfg.deadline_s[1]):
             obs[:, col] = value
             col += 1
     prep = builder._prepared
@@ -300,16 +303,23 @@ class EdgeScheduleEnv(gym.Env):
 
 
 class EdgeScheduleVectorEnv(VectorEnv):
-    """``N`` independent rounds stepped together in numpy (autoreset ``NEXT_STEP``).
+    """``N`` independent rounds stepped together in numpy.
 
     Sub-env ``i`` draws its rounds from its own generator seeded with ``seed + i``, so it
     reproduces ``EdgeScheduleEnv`` reset with ``seed + i``. ``action_masks()`` returns (N, 2 + G).
+    ``autoreset_mode`` is ``"next_step"`` (Gymnasium's default) or ``"same_step"`` (an ended
+    sub-env resets inside the same ``step``; its last observation is in ``info["final_obs"]``).
+    ``reset(options={"rounds": [Round, ...]})`` plays the given rounds (one per sub-env) first.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
 
-    def __init__(self, num_envs: int = 8, **kwargs: Any):
+    def __init__(self, num_envs: int = 8, autoreset_mode: str = "next_step", **kwargs: Any):
         kwargs.pop("render_mode", None)
+        if autoreset_mode not in ("next_step", "same_step"):
+            raise ValueError(f"autoreset_mode must be 'next_step' or 'same_step', got {autoreset_mode!r}")
+        self._same_step = autoreset_mode == "same_step"
+        self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.SAME_STEP if self._same_step else AutoresetMode.NEXT_STEP}
         self.cfg = EnvConfig.from_kwargs(**kwargs)
         self.num_envs = int(num_envs)
         if self.num_envs < 1:
@@ -327,9 +337,10 @@ class EdgeScheduleVectorEnv(VectorEnv):
         self._needs_reset = np.ones(self.num_envs, dtype=bool)
         self._masks = np.ones((self.num_envs, 2 + self.cfg.max_gamma), dtype=bool)
 
-    def _reset_envs(self, which: np.ndarray) -> None:
+    def _reset_envs(self, which: np.ndarray, rounds: list[Round] | None = None) -> None:
         for i in np.flatnonzero(which):
-            self._data.load(i, sample_round(self._rngs[i], self.cfg), self.cfg)
+            rnd = rounds[i] if rounds is not None else sample_round(self._rngs[i], self.cfg)
+            self._data.load(i, rnd, self.cfg)
         self._builder.reset(which)
         self._t[which] = 0
         self._modes[which] = REJECT
@@ -341,7 +352,10 @@ class EdgeScheduleVectorEnv(VectorEnv):
             if len(seeds) != self.num_envs:
                 raise ValueError(f"reset(seed=...) needs {self.num_envs} seeds, got {len(seeds)}")
             self._rngs = [seeding.np_random(s)[0] for s in seeds]
-        self._reset_envs(np.ones(self.num_envs, dtype=bool))
+        rounds = (options or {}).get("rounds")
+        if rounds is not None and (len(rounds) != self.num_envs or any(r.num_users != self.cfg.num_users for r in rounds)):
+            raise ValueError(f"options['rounds'] must hold {self.num_envs} rounds of {self.cfg.num_users} users")
+        self._reset_envs(np.ones(self.num_envs, dtype=bool), rounds)
         self._masks = self._builder.prepare(*self._data.user(self._t))
         return _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks), {}
 
@@ -375,10 +389,17 @@ class EdgeScheduleVectorEnv(VectorEnv):
                 infos[f"_{key}"] = terminated.copy()
         if resetting.any():
             self._reset_envs(resetting)
-        self._needs_reset = terminated
         self._masks = self._builder.prepare(*self._data.user(self._t))
         # an ended sub-env only allows reject until it resets
         self._masks[terminated] = False
         self._masks[terminated, 0] = True
         obs = _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)
+        if self._same_step and terminated.any():
+            infos["final_obs"] = obs.copy()
+            infos["_final_obs"] = terminated.copy()
+            self._reset_envs(terminated)
+            self._masks = self._builder.prepare(*self._data.user(self._t))
+            obs = _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)
+        else:
+            self._needs_reset = terminated
         return obs, rewards, terminated, np.zeros(self.num_envs, dtype=bool), infos

@@ -47,10 +47,10 @@ class Round:
         return Round(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     def order(self, how: str) -> np.ndarray:
-        """Presentation order of the users: 'arrival' (as drawn), 'deadline' or 'slack' ascending."""
+        """Presentation order: 'arrival' (as drawn), or ascending 'deadline', 'slack' or predicted 'output'."""
         if how == "arrival":
             return np.arange(self.num_users)
-        key = self.deadline_s if how == "deadline" else self.slack_s
+        key = {"deadline": self.deadline_s, "slack": self.slack_s, "output": self.output_tokens}[how]
         return np.argsort(key, kind="stable")
 
     @classmethod

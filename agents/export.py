@@ -1,0 +1,71 @@
+"""Export a trained policy to ONNX for the runtime: ``(obs, mask) -> action``.
+
+The exported graph is the deterministic policy with the mask applied to the logits
+(``where(mask, logits, -1e8)``) and an argmax, so the runtime needs neither torch nor SB3 --
+only onnxruntime. ``python -m agents.export DIR`` writes ``DIR/policy.onnx``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from agents.policy import algo_class, resolve_policy_path
+
+
+class _MaskedArgmax(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.policy = model.policy
+        self.is_dqn = not hasattr(model.policy, "action_net")
+
+    def forward(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.is_dqn:
+            logits = self.policy.q_net(obs)
+        else:
+            features = self.policy.extract_features(obs, self.policy.pi_features_extractor)
+            latent = self.policy.mlp_extractor.forward_actor(features)
+            logits = self.policy.action_net(latent)
+        logits = torch.where(mask > 0.5, logits, torch.full_like(logits, -1e8))
+        return torch.argmax(logits, dim=-1)
+
+
+def export_onnx(path: str | Path, out: str | Path | None = None) -> Path:
+    model_path, meta = resolve_policy_path(path)
+    model = algo_class(meta["algo"]).load(model_path, device="cpu")
+    module = _MaskedArgmax(model).eval()
+    obs_dim = model.observation_space.shape[0]
+    n_actions = int(model.action_space.n)
+    out = Path(out) if out else model_path.parent / "policy.onnx"
+    example = (torch.zeros(1, obs_dim), torch.ones(1, n_actions))
+    tmp = out.with_suffix(".onnx.tmp")
+    torch.onnx.export(module, example, str(tmp), input_names=["obs", "mask"], output_names=["action"], dynamic_axes={"obs": {0: "batch"}, "mask": {0: "batch"}, "action": {0: "batch"}}, opset_version=17, dynamo=False)
+    import onnx
+
+    onnx.checker.check_model(str(tmp))
+    tmp.replace(out)
+    return out
+
+
+class OnnxPolicy:
+    """Runs an exported policy with onnxruntime: ``act(obs, mask) -> actions``."""
+
+    def __init__(self, path: str | Path):
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def act(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        obs = np.atleast_2d(obs).astype(np.float32)
+        mask = np.atleast_2d(mask).astype(np.float32)
+        return self.session.run(["action"], {"obs": obs, "mask": mask})[0]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m agents.export POLICY_DIR")
+    print(export_onnx(sys.argv[1]))

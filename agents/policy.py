@@ -1,0 +1,87 @@
+"""A trained stable-baselines3 policy as a :class:`~agents.scheduler.Scheduler`.
+
+A policy folder holds ``model.zip`` (SB3) and ``policy.json`` (the algorithm and the environment
+config it was trained with). The scheduler replays a round through ``EdgeSchedule-v0`` user by
+user, taking the policy's deterministic action under the action mask, and returns the plan the
+environment built. The observation layout (look-ahead ``max_users``, ``max_gamma``, user order,
+normalisation ranges) is the policy's own, whatever round size it is asked to plan.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.scheduler import Scheduler
+from envs.config import EnvConfig
+from envs.edge_schedule import EdgeScheduleEnv
+from envs.feasibility import CostModel
+from envs.plan import Plan
+from envs.workload import Round
+
+#: fields of the env config that shape the observation: taken from the policy, not the caller
+OBSERVATION_FIELDS = ("max_users", "max_gamma", "user_order", "input_tokens", "output_tokens", "deadline_s")
+
+
+def algo_class(name: str):
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import DQN, PPO
+
+    algos = {"maskable_ppo": MaskablePPO, "ppo": PPO, "dqn": DQN}
+    if name not in algos:
+        raise ValueError(f"unknown algorithm {name!r}; known: {sorted(algos)}")
+    return algos[name]
+
+
+def resolve_policy_path(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """``path`` is a folder or its ``model.zip``; returns the zip and the policy metadata."""
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    model = p if p.suffix == ".zip" else folder / "model.zip"
+    meta_path = folder / "policy.json"
+    if not model.is_file():
+        raise FileNotFoundError(f"no policy model at {model}")
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"no policy.json beside {model} (written by agents.train)")
+    return model, json.loads(meta_path.read_text())
+
+
+class PolicyScheduler(Scheduler):
+    name = "policy"
+
+    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, path: str | Path = ""):
+        model_path, meta = resolve_policy_path(path)
+        trained = meta["env"]
+        overrides = {k: trained[k] for k in OBSERVATION_FIELDS if k in trained}
+        if overrides.get("max_users") is None:
+            overrides["max_users"] = trained["num_users"]
+        cfg = cfg.replace(**overrides).validate()
+        super().__init__(cost, cfg, gamma=min(gamma, cfg.max_gamma), seed=seed)
+        self.algo = meta["algo"]
+        self.model = algo_class(self.algo).load(model_path, device="cpu")
+        self.masked = self.algo == "maskable_ppo"
+        self.env = EdgeScheduleEnv(**cfg.to_dict())
+        self.env.cost = cost  # same cost model (and profile/memory) as the other schedulers
+        self.env._builder.cost = cost
+
+    def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        if self.masked:
+            action, _ = self.model.predict(obs, action_masks=mask, deterministic=True)
+        else:
+            action, _ = self.model.predict(obs, deterministic=True)
+        return int(action)
+
+    def decide(self, rnd: Round) -> Plan:
+        env = self.env
+        if rnd.num_users != env.cfg.num_users:
+            env = self.env = EdgeScheduleEnv(**env.cfg.replace(num_users=rnd.num_users).to_dict())
+            env.cost = env._builder.cost = self.cost
+        obs, _ = env.reset(options={"round": rnd})
+        while True:
+            obs, _, term, trunc, info = env.step(self.act(obs, env.action_masks()))
+            if term or trunc:
+                break
+        return Plan(info["modes"], gamma=max(int(info["gamma"]), 1), z=float(info["z"]), lam=float(info["lam"]))
