@@ -7,7 +7,7 @@
 | ecra | equal compute: ``z = 0.5``, ``lam`` searched on the grid |
 | ema | equal memory: ``lam = 0.5``, ``z`` searched |
 | ecrma | both halves: ``z = lam = 0.5`` |
-| greedy | users by predicted output, shortest first; each goes to the feasible mode that adds the least compute share (exact incremental check), else rejected |
+| greedy | users by slack (deadline minus downlink), loosest first; each goes to the feasible mode that adds the least compute share (exact incremental check), else rejected |
 | random | users in random order; each to a uniformly random feasible mode (AD or SD), else rejected |
 """
 
@@ -78,7 +78,8 @@ class Greedy(_Sequential):
     name = "greedy"
 
     def _order(self, rnd: Round) -> np.ndarray:
-        return np.argsort(rnd.output_tokens, kind="stable")
+        # loosest deadlines first: an early tight user would shrink every later user's budget
+        return np.argsort(-rnd.slack_s, kind="stable")
 
     def _choose(self, allowed: dict, builder: PlanBuilder) -> int:
         _, cand_a, cand_s, _ = builder._prepared

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.feasibility import CostModel, sd_iterations
-from envs.plan import AD, SD
+from envs.plan import AD
 from envs.workload import Round
 
 EPS = 1e-9

@@ -30,49 +30,55 @@ from envs.plan import AD, SD, Plan
 from envs.workload import Round
 
 
-def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), max_frontier: int = 4_000_000):
+def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 200_000):
     """Best plan with draft depth ``gamma`` serving more than ``incumbent`` users.
 
-    Returns ``(modes or None, complete, upper_bound)``: ``modes`` is None if no plan beats the
-    incumbent; ``complete`` is False if the time limit or frontier cap stopped the search, in
-    which case ``upper_bound`` is still valid (no pruned node could have exceeded it).
+    Depth-first over users, breadth-first (vectorised) within chunks of at most ``chunk`` partial
+    plans, so memory stays bounded and complete plans are reached early (a better incumbent
+    prunes more). Returns ``(modes or None, complete, upper_bound)``: ``modes`` is None if no plan
+    beats the incumbent; ``complete`` is False if the time limit stopped the search, in which case
+    ``upper_bound`` is still valid (no unexplored node could exceed it).
     """
     k = rnd.num_users
     start = time.perf_counter()
     # tight users first: infeasible branches die early
     order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
-    builder = PlanBuilder(cost, 1, max_gamma)
-    paths = np.zeros((1, 0), dtype=np.int8)
-    admitted = np.zeros(1, dtype=np.int64)
-    best = incumbent
     sd_action = 1 + gamma
-    for level, user in enumerate(order):
-        remaining = k - level
-        keep = admitted + remaining > best
+    user_arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
+    stack = [(0, PlanBuilder(cost, 1, max_gamma), np.zeros((1, 0), dtype=np.int8), np.zeros(1, dtype=np.int64))]
+    best, best_modes = incumbent, None
+    while stack:
+        level, builder, paths, admitted = stack.pop()
+        keep = admitted + (k - level) > best
         if not keep.any():
-            return None, True, best
-        if time.perf_counter() - start > time_limit_s or keep.sum() * 3 > max_frontier:
-            return None, False, int((admitted[keep] + remaining).max())
+            continue
+        if time.perf_counter() - start > time_limit_s:
+            pending = [int((a + (k - lv)).max()) for lv, _, _, a in stack] + [int((admitted[keep] + k - level).max())]
+            return best_modes, False, max(best, *pending)
+        if level == k:
+            i = int(np.argmax(admitted))
+            best, best_modes = int(admitted[i]), np.zeros(k, dtype=np.int8)
+            best_modes[order] = paths[i]
+            continue
         rows = np.flatnonzero(keep)
-        n = len(rows)
         child_rows = np.repeat(rows, 3)
-        actions = np.tile(np.array([sd_action, 1, 0]), n)
+        actions = np.tile(np.array([0, 1, sd_action]), len(rows))  # reject pushed first = explored last
         b = builder.take(child_rows)
-        u = slice(user, user + 1)
-        masks = b.prepare(*(np.repeat(x[u], len(child_rows)) for x in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)))
+        user = order[level]
+        masks = b.prepare(*(np.repeat(x[user : user + 1], len(child_rows)) for x in user_arrays))
         ok = masks[np.arange(len(child_rows)), actions]
         b.apply(np.where(ok, actions, 0))
         sel = np.flatnonzero(ok)
-        builder = b.take(sel)
         mode = np.where(actions == 0, 0, np.where(actions == 1, AD, SD)).astype(np.int8)
-        paths = np.concatenate([paths[child_rows[sel]], mode[sel, None]], axis=1)
-        admitted = admitted[child_rows][sel] + (mode[sel] != 0)
-    i = int(np.argmax(admitted))
-    if admitted[i] <= incumbent:
-        return None, True, incumbent
-    modes = np.zeros(k, dtype=np.int8)
-    modes[order] = paths[i]
-    return modes, True, int(admitted[i])
+        new_paths = np.concatenate([paths[child_rows[sel]], mode[sel, None]], axis=1)
+        new_admitted = admitted[child_rows][sel] + (mode[sel] != 0)
+        new_builder = b.take(sel)
+        # chunks ordered so that the most-admitted children are popped first
+        by = np.argsort(new_admitted, kind="stable")
+        for lo in range(0, len(by), chunk):
+            idx = by[lo : lo + chunk]
+            stack.append((level + 1, new_builder.take(idx), new_paths[idx], new_admitted[idx]))
+    return best_modes, True, best
 
 
 class Exhaustive(Scheduler):
@@ -94,7 +100,7 @@ class Exhaustive(Scheduler):
         lb = split_search(self.cost, rnd, self.gamma, g, g)[0].admitted if self.warm_start else 1
         modes, complete, _ = exhaustive_search(self.cost, rnd, self.gamma, self.cfg.max_gamma, incumbent=max(lb - 1, 0), time_limit_s=self.time_limit_s)
         if not complete:
-            raise TimeoutError(f"exhaustive search did not finish in {self.time_limit_s} s")
+            raise TimeoutError(f"exhaustive search did not finish within time_limit_s={self.time_limit_s}")
         return _plan_from_modes(self.cost, rnd, modes, self.gamma, {"gap": 0, "upper_bound": int(np.count_nonzero(modes)) if modes is not None else 0})
 
 

@@ -1,7 +1,7 @@
 """Train an RL scheduler on EdgeSchedule-v0 and compare it with BALANCE.
 
     python -m agents.train agent=maskable_ppo env.num_users=12 total_timesteps=20000 logger=disabled output_dir=DIR
-    python -m agents.train +experiment=paper_k50            # the shipped policy's recipe
+    python -m agents.train experiment=paper_k50            # the shipped policy's recipe
     python -m agents.train -m hydra/launcher=joblib seed=0,1,2 agent=maskable_ppo,ppo
 
 Writes to ``DIR`` (Hydra's run folder unless ``output_dir`` is set):

@@ -14,7 +14,7 @@ from typing import Any
 
 MAX_USERS_LIMIT = 4096
 KV_MEMORY_MODELS = ("per_user", "padded")
-USER_ORDERS = ("arrival", "deadline", "slack", "output")
+USER_ORDERS = ("arrival", "deadline", "slack", "output", "slack_desc")
 REWARD_TIMINGS = ("admission", "episode_end")
 
 
@@ -57,7 +57,7 @@ class EnvConfig:
     simulate_acceptance: bool = False  #: draw SD acceptance token by token instead of using expectations
     # --- model switches ---------------------------------------------------------------------------
     kv_memory: str = "per_user"  #: 'per_user' (own output) or 'padded' (batch max output) KV accounting
-    user_order: str = "arrival"  #: order users are presented to the env: arrival, deadline, slack, output (shortest first)
+    user_order: str = "arrival"  #: order users are presented to the env: arrival, deadline, slack, output (ascending) or slack_desc (loosest first)
     reward_timing: str = "admission"  #: 'admission': +1 on admit, -1 at the end per late user; 'episode_end'
 
     def __post_init__(self) -> None:

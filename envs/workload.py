@@ -47,10 +47,10 @@ class Round:
         return Round(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     def order(self, how: str) -> np.ndarray:
-        """Presentation order: 'arrival' (as drawn), or ascending 'deadline', 'slack' or predicted 'output'."""
+        """Presentation order: 'arrival' (as drawn), ascending 'deadline', 'slack' or predicted 'output', or 'slack_desc'."""
         if how == "arrival":
             return np.arange(self.num_users)
-        key = {"deadline": self.deadline_s, "slack": self.slack_s, "output": self.output_tokens}[how]
+        key = {"deadline": self.deadline_s, "slack": self.slack_s, "output": self.output_tokens, "slack_desc": -self.slack_s}[how]
         return np.argsort(key, kind="stable")
 
     @classmethod

@@ -95,17 +95,26 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=50)
     ap.add_argument("--num-envs", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--out", default=None, help="also write the table to this markdown file")
     args = ap.parse_args()
     cp = cartpole_steps_per_s(args.seconds)
     plain = edge_steps_per_s(args.users, args.seconds, with_masks=False)
     masked = edge_steps_per_s(args.users, args.seconds, with_masks=True)
     vec = vector_decisions_per_s(args.users, args.num_envs, args.seconds)
-    print(f"| measurement (K={args.users}) | per second | ratio to CartPole-v1 steps/s |")
-    print("|---|---|---|")
-    print(f"| CartPole-v1 steps (gymnasium.make) | {cp:,.0f} | 1.00 |")
-    print(f"| EdgeSchedule-v0 steps | {plain:,.0f} | {plain / cp:.2f} (a step costs {cp / plain:.1f}x) |")
-    print(f"| EdgeSchedule-v0 steps + action_masks | {masked:,.0f} | {masked / cp:.2f} (costs {cp / masked:.1f}x) |")
-    print(f"| vector env user-decisions, {args.num_envs} envs, 1 core | {vec:,.0f} | {vec / cp:.2f} |")
+    lines = [
+        f"| measurement (K={args.users}) | per second | ratio to CartPole-v1 steps/s |",
+        "|---|---|---|",
+        f"| CartPole-v1 steps (gymnasium.make) | {cp:,.0f} | 1.00 |",
+        f"| EdgeSchedule-v0 steps | {plain:,.0f} | {plain / cp:.3f} (a step costs {cp / plain:.1f}x) |",
+        f"| EdgeSchedule-v0 steps + action_masks | {masked:,.0f} | {masked / cp:.3f} (costs {cp / masked:.1f}x) |",
+        f"| vector env user-decisions, {args.num_envs} envs, 1 core | {vec:,.0f} | {vec / cp:.2f} |",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).write_text(text + f"\n\nReproduce: `python -m experiments.bench.env_speed --users {args.users} --num-envs {args.num_envs} --seconds {args.seconds:g}`\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""Regenerate the README's results sections from the files under ``results/`` and ``policies/``.
+
+    python -m experiments.readme
+
+Each section sits between ``<!-- BEGIN:name -->`` and ``<!-- END:name -->`` markers; its text is
+read from generated files only, so every number in the README comes from a command in the repo.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from experiments.paper import STUDIES
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def _table(path: Path) -> str:
+    """The first markdown table in a generated file."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def paper_summary() -> str:
+    rows = []
+    for name, study in STUDIES.items():
+        csv = RESULTS / f"{name}.csv"
+        if not csv.exists() or name == "exhaustive" or name.startswith("robust"):
+            continue
+        df = pd.read_csv(csv)
+        frac = (df.served / df.num_users).groupby([df.value, df.scheduler]).mean().unstack()
+        rounds = int(df.groupby(["value", "scheduler"]).size().min())
+        row = {"study": name, "rounds/point": rounds}
+        for base in study.schedulers[1:]:
+            rel = ((frac["balance"] - frac[base]) / frac[base]).mean() * 100
+            pp = ((frac["balance"] - frac[base]) * 100).mean()
+            row[f"vs {base}"] = f"{rel:+.1f} % ({pp:+.1f} pp)"
+        row["paper"] = study.paper
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("").to_markdown(index=False)
+
+
+def robustness_summary() -> str:
+    rows = []
+    for name in ("robust_alpha", "robust_output", "robust_tail"):
+        csv = RESULTS / f"{name}.csv"
+        if not csv.exists():
+            continue
+        df = pd.read_csv(csv)
+        frac = (df.served / df.num_users).groupby([df.value, df.scheduler]).mean().unstack()
+        frac = frac.reindex([float(v) for v in STUDIES[name].values])
+        clean, worst = frac.iloc[0], frac.iloc[-1]
+        row = {"study": name, "condition": f"{frac.index[-1]}"}
+        for s in frac.columns:
+            row[f"{s} drop"] = f"{(clean[s] - worst[s]) / clean[s] * 100:.1f} %"
+        row["paper"] = STUDIES[name].paper
+        rows.append(row)
+    return pd.DataFrame(rows).to_markdown(index=False)
+
+
+SECTIONS = {
+    "headline": lambda: _table(RESULTS / "k.md"),
+    "paper": paper_summary,
+    "robustness": robustness_summary,
+    "exhaustive": lambda: (RESULTS / "exhaustive.md").read_text().split("\n\n", 2)[2].split("\nPaper")[0].strip(),
+    "calibration": lambda: (RESULTS / "calibration.md").read_text().split("Headline", 1)[1].split("\n")[0].join(["Headline", ""]),
+    "env_speed": lambda: _table(RESULTS / "env_speed.md"),
+    "learned": lambda: (RESULTS / "learned.md").read_text().strip(),
+    "main_job": lambda: _table(RESULTS / "main_job.md"),
+}
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name, make in SECTIONS.items():
+        pattern = re.compile(rf"(<!-- BEGIN:{name} -->\n).*?(\n<!-- END:{name} -->)", re.S)
+        if not pattern.search(text):
+            continue
+        try:
+            body = make()
+        except (FileNotFoundError, StopIteration, KeyError, IndexError) as err:
+            body = f"(not generated yet: {err})"
+        text = pattern.sub(lambda m, b=body: m.group(1) + b + m.group(2), text)
+    readme.write_text(text)
+    print(f"updated {readme}")
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()
