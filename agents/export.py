@@ -17,7 +17,9 @@ from torch import nn
 from agents.policy import algo_class, resolve_policy_path
 
 
-class _MaskedArgmax(nn.Module):
+class MaskedArgmax(nn.Module):
+    """The deterministic policy with the mask applied: ``(obs, mask) -> argmax action``."""
+
     def __init__(self, model):
         super().__init__()
         self.policy = model.policy
@@ -37,7 +39,7 @@ class _MaskedArgmax(nn.Module):
 def export_onnx(path: str | Path, out: str | Path | None = None) -> Path:
     model_path, meta = resolve_policy_path(path)
     model = algo_class(meta["algo"]).load(model_path, device="cpu")
-    module = _MaskedArgmax(model).eval()
+    module = MaskedArgmax(model).eval()
     obs_dim = model.observation_space.shape[0]
     n_actions = int(model.action_space.n)
     out = Path(out) if out else model_path.parent / "policy.onnx"

@@ -63,16 +63,21 @@ class PolicyScheduler(Scheduler):
         self.algo = meta["algo"]
         self.model = algo_class(self.algo).load(model_path, device="cpu")
         self.masked = self.algo == "maskable_ppo"
+        from agents.export import MaskedArgmax
+
+        # the same module the ONNX export traces: one forward pass, no SB3 predict() overhead
+        self.net = MaskedArgmax(self.model).eval()
         self.env = EdgeScheduleEnv(**cfg.to_dict())
         self.env.cost = cost  # same cost model (and profile/memory) as the other schedulers
         self.env._builder.cost = cost
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
-        if self.masked:
-            action, _ = self.model.predict(obs, action_masks=mask, deterministic=True)
-        else:
-            action, _ = self.model.predict(obs, deterministic=True)
-        return int(action)
+        """The deterministic action; unmasked algorithms (PPO, DQN) act without the mask."""
+        import torch
+
+        m = mask if self.masked else np.ones_like(mask)
+        with torch.no_grad():
+            return int(self.net(torch.as_tensor(obs[None]), torch.as_tensor(m[None], dtype=torch.float32))[0])
 
     def decide(self, rnd: Round) -> Plan:
         env = self.env

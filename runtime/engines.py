@@ -1,0 +1,280 @@
+"""Batched autoregressive (AD) and speculative (SD) decoding with KV caches, on CPU or CUDA.
+
+Both engines take a batch of prompts of different lengths (left padding, attention masks,
+explicit position ids) and any Hugging Face causal LM.
+
+**SD** (Leviathan et al.): per iteration the draft proposes ``gamma`` tokens autoregressively, the
+target scores ``gamma + 1`` positions in one forward pass, each row keeps its accepted prefix plus
+one target token (correction or bonus). Greedy (``temperature=0``): a draft token is accepted iff
+it is the target's argmax, so the output is exactly greedy AD's. Sampling: the exact rejection rule
+(accept ``x`` with probability ``min(1, p(x)/q(x))``, else resample from ``norm(max(0, p - q))``),
+so the output is distributed exactly as the target's.
+
+**Rollback.** Rows accept different numbers of tokens, so rejected KV entries are first masked
+out of attention per row (the position ids of the kept tokens stay contiguous), and the cache is
+physically cropped wherever the tail is rejected in every row. The draft's cache lags the
+committed text by one token, or two when every draft was accepted (the last draft token was
+never fed to it); both cases are fed in one padded draft pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+# ------------------------------------------------------------------------------------- helpers
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The sampling distribution (float64 for the acceptance ratios)."""
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+def _limits(max_new_tokens: int | list[int], n: int) -> list[int]:
+    lim = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(lim) != n or any(m < 1 for m in lim):
+        raise ValueError(f"max_new_tokens must be >= 1 for each of the {n} prompts")
+    return lim
+
+
+def _cache():
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def _forward(model, ids, mask, positions, cache):
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  #: generated ids per prompt
+    seconds: float
+    target_passes: int = 0
+    draft_passes: int = 0
+    iterations: list[int] = field(default_factory=list)  #: SD iterations per prompt
+    accepted: list[int] = field(default_factory=list)  #: accepted draft tokens per prompt
+    rejections: list[int] = field(default_factory=list)  #: iterations that ended in a rejection
+
+    @property
+    def generated(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / max(self.seconds, 1e-12)
+
+    @property
+    def alpha_hat(self) -> float:
+        """Per-token acceptance estimated from the runs (accepted / (accepted + rejections))."""
+        a, r = sum(self.accepted), sum(self.rejections)
+        return a / (a + r) if a + r else float("nan")
+
+    @property
+    def tokens_per_iteration(self) -> float:
+        it = sum(self.iterations)
+        return self.generated / it if it else float("nan")
+
+
+class _Sampler:
+    def __init__(self, temperature: float, seed: int, device):
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.temperature = temperature
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.temperature == 0:
+            return logits.argmax(dim=-1)
+        return torch.multinomial(probs(logits, self.temperature), 1, generator=self.gen)[:, 0]
+
+
+# ------------------------------------------------------------------------------------------ AD
+
+
+@torch.no_grad()
+def generate_ad(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int | list[int],
+    temperature: float = 0.0,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    seed: int = 0,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
+) -> GenerationResult:
+    """Batched autoregressive decoding with a KV cache; ``on_tokens(row, ids)`` streams output."""
+    device = next(model.parameters()).device
+    limits = _limits(max_new_tokens, len(prompts))
+    sampler = _Sampler(temperature, seed, device)
+    start = time.perf_counter()
+    ids, mask = left_pad(prompts, pad_id, device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = _cache()
+    logits = _forward(model, ids, mask, positions, cache)[:, -1]
+    passes = 1
+    next_pos = mask.sum(-1)
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    while True:
+        tok = sampler.pick(logits)
+        for i, t in enumerate(tok.tolist()):
+            if not done[i]:
+                out[i].append(t)
+                if on_tokens:
+                    on_tokens(i, [t])
+                done[i] = len(out[i]) >= limits[i] or (eos_id is not None and t == eos_id)
+        if all(done):
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        logits = _forward(model, tok[:, None], mask, next_pos[:, None], cache)[:, -1]
+        passes += 1
+        next_pos = next_pos + 1
+    return GenerationResult(out, time.perf_counter() - start, target_passes=passes)
+
+
+# ------------------------------------------------------------------------------------------ SD
+
+
+def _crop(cache, mask: torch.Tensor) -> torch.Tensor:
+    """Physically drop trailing cache columns that every row has rejected."""
+    valid_cols = mask.any(dim=0).nonzero()
+    keep = int(valid_cols.max()) + 1 if len(valid_cols) else 0
+    if keep < mask.shape[1]:
+        cache.crop(keep - mask.shape[1])  # transformers 5: a negative count removes that many tokens
+        return mask[:, :keep]
+    return mask
+
+
+@torch.no_grad()
+def generate_sd(
+    target,
+    draft,
+    prompts: list[list[int]],
+    gamma: int,
+    max_new_tokens: int | list[int],
+    temperature: float = 0.0,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    seed: int = 0,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
+) -> GenerationResult:
+    """Batched speculative decoding (module docstring); lossless for greedy and for sampling."""
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    device = next(target.parameters()).device
+    limits = _limits(max_new_tokens, len(prompts))
+    sampler = _Sampler(temperature, seed, device)
+    greedy = temperature == 0
+    b = len(prompts)
+    rows = torch.arange(b, device=device)
+    start = time.perf_counter()
+    ids, mask = left_pad(prompts, pad_id, device)
+    tcache, dcache = _cache(), _cache()
+    t_passes = d_passes = 0
+    # both models pre-fill all but the last prompt token, which becomes the first pending token
+    tmask, dmask = mask[:, :-1], mask[:, :-1].clone()
+    if ids.shape[1] > 1:
+        pos = (tmask.cumsum(-1) - 1).clamp(min=0)
+        _forward(target, ids[:, :-1], tmask, pos, tcache)
+        _forward(draft, ids[:, :-1], dmask, pos, dcache)
+        t_passes += 1
+        d_passes += 1
+    pending = ids[:, -1]
+    seq_len = mask.sum(-1)  # committed tokens, pending included
+    extra = torch.full_like(pending, pad_id)  # the draft's second missing token (if any)
+    has_extra = torch.zeros(b, dtype=torch.long, device=device)
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * b
+    iterations, accepted, rejections = [0] * b, [0] * b, [0] * b
+    offsets = torch.arange(gamma + 1, device=device)
+
+    while not all(done):
+        # 1. draft gamma tokens; its first pass also feeds the tokens it has not seen yet
+        d_ids = torch.stack([extra, pending], dim=1)
+        dmask = torch.cat([dmask, torch.stack([has_extra, torch.ones_like(has_extra)], dim=1)], dim=1)
+        d_pos = torch.stack([(seq_len - 2).clamp(min=0), seq_len - 1], dim=1)
+        logits = _forward(draft, d_ids, dmask, d_pos, dcache)[:, -1]
+        d_passes += 1
+        drafts, q = [], []
+        for g in range(1, gamma + 1):
+            if not greedy:
+                q.append(probs(logits, temperature))
+            x = sampler.pick(logits)
+            drafts.append(x)
+            if g < gamma:
+                dmask = torch.cat([dmask, torch.ones_like(dmask[:, :1])], dim=1)
+                logits = _forward(draft, x[:, None], dmask, (seq_len - 1 + g)[:, None], dcache)[:, -1]
+                d_passes += 1
+        x = torch.stack(drafts, dim=1)  # (B, gamma)
+
+        # 2. the target scores pending + gamma drafts in one pass
+        tmask = torch.cat([tmask, torch.ones((b, gamma + 1), dtype=tmask.dtype, device=device)], dim=1)
+        t_logits = _forward(target, torch.cat([pending[:, None], x], dim=1), tmask, seq_len[:, None] - 1 + offsets[None, :], tcache)
+        t_passes += 1
+
+        # 3. accept a prefix per row, then one target token
+        if greedy:
+            t_arg = t_logits.argmax(dim=-1)  # (B, gamma + 1)
+            ok = x == t_arg[:, :gamma]
+        else:
+            p = probs(t_logits, temperature)  # (B, gamma + 1, V)
+            qs = torch.stack(q, dim=1)  # (B, gamma, V)
+            px = p[:, :gamma].gather(-1, x[..., None])[..., 0]
+            qx = qs.gather(-1, x[..., None])[..., 0]
+            u = torch.rand(px.shape, generator=sampler.gen, device=device, dtype=px.dtype)
+            ok = u <= px / qx
+        n = torch.cumprod(ok.long(), dim=1).sum(dim=1)  # accepted drafts per row
+        if greedy:
+            y = t_arg[rows, n]
+        else:
+            p_n = p[rows, n]
+            q_n = torch.cat([qs, torch.zeros_like(qs[:, :1])], dim=1)[rows, n]  # no draft after gamma: bonus
+            residual = torch.clamp(p_n - q_n, min=0)
+            residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
+            y = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1, generator=sampler.gen)[:, 0]
+
+        # 4. commit, stream, stop
+        n_list, x_list, y_list = n.tolist(), x.tolist(), y.tolist()
+        for i in range(b):
+            if done[i]:
+                continue
+            iterations[i] += 1
+            accepted[i] += n_list[i]
+            rejections[i] += int(n_list[i] < gamma)
+            new = x_list[i][: n_list[i]] + [y_list[i]]
+            new = new[: limits[i] - len(out[i])]
+            if eos_id is not None and eos_id in new:
+                new = new[: new.index(eos_id) + 1]
+            out[i].extend(new)
+            if on_tokens and new:
+                on_tokens(i, new)
+            done[i] = len(out[i]) >= limits[i] or (eos_id is not None and bool(new) and new[-1] == eos_id)
+
+        # 5. roll back rejected entries: mask per row, crop the common rejected tail
+        tmask[:, -(gamma + 1) :] = (offsets[None, :] <= n[:, None]).to(tmask.dtype)
+        if gamma > 1:
+            dmask[:, -(gamma - 1) :] = (offsets[None, 1:gamma] <= n[:, None]).to(dmask.dtype)
+        tmask = _crop(tcache, tmask)
+        dmask = _crop(dcache, dmask)
+        has_extra = (n == gamma).long()
+        extra = torch.where(n == gamma, x[:, -1], torch.full_like(pending, pad_id))
+        pending = y
+        seq_len = seq_len + n + 1
+    return GenerationResult(out, time.perf_counter() - start, t_passes, d_passes, iterations, accepted, rejections)

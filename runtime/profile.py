@@ -1,0 +1,187 @@
+"""Measure a model pair on this device and write a ``table`` profile that ``envs/`` loads.
+
+    python -m runtime.profile --pair PATH --out conf/profile/cpu_specsched-pair.yaml
+    python -m runtime.profile --target T --draft D --device cuda --dtype float16 --out my_gpu.yaml
+
+For both models it times one forward pass ``tau(b, q, c)`` -- batch ``b``, ``q`` new tokens per
+sequence, context ``c`` (the new tokens included) -- on a grid (median of ``--repeats``), and
+records weights, KV bytes per token and the config numbers the cost model needs. The device's
+memory, peak matmul FLOP/s and copy bandwidth are measured too (the ``table`` latency source does
+not use the last two; they document the machine). A least-squares fit
+``tau = a + b * FLOPs + c * bytes`` is reported as the profile's fit to a roofline-style model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from runtime.pair import ModelPair, load_pair
+
+
+def _sync(device) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def model_spec(model, name: str) -> dict:
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    return {
+        "name": name,
+        "params": int(sum(p.numel() for p in model.parameters())),
+        "layers": int(cfg.num_hidden_layers),
+        "hidden": int(cfg.hidden_size),
+        "ffn_hidden": int(getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)),
+        "heads": int(heads),
+        "kv_heads": int(getattr(cfg, "num_key_value_heads", heads) or heads),
+        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+        "vocab": int(cfg.vocab_size),
+        "dtype_bytes": int(next(model.parameters()).element_size()),
+    }
+
+
+def device_spec(device: str) -> dict:
+    """Memory, a measured matmul peak and copy bandwidth of the device."""
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        name, memory = props.name, float(props.total_memory)
+    else:
+        name = f"CPU ({os.cpu_count()} cores)"
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    n = 1024
+    a = torch.randn(n, n, device=device)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        a @ a
+    _sync(device)
+    flops = 5 * 2 * n**3 / (time.perf_counter() - start)
+    big = torch.empty(32 * 1024 * 1024 // 4, device=device)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        big.clone()
+    _sync(device)
+    bandwidth = 5 * 2 * big.numel() * 4 / (time.perf_counter() - start)
+    return {"name": name, "memory_bytes": memory, "bandwidth_bytes_per_s": float(bandwidth), "flops_per_s": float(flops), "reserve_bytes": 0.5e9 if not device.startswith("cuda") else 1.0e9}
+
+
+@torch.no_grad()
+def time_pass(model, b: int, q: int, c: int, repeats: int) -> float:
+    """Median seconds of one forward pass of ``q`` tokens per row over ``c - q`` cached tokens."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    past = c - q
+    cache = DynamicCache()
+    if past > 0:
+        model(input_ids=torch.randint(0, vocab, (b, past), device=device), past_key_values=cache, use_cache=True)
+    ids = torch.randint(0, vocab, (b, q), device=device)
+    pos = torch.arange(past, c, device=device)[None, :].expand(b, q)
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        _sync(device)
+        start = time.perf_counter()
+        model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+        cache.crop(-q)
+    return float(np.median(times[1:]))
+
+
+def measure(pair: ModelPair, b_grid, q_grid, c_grid, repeats: int, progress: bool = True) -> dict:
+    out = {}
+    for key, model in (("llm", pair.target), ("slm", pair.draft)):
+        tau = np.zeros((len(b_grid), len(q_grid), len(c_grid)))
+        points = [(i, j, k) for i in range(len(b_grid)) for j in range(len(q_grid)) for k in range(len(c_grid))]
+        for i, j, k in tqdm(points, desc=f"profiling {key}", disable=not progress):
+            q, c = q_grid[j], c_grid[k]
+            tau[i, j, k] = time_pass(model, b_grid[i], q, max(c, q), repeats)
+        out[key] = {"b": list(map(int, b_grid)), "q": list(map(int, q_grid)), "c": list(map(int, c_grid)), "tau_s": tau.tolist()}
+    return out
+
+
+def roofline_fit(profile: dict) -> dict:
+    """Least-squares ``tau = a + b * FLOPs + c * bytes`` per model, with its relative error."""
+    from scipy.optimize import nnls
+
+    from envs.profile import ModelSpec
+
+    fits = {}
+    for key in ("llm", "slm"):
+        spec = ModelSpec.from_dict(profile[key], key)
+        t = profile["latency"][key]
+        b, q, c = np.meshgrid(t["b"], t["q"], t["c"], indexing="ij")
+        c = np.maximum(c, q)
+        tau = np.asarray(t["tau_s"]).ravel()
+        x = np.stack([np.ones_like(tau), spec.flops(b, q, c).ravel(), spec.bytes_moved(b, q, c).ravel()], axis=1)
+        scale = x.max(axis=0)
+        coef, _ = nnls(x / scale, tau)
+        coef = coef / scale
+        pred = x @ coef
+        rel = np.abs(pred - tau) / tau
+        fits[key] = {"intercept_s": float(coef[0]), "per_flop_s": float(coef[1]), "per_byte_s": float(coef[2]), "median_rel_error": float(np.median(rel)), "max_rel_error": float(rel.max()),
+                     "implied_flop_s": float(1 / coef[1]) if coef[1] > 0 else None}
+    return fits
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", type=Path, help="a built pair folder (target/ + draft/)")
+    ap.add_argument("--target", type=Path)
+    ap.add_argument("--draft", type=Path)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--b", default="1,2,4,8,16")
+    ap.add_argument("--q", default="1,2,3,5,9,32,128")
+    ap.add_argument("--c", default="16,64,256,512,1024")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.pair is None and (args.target is None or args.draft is None):
+        raise SystemExit("give --pair PATH, or both --target and --draft")
+    grids = []
+    for name in ("b", "q", "c"):
+        try:
+            vals = sorted({int(v) for v in getattr(args, name).split(",")})
+        except ValueError:
+            raise SystemExit(f"--{name} must be comma-separated positive integers") from None
+        if not vals or vals[0] < 1:
+            raise SystemExit(f"--{name} must be comma-separated positive integers")
+        grids.append(vals)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+    pair = load_pair(args.pair, device=args.device, dtype=args.dtype) if args.pair else load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    name = args.name or args.out.stem
+    profile = {
+        "name": name,
+        "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {args.repeats} repeats (median)",
+        "device": device_spec(args.device),
+        "llm": model_spec(pair.target, "target"),
+        "slm": model_spec(pair.draft, "draft"),
+        "latency": {"source": "table", **measure(pair, *grids, args.repeats)},
+    }
+    profile["fit"] = roofline_fit(profile)
+    from envs.profile import Profile
+
+    Profile.from_dict(profile, name=name)  # validate before writing
+    tmp = args.out.with_suffix(".yaml.tmp")
+    tmp.write_text(yaml.safe_dump(profile, sort_keys=False, width=200))
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+    for key, fit in profile["fit"].items():
+        print(f"{key}: tau = {fit['intercept_s'] * 1e3:.3f} ms + FLOPs / {fit['implied_flop_s'] or float('inf'):.3g} FLOP/s + {fit['per_byte_s']:.3g} s/byte  (median error {fit['median_rel_error'] * 100:.1f} %, max {fit['max_rel_error'] * 100:.1f} %)")
+
+
+if __name__ == "__main__":
+    main()

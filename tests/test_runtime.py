@@ -1,0 +1,162 @@
+"""Runtime I: engines (lossless greedy and sampling SD), the project's pair, the profiler."""
+
+import copy
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from runtime.engines import generate_ad, generate_sd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny(layers, hidden, vocab=40, seed=0, dtype=torch.float64):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    return LlamaForCausalLM(cfg).eval().to(dtype)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny(2, 32, seed=0)
+    close = copy.deepcopy(target)  # a perturbed copy: partial acceptance
+    with torch.no_grad():
+        for p in close.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    return target, close, tiny(1, 16, seed=1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_sd_equals_greedy_ad(models, seed):
+    target, close, far = models
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, 40) for _ in range(rng.randint(1, 14))] for _ in range(rng.randint(1, 6))]
+    limits = [rng.randint(1, 25) for _ in prompts]
+    ad = generate_ad(target, prompts, limits)
+    for draft in (close, far):
+        for gamma in (1, 2, 3, 5, 8):
+            sd = generate_sd(target, draft, prompts, gamma, limits)
+            assert sd.tokens == ad.tokens, (seed, gamma)
+            assert [len(t) for t in sd.tokens] == limits
+
+
+def test_batched_equals_one_at_a_time(models):
+    target, close, _ = models
+    prompts = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12, 13]]
+    batched = generate_sd(target, close, prompts, 3, 15).tokens
+    assert batched == [generate_sd(target, close, [p], 3, 15).tokens[0] for p in prompts]
+
+
+def test_identical_draft_accepts_everything(models):
+    target, _, _ = models
+    sd = generate_sd(target, target, [[1, 2, 3]], 4, 30)
+    assert sd.alpha_hat == 1.0 and sd.tokens_per_iteration > 4
+
+
+def test_eos_stops_a_row(models):
+    target, close, _ = models
+    free = generate_ad(target, [[3, 4, 5]], 20).tokens[0]
+    eos = free[5]
+    for res in (generate_ad(target, [[3, 4, 5]], 20, eos_id=eos), generate_sd(target, close, [[3, 4, 5]], 3, 20, eos_id=eos)):
+        assert res.tokens[0] == free[: free.index(eos) + 1]
+
+
+def test_sampling_sd_matches_target_distribution():
+    """Chi-square on the joint law of the first two tokens, vocabulary of 6."""
+    v = 6
+    target, draft = tiny(1, 16, vocab=v, seed=3), tiny(1, 16, vocab=v, seed=4)
+    prompt, n = [1, 2, 3], 4000
+    sd = generate_sd(target, draft, [prompt] * n, 3, 2, temperature=1.0, seed=0)
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)
+        joint = np.stack([(p1[a] * torch.softmax(target(torch.tensor([prompt + [a]])).logits[0, -1], -1)).numpy() for a in range(v)])
+    counts = np.zeros((v, v))
+    for a, b in (t[:2] for t in sd.tokens):
+        counts[a, b] += 1
+    assert stats.chisquare(counts.ravel(), joint.ravel() * n).pvalue > 1e-3
+    # and a draft that disagrees a lot is still exact (the residual path is exercised)
+    assert 0 < sd.alpha_hat < 1
+
+
+def test_bad_arguments(models):
+    target, close, _ = models
+    with pytest.raises(ValueError, match="gamma"):
+        generate_sd(target, close, [[1]], 0, 5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate_ad(target, [[1]], 0)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate_ad(target, [[]], 3)
+
+
+@pytest.fixture(scope="module")
+def built_pair(tmp_path_factory):
+    from runtime.pair import build_pair
+
+    return build_pair(tmp_path_factory.mktemp("pair") / "tiny", "tiny", progress=False)
+
+
+def test_build_and_load_pair(built_pair):
+    import json
+
+    from runtime.pair import build_pair, load_pair
+
+    meta = json.loads((built_pair / "pair.json").read_text())
+    assert meta["draft_params"] < meta["target_params"]
+    assert set(meta["greedy_acceptance"]) == {"code", "prose"}
+    pair = load_pair(built_pair)
+    ids = pair.tokenizer.encode("def f(x):")
+    assert generate_sd(pair.target, pair.draft, [ids], 3, 12).tokens == generate_ad(pair.target, [ids], 12).tokens
+    assert build_pair(built_pair, "tiny", progress=False) == built_pair  # cached: no retraining
+
+
+def test_tokenizer_mismatch_is_refused(built_pair, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from runtime.pair import load_pair
+
+    raw = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    other = tmp_path / "draft"
+    load_pair(built_pair).draft.save_pretrained(other)
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]").save_pretrained(other)
+    with pytest.raises(ValueError, match="tokenizers differ"):
+        load_pair(built_pair / "target", other)
+
+
+def test_profiler_writes_a_profile_the_env_runs_on(built_pair, tmp_path):
+    import gymnasium as gym
+
+    import envs
+    from envs import load_profile
+
+    out = tmp_path / "cpu_pair.yaml"
+    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--b", "1,2", "--q", "1,4", "--c", "8,32", "--repeats", "1", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    prof = load_profile(out)
+    assert prof.latency_source == "table" and prof.llm.params > prof.slm.params
+    env = gym.make(envs.ENV_ID, num_users=5, profile=str(out))
+    env.reset(seed=0)
+    env.step(1)
+
+
+def test_generate_cli_streams(built_pair):
+    res = subprocess.run([sys.executable, "-m", "runtime.generate", "--pair", str(built_pair), "--prompt", "import os", "--max-new-tokens", "10"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "=== AD ===" in res.stdout and "=== SD ===" in res.stdout and "outputs identical: True" in res.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_greedy_equivalence(models):
+    target, close, _ = models
+    t, d = copy.deepcopy(target).to("cuda").float(), copy.deepcopy(close).to("cuda").float()
+    prompts = [[1, 2, 3], [4, 5]]
+    assert generate_sd(t, d, prompts, 3, 10).tokens == generate_ad(t, prompts, 10).tokens
