@@ -88,12 +88,11 @@ class ModeTable:
         budget = self.slack_sorted[self.perm][None, :] - up_min[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             share_req = np.where(el_s & (budget > 0), c / np.where(budget > 0, budget, 1.0), np.inf)
-        # keep only eligible entries, packed to the left in rank order
-        share_req = np.sort(share_req, axis=1)
+        # (only counts of entries under a limit are ever taken, so no sorting is needed)
         if self.per_user_out:
             cnt = np.cumsum(elig, axis=1)
             need = cnt * self.mem_base[:, None] + np.cumsum(np.where(elig, self.out_sorted[None, :], 0), axis=1)
-            mem_req = np.sort(np.where(elig, need, np.inf), axis=1)
+            mem_req = np.where(elig, need, np.inf)
         else:
             r = np.arange(1, elig.shape[1] + 1)[None, :]
             mem_req = np.where(r <= n0[:, None], r * self.mem_base[:, None], np.inf)
@@ -173,9 +172,15 @@ def _best_for_tuple(tab: ModeTable, t: int, elig_row: np.ndarray, share: float, 
     mem_tokens = mem / tab.mem_unit * (1 + EPS)
     base = tab.mem_base[t]
 
+    slack_desc = np.sort(slack)[::-1]
+    up_min = float(up.min())
+
     def feasible(b: int):
+        if b > len(users):
+            return None
         u_lim = s_cands - tab.cost[t, b] / share
-        ok_rows = u_lim >= 0
+        # only thresholds that leave b users with enough slack and some uplink budget can work
+        ok_rows = (u_lim >= up_min * (1 - EPS)) & (s_cands <= slack_desc[b - 1])
         if not ok_rows.any():
             return None
         sc, ul = s_cands[ok_rows], u_lim[ok_rows]
@@ -242,8 +247,9 @@ def upper_bound_grid(tab: ModeTable, shares, mems) -> np.ndarray:
     mems = np.asarray(mems, dtype=float)
     everyone = np.ones(tab.elig.shape[1], dtype=bool)
     _, n0, share_req, mem_req = tab.requirements(everyone)
-    b_time = (share_req[None, :, :] <= shares[:, None, None] * (1 + EPS)).sum(axis=2)  # (S, T)
-    b_mem = (mem_req[None, :, :] <= mems[:, None, None] / tab.mem_unit * (1 + EPS)).sum(axis=2)  # (M, T)
+    # one share (memory) value at a time keeps memory at O(T K) for large rounds
+    b_time = np.stack([(share_req <= s * (1 + EPS)).sum(axis=1) for s in shares])  # (S, T)
+    b_mem = np.stack([(mem_req <= m / tab.mem_unit * (1 + EPS)).sum(axis=1) for m in mems])  # (M, T)
     ub = np.minimum(np.minimum(b_time[:, None, :], b_mem[None, :, :]), n0[None, None, :]).max(axis=2, initial=0)
     ub[shares <= 0, :] = 0
     ub[:, mems <= 0] = 0

@@ -174,15 +174,13 @@ class HeldOutEvaluation:
     """The policy (deterministic, masked) on a fixed set of held-out rounds, in one vector env."""
 
     def __init__(self, cfg: TrainConfig):
-        from agents.registry import make_scheduler
         from envs.edge_schedule import EdgeScheduleVectorEnv
-        from envs.feasibility import CostModel
 
         self.rounds = make_rounds(cfg.env, cfg.eval.rounds, cfg.eval.seed)
         self.venv = EdgeScheduleVectorEnv(num_envs=len(self.rounds), **cfg.env.to_dict())
-        cost = CostModel.from_config(cfg.env)
-        balance = make_scheduler("balance", cost, cfg.env, gamma=cfg.gamma)
-        self.balance_served = float(np.mean([balance.plan(r).admitted for r in self.rounds]))
+        # BALANCE's users served on the realised values (not just admitted: they differ under noise)
+        balance = evaluate_schedulers(cfg.env, ["balance"], rounds=self.rounds, seed=cfg.eval.seed, gamma=cfg.gamma)
+        self.balance_served = float(balance.served.mean())
         self.masked = cfg.agent.algo == "maskable_ppo"
 
     def __call__(self, model) -> tuple[float, float]:
