@@ -72,13 +72,14 @@ class TrainConfig:
     progress_bar: bool = True
     export_onnx: bool = True
     gamma: int = 4
+    curriculum: list = field(default_factory=list)  #: K of earlier stages, e.g. [12, 30]; the last stage is env.num_users
 
     @classmethod
     def from_dict(cls, cfg: dict) -> TrainConfig:
         cfg = dict(cfg)
         cfg.pop("profile", None)  # the profile group's data; env.profile names it
         cfg.pop("output_dir", None)
-        top = {"env", "agent", "eval", "logger", "seed", "total_timesteps", "n_envs", "resume", "checkpoint_freq", "progress_bar", "export_onnx", "gamma"}
+        top = {"env", "agent", "eval", "logger", "seed", "total_timesteps", "n_envs", "resume", "checkpoint_freq", "progress_bar", "export_onnx", "gamma", "curriculum"}
         unknown = sorted(set(cfg) - top)
         if unknown:
             raise TrainConfigError(f"unknown train config key(s) {unknown}; known: {sorted(top)}")
@@ -110,6 +111,9 @@ class TrainConfig:
         need("eval.rounds", isinstance(self.eval.rounds, int) and self.eval.rounds >= 1, "an integer >= 1", self.eval.rounds)
         need("eval.freq", isinstance(self.eval.freq, int) and self.eval.freq >= 0, "an integer >= 0 (0 = only at the end)", self.eval.freq)
         need("eval.final_rounds", isinstance(self.eval.final_rounds, int) and self.eval.final_rounds >= 0, "an integer >= 0", self.eval.final_rounds)
+        need("curriculum", isinstance(self.curriculum, list) and all(isinstance(k, int) and 1 <= k <= self.env.num_users for k in self.curriculum), f"a list of round sizes in [1, env.num_users={self.env.num_users}]", self.curriculum)
+        if self.curriculum and self.env.max_users is None:
+            raise TrainConfigError("curriculum needs env.max_users set (a fixed look-ahead keeps the observation size the same across stages)")
         if self.resume is not None:
             need("resume", Path(self.resume).is_file(), "null or an existing checkpoint .zip", self.resume)
         wb = (self.logger or {}).get("wandb")
@@ -263,8 +267,18 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     callback, evaluator = _callback(cfg, out, evaluation)
     start = time.perf_counter()
     remaining = cfg.total_timesteps - (model.num_timesteps if cfg.resume else 0)
-    if remaining > 0:
-        model.learn(total_timesteps=remaining, callback=callback, progress_bar=cfg.progress_bar, reset_num_timesteps=not cfg.resume)
+    # curriculum over K: equal shares of the budget on growing rounds, the configured K last
+    stages = [*cfg.curriculum, cfg.env.num_users] if not cfg.resume else [cfg.env.num_users]
+    for i, k in enumerate(stages):
+        steps = remaining // len(stages) if i < len(stages) - 1 else remaining - (remaining // len(stages)) * (len(stages) - 1)
+        if steps <= 0:
+            continue
+        if len(stages) > 1:
+            stage_env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.replace(num_users=k).to_dict())
+            stage_env.seed(cfg.seed + i)
+            model.set_env(stage_env)
+            model.logger.record("curriculum/num_users", k)
+        model.learn(total_timesteps=steps, callback=callback, progress_bar=cfg.progress_bar, reset_num_timesteps=bool(i == 0 and not cfg.resume))
     train_s = time.perf_counter() - start
     model.save(out / "last_model.zip")
     if evaluation is not None:

@@ -73,8 +73,37 @@ SECTIONS = {
     "calibration": lambda: (RESULTS / "calibration.md").read_text().split("Headline", 1)[1].split("\n")[0].join(["Headline", ""]),
     "env_speed": lambda: _table(RESULTS / "env_speed.md"),
     "learned": lambda: (RESULTS / "learned.md").read_text().strip(),
-    "main_job": lambda: _table(RESULTS / "main_job.md"),
+    "main_job": lambda: (RESULTS / "main_job.md").read_text().strip(),
+    "sd_vs_ad": lambda: _table(RESULTS / "sd_vs_ad.md"),
+    "pair": lambda: pair_summary(),
+    "profile_fit": lambda: profile_fit(),
 }
+
+
+def pair_summary() -> str:
+    import json
+
+    meta = json.loads((RESULTS / "pair.json").read_text())
+    r = meta["recipe"]
+    rows = [
+        {"model": "target", "params": meta["target_params"], "shape (hidden/layers/heads/kv)": "{hidden}/{layers}/{heads}/{kv_heads}".format(**r["target"]), "training": f"{meta['target_steps']} steps, {r['target_seconds']:.0f} s", "held-out bits/byte": meta["bits_per_byte"]["target"]},
+        {"model": "draft", "params": meta["draft_params"], "shape (hidden/layers/heads/kv)": "{hidden}/{layers}/{heads}/{kv_heads}".format(**r["draft"]), "training": f"{meta['draft_steps']} steps, {r['draft_seconds']:.0f} s (distilled)", "held-out bits/byte": meta["bits_per_byte"]["draft"]},
+    ]
+    acc = meta["greedy_acceptance"]
+    return pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g") + f"\n\nGreedy acceptance (draft argmax = target argmax along the target's continuation, 64 tokens per prompt): code {acc['code']:.3f}, prose {acc['prose']:.3f}. Corpus: {meta['train_bytes'] / 1e6:.1f} MB of standard-library source, {meta['held_out_bytes'] / 1e6:.2f} MB held out."
+
+
+def profile_fit() -> str:
+    import yaml
+
+    prof = yaml.safe_load((ROOT / "conf" / "profile" / "cpu_specsched-pair.yaml").read_text())
+    rows = []
+    for key, name in (("llm", "target"), ("slm", "draft")):
+        f = prof["fit"][key]
+        t = prof["latency"][key]
+        rows.append({"model": name, "grid (b x q x c)": f"{len(t['b'])} x {len(t['q'])} x {len(t['c'])}", "tau(1,1,64) ms": np.asarray(t["tau_s"])[0, 0, 1] * 1e3, "a (ms)": f["intercept_s"] * 1e3,
+                     "implied FLOP/s": f["implied_flop_s"], "s per byte": f["per_byte_s"], "median error": f"{f['median_rel_error'] * 100:.1f} %", "max error": f"{f['max_rel_error'] * 100:.1f} %"})
+    return pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g") + f"\n\nDevice: {prof['device']['name']}; {prof['notes']}."
 
 
 def main() -> None:

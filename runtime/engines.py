@@ -59,6 +59,9 @@ def _cache():
 
 
 def _forward(model, ids, mask, positions, cache):
+    # without padding or rejected holes the plain causal mask is right, and much cheaper to build
+    if bool(mask.all()):
+        mask = None
     return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits
 
 
@@ -207,9 +210,13 @@ def generate_sd(
 
     while not all(done):
         # 1. draft gamma tokens; its first pass also feeds the tokens it has not seen yet
-        d_ids = torch.stack([extra, pending], dim=1)
-        dmask = torch.cat([dmask, torch.stack([has_extra, torch.ones_like(has_extra)], dim=1)], dim=1)
-        d_pos = torch.stack([(seq_len - 2).clamp(min=0), seq_len - 1], dim=1)
+        if bool(has_extra.any()):
+            d_ids = torch.stack([extra, pending], dim=1)
+            dmask = torch.cat([dmask, torch.stack([has_extra, torch.ones_like(has_extra)], dim=1)], dim=1)
+            d_pos = torch.stack([(seq_len - 2).clamp(min=0), seq_len - 1], dim=1)
+        else:  # the common case: only the last committed token is new to the draft
+            d_ids, d_pos = pending[:, None], (seq_len - 1)[:, None]
+            dmask = torch.cat([dmask, torch.ones((b, 1), dtype=dmask.dtype, device=device)], dim=1)
         logits = _forward(draft, d_ids, dmask, d_pos, dcache)[:, -1]
         d_passes += 1
         drafts, q = [], []
@@ -219,7 +226,7 @@ def generate_sd(
             x = sampler.pick(logits)
             drafts.append(x)
             if g < gamma:
-                dmask = torch.cat([dmask, torch.ones_like(dmask[:, :1])], dim=1)
+                dmask = torch.cat([dmask, torch.ones((b, 1), dtype=dmask.dtype, device=device)], dim=1)
                 logits = _forward(draft, x[:, None], dmask, (seq_len - 1 + g)[:, None], dcache)[:, -1]
                 d_passes += 1
         x = torch.stack(drafts, dim=1)  # (B, gamma)

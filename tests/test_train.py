@@ -113,6 +113,21 @@ def test_tiny_training_end_to_end(tmp_path):
     assert "trained 1536 steps" in res.stdout
 
 
+def test_curriculum_and_joblib_multirun(tmp_path):
+    cmd = [
+        sys.executable, "-m", "agents.train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0,1",
+        "env.num_users=8", "env.max_users=8", "curriculum=[4]", "total_timesteps=512", "n_envs=4", "agent.hyperparams.n_steps=32",
+        "agent.hyperparams.batch_size=64", "agent.hyperparams.n_epochs=1", "logger=disabled", "eval.rounds=4", "eval.freq=0",
+        "eval.final_rounds=0", "checkpoint_freq=0", "export_onnx=false", "progress_bar=false", f"hydra.sweep.dir={tmp_path}/sweep",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert len(runs) == 2 and all((r / "model.zip").exists() for r in runs)
+    prog = pd.read_csv(runs[0] / "progress.csv")
+    assert prog["time/total_timesteps"].max() >= 512
+
+
 def _untrained_policy(tmp_path, algo="maskable_ppo"):
     from agents.policy import algo_class
     from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
