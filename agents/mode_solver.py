@@ -59,48 +59,50 @@ class ModeTable:
     mem_base: np.ndarray  #: (T,) per-user fixed KV tokens (S [+ N if padded] [+ gamma for SD])
     mem_unit: float  #: bytes per KV token of this mode
     per_user_out: bool  #: whether memory adds each user's own O_k
-    _cache: dict | None = None  #: requirement matrices by available-user set (bytes)
+    _cache: tuple | None = None  #: requirement matrices with every user available
 
     @property
     def num_tuples(self) -> int:
         return len(self.s_thr)
 
-    def requirements(self, avail_sorted: np.ndarray):
+    def requirements(self, avail_sorted: np.ndarray, min_users: int = 0):
         """Per tuple and eligible rank: the compute share and KV tokens a batch of that size needs.
 
         ``share_req[t, r]`` is the share needed by the ``r+1`` eligible users with the largest
         slack (their slack minus the fastest eligible uplink is the best possible budget), and
         ``mem_req[t, r]`` the KV tokens of the ``r+1`` users with the smallest outputs. Both rise
-        with ``r``, so a size bound is a count of entries under a limit.
+        with ``r``, so a size bound is a count of entries under a limit. Only tuples with more
+        than ``min_users`` eligible users are returned (the rest cannot beat an incumbent), as
+        ``(rows, elig, n0, share_req, mem_req)``; the all-users answer is cached.
         """
-        if self._cache is None:
-            self._cache = {}
-        key = np.packbits(avail_sorted).tobytes()
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
+        everyone = bool(avail_sorted.all())
+        if everyone and self._cache is not None:
+            rows, elig, n0, share_req, mem_req = self._cache
+            keep = n0 > min_users
+            return rows[keep], elig[keep], n0[keep], share_req[keep], mem_req[keep]
         elig = self.elig & avail_sorted[None, :]
         n0 = elig.sum(axis=1)
+        rows = np.flatnonzero(n0 > (0 if everyone else min_users))
+        elig, n0 = elig[rows], n0[rows]
         up_min = np.where(elig, self.up_sorted[None, :], np.inf).min(axis=1)
         el_s = elig[:, self.perm]
         rank_s = np.cumsum(el_s, axis=1)
-        c = np.take_along_axis(self.cost, np.minimum(rank_s, self.cost.shape[1] - 1), axis=1)
+        c = np.take_along_axis(self.cost[rows], np.minimum(rank_s, self.cost.shape[1] - 1), axis=1)
         budget = self.slack_sorted[self.perm][None, :] - up_min[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             share_req = np.where(el_s & (budget > 0), c / np.where(budget > 0, budget, 1.0), np.inf)
         # (only counts of entries under a limit are ever taken, so no sorting is needed)
         if self.per_user_out:
             cnt = np.cumsum(elig, axis=1)
-            need = cnt * self.mem_base[:, None] + np.cumsum(np.where(elig, self.out_sorted[None, :], 0), axis=1)
+            need = cnt * self.mem_base[rows, None] + np.cumsum(np.where(elig, self.out_sorted[None, :], 0), axis=1)
             mem_req = np.where(elig, need, np.inf)
         else:
             r = np.arange(1, elig.shape[1] + 1)[None, :]
-            mem_req = np.where(r <= n0[:, None], r * self.mem_base[:, None], np.inf)
-        out = (elig, n0, share_req, mem_req)
-        if len(self._cache) > 256:  # bounded: one round's distinct AD sets
-            self._cache.clear()
-        self._cache[key] = out
-        return out
+            mem_req = np.where(r <= n0[:, None], r * self.mem_base[rows, None], np.inf)
+        if everyone:
+            self._cache = (rows, elig, n0, share_req, mem_req)
+            return self.requirements(avail_sorted, min_users)
+        return rows, elig, n0, share_req, mem_req
 
 
 def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: bool = False) -> ModeTable:
@@ -154,12 +156,12 @@ def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: 
     )
 
 
-def _bounds(tab: ModeTable, avail: np.ndarray, share: float, mem: float):
-    """Per-tuple upper bound on the batch size, and each tuple's eligible mask under ``avail``."""
-    elig, n0, share_req, mem_req = tab.requirements(avail)
+def _bounds(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_least: int = 0):
+    """Upper bounds on the batch size of the tuples that could beat ``at_least``: (rows, ub, elig)."""
+    rows, elig, n0, share_req, mem_req = tab.requirements(avail, at_least)
     b_time = (share_req <= share * (1 + EPS)).sum(axis=1)
     b_mem = (mem_req <= mem / tab.mem_unit * (1 + EPS)).sum(axis=1)
-    return np.minimum(np.minimum(n0, b_time), b_mem), elig
+    return rows, np.minimum(np.minimum(n0, b_time), b_mem), elig
 
 
 def _best_for_tuple(tab: ModeTable, t: int, elig_row: np.ndarray, share: float, mem: float, lo: int, hi: int):
@@ -168,11 +170,10 @@ def _best_for_tuple(tab: ModeTable, t: int, elig_row: np.ndarray, share: float, 
     slack = tab.slack_sorted[users]
     up = tab.up_sorted[users]
     out = tab.out_sorted[users]
-    s_cands = np.unique(slack)
+    slack_desc = np.sort(slack)[::-1]
+    s_cands = slack_desc  # every eligible user's slack is a candidate threshold (ties are harmless)
     mem_tokens = mem / tab.mem_unit * (1 + EPS)
     base = tab.mem_base[t]
-
-    slack_desc = np.sort(slack)[::-1]
     up_min = float(up.min())
 
     def feasible(b: int):
@@ -228,12 +229,12 @@ def solve_mode(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_l
     avail_sorted = np.asarray(avail, dtype=bool)[tab.order]
     if not avail_sorted.any():
         return np.zeros(0, dtype=np.int64)
-    ub, elig = _bounds(tab, avail_sorted, share, mem)
+    rows, ub, elig = _bounds(tab, avail_sorted, share, mem, at_least)
     best_b, best_set = at_least, None
-    for t in np.argsort(-ub, kind="stable"):
-        if ub[t] <= best_b:
+    for i in np.argsort(-ub, kind="stable"):
+        if ub[i] <= best_b:
             break
-        b, chosen = _best_for_tuple(tab, int(t), elig[t], share, mem, best_b + 1, int(ub[t]))
+        b, chosen = _best_for_tuple(tab, int(rows[i]), elig[i], share, mem, best_b + 1, int(ub[i]))
         if b > best_b:
             best_b, best_set = b, chosen
     if best_set is None:
@@ -246,7 +247,7 @@ def upper_bound_grid(tab: ModeTable, shares, mems) -> np.ndarray:
     shares = np.asarray(shares, dtype=float)
     mems = np.asarray(mems, dtype=float)
     everyone = np.ones(tab.elig.shape[1], dtype=bool)
-    _, n0, share_req, mem_req = tab.requirements(everyone)
+    _, _, n0, share_req, mem_req = tab.requirements(everyone)
     # one share (memory) value at a time keeps memory at O(T K) for large rounds
     b_time = np.stack([(share_req <= s * (1 + EPS)).sum(axis=1) for s in shares])  # (S, T)
     b_mem = np.stack([(mem_req <= m / tab.mem_unit * (1 + EPS)).sum(axis=1) for m in mems])  # (M, T)
@@ -260,5 +261,5 @@ def mode_upper_bound(tab: ModeTable, avail: np.ndarray, share: float, mem: float
     """A cheap upper bound on :func:`solve_mode`'s answer (no slack/uplink coupling)."""
     if share <= 0 or mem <= 0:
         return 0
-    ub, _ = _bounds(tab, np.asarray(avail, dtype=bool)[tab.order], share, mem)
+    _, ub, _ = _bounds(tab, np.asarray(avail, dtype=bool)[tab.order], share, mem)
     return int(ub.max(initial=0))

@@ -68,8 +68,7 @@ class PolicyScheduler(Scheduler):
         # the same module the ONNX export traces: one forward pass, no SB3 predict() overhead
         self.net = MaskedArgmax(self.model).eval()
         self.env = EdgeScheduleEnv(**cfg.to_dict())
-        self.env.cost = cost  # same cost model (and profile/memory) as the other schedulers
-        self.env._builder.cost = cost
+        self.env.set_cost_model(cost)  # same cost model (and profile/memory) as the other schedulers
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         """The deterministic action; unmasked algorithms (PPO, DQN) act without the mask."""
@@ -83,7 +82,7 @@ class PolicyScheduler(Scheduler):
         env = self.env
         if rnd.num_users != env.cfg.num_users:
             env = self.env = EdgeScheduleEnv(**env.cfg.replace(num_users=rnd.num_users).to_dict())
-            env.cost = env._builder.cost = self.cost
+            env.set_cost_model(self.cost)
         obs, _ = env.reset(options={"round": rnd})
         while True:
             obs, _, term, trunc, info = env.step(self.act(obs, env.action_masks()))

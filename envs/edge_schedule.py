@@ -87,6 +87,7 @@ builds :class:`EdgeScheduleVectorEnv`, which runs ``N`` rounds at once in numpy 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -96,7 +97,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, PlanBuilder, expected_tokens_per_iteration
+from envs.feasibility import CostModel, PlanBuilder, ScalarPlan, expected_tokens_per_iteration
 from envs.outcome import evaluate_plan
 from envs.plan import AD, REJECT, SD, Plan
 from envs.workload import Round, sample_round
@@ -194,12 +195,10 @@ def _encode(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, data: _Rounds
     return obs
 
 
-def _final_info(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, i: int, rnd: Round, order: np.ndarray, modes_presented: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+def _final_info(cfg: EnvConfig, cost: CostModel, gamma: int, z: float, lam: float, rnd: Round, order: np.ndarray, modes_presented: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
     modes = np.zeros(rnd.num_users, dtype=np.int8)
     modes[order] = modes_presented
-    z, lam = builder.shares()
-    gamma = int(builder.gamma[i]) if builder.gamma[i] > 0 else 0
-    plan = Plan(modes, gamma=max(gamma, 1), z=float(z[i]), lam=float(lam[i]))
+    plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam)
     outcome = evaluate_plan(cost, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance)
     admitted = plan.admitted
     return {
@@ -209,8 +208,8 @@ def _final_info(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, i: int, r
         "rejected": rnd.num_users - admitted,
         "late": admitted - outcome.served_count,
         "gamma": gamma,
-        "z": float(z[i]),
-        "lam": float(lam[i]),
+        "z": z,
+        "lam": lam,
         "modes": modes,
     }
 
@@ -228,17 +227,25 @@ class EdgeScheduleEnv(gym.Env):
         self.cost = CostModel.from_config(self.cfg)
         self.action_space = spaces.Discrete(2 + self.cfg.max_gamma)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
-        self._builder = PlanBuilder(self.cost, 1, self.cfg.max_gamma)
+        self._plan = ScalarPlan(self.cost, self.cfg.max_gamma)
         self._data = _Rounds(1, self.cfg.num_users)
-        self._t = np.zeros(1, dtype=np.int64)
+        self._t = 0
         self._modes = np.zeros(self.cfg.num_users, dtype=np.int8)
-        self._masks = np.ones((1, 2 + self.cfg.max_gamma), dtype=bool)
+        self._masks = [True] + [False] * (1 + self.cfg.max_gamma)
         self._done = True
+        self._obs = np.zeros(observation_size(self.cfg), dtype=np.float32)
+        self._budget = max(self.cost.memory_budget1(True), 1.0)
 
     @property
     def round(self) -> Round | None:
         """The current round (users in their original order)."""
         return self._data.rounds[0]
+
+    def set_cost_model(self, cost: CostModel) -> None:
+        """Plan against another cost model (e.g. a scheduler's profile or memory) from the next reset."""
+        self.cost = cost
+        self._plan = ScalarPlan(cost, self.cfg.max_gamma)
+        self._budget = max(cost.memory_budget1(True), 1.0)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -249,55 +256,74 @@ class EdgeScheduleEnv(gym.Env):
         elif not isinstance(rnd, Round) or rnd.num_users != self.cfg.num_users:
             raise ValueError(f"options['round'] must be a Round with num_users={self.cfg.num_users} users")
         self._data.load(0, rnd, self.cfg)
-        self._builder.reset()
-        self._t[:] = 0
+        d = self._data
+        # per-user inputs as Python scalars: the step loop then touches no numpy
+        self._users = list(zip(d.inp[0].tolist(), d.out[0].tolist(), d.alpha[0].tolist(), d.up[0].tolist(), d.slack[0].tolist(), strict=True))
+        self._plan.reset()
+        self._t = 0
         self._modes[:] = REJECT
         self._done = False
-        self._masks = self._builder.prepare(*self._data.user(self._t))
-        return self._obs(), {}
+        self._masks = self._plan.prepare(*self._users[0])
+        return self._encode(), {}
 
     def action_masks(self) -> np.ndarray:
         """Bool (2 + G,): which actions keep the plan feasible for the current user."""
-        if self._done:
-            mask = np.zeros(2 + self.cfg.max_gamma, dtype=bool)
-            mask[0] = True
-            return mask
-        return self._masks[0].copy()
+        return np.array(self._masks, dtype=bool)
 
     def step(self, action):
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset()")
         a = int(action)
-        valid = bool(self._builder.apply(np.array([a]))[0])
-        t = int(self._t[0])
+        valid = self._plan.apply(a)
+        t = self._t
         mode = REJECT if not valid or a == 0 else (AD if a == 1 else SD)
         self._modes[t] = mode
         reward = 1.0 if (mode != REJECT and self.cfg.reward_timing == "admission") else 0.0
         info: dict[str, Any] = {"invalid_action": not valid}
-        self._t[0] = t + 1
-        terminated = t + 1 >= self.cfg.num_users
+        self._t = t + 1
+        terminated = self._t >= self.cfg.num_users
         if terminated:
             self._done = True
-            info.update(_final_info(self.cfg, self.cost, self._builder, 0, self.round, self._data.order[0], self._modes, self.np_random))
+            z, lam = self._plan.shares()
+            info.update(_final_info(self.cfg, self.cost, self._plan.gamma, z, lam, self.round, self._data.order[0], self._modes, self.np_random))
             reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
-            self._masks = np.zeros_like(self._masks)
-            self._masks[:, 0] = True
+            self._masks = [True] + [False] * (1 + self.cfg.max_gamma)
         else:
-            self._masks = self._builder.prepare(*self._data.user(self._t))
-        return self._obs(), reward, terminated, False, info
+            self._masks = self._plan.prepare(*self._users[self._t])
+        return self._encode(), reward, terminated, False, info
 
-    def _obs(self) -> np.ndarray:
-        return _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)[0]
+    def _encode(self) -> np.ndarray:
+        """The observation table of the module docstring (the same values as the vector env)."""
+        cfg, p, t, k = self.cfg, self._plan, self._t, self.cfg.num_users
+        obs = np.zeros(self._obs.shape, dtype=np.float32)
+        live = t < k
+        if live:
+            obs[:USER_FEATURES] = self._data.feats[0, t]
+        i_hi, o_hi, t_hi = cfg.input_tokens[1], cfg.output_tokens[1], cfg.deadline_s[1]
+        head = []
+        for m in (0, 1):
+            slack = p.slack_min[m] if p.slack_min[m] != math.inf else t_hi
+            head += (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, slack / t_hi)
+        share_ad = p._prepared[1][5] if (live and p._prepared is not None) else 1.0
+        head += (p.gamma / cfg.max_gamma, share_ad, t / k)
+        col = USER_FEATURES + len(head)
+        obs[USER_FEATURES:col] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head]
+        obs[col : col + len(self._masks)] = self._masks
+        start = col + len(self._masks)
+        n = max(0, min(k - t - 1, cfg.k_max))
+        if n:
+            obs[start : start + n * USER_FEATURES] = self._data.feats[0, t + 1 : t + 1 + n].ravel()
+        return obs
 
     def render(self):
         if self.render_mode != "ansi":
             return None
-        b = self._builder
+        p = self._plan
         lines = [
-            f"user {int(self._t[0])}/{self.cfg.num_users}  gamma={int(b.gamma[0])}",
-            f"AD: {int(b.b[0, 0])} users, share needed {b.share[0, 0]:.3f}, KV {b.mem[0, 0] / 1e9:.2f} GB",
-            f"SD: {int(b.b[1, 0])} users, share needed {b.share[1, 0]:.3f}, KV {b.mem[1, 0] / 1e9:.2f} GB",
-            "mask: " + "".join("1" if m else "0" for m in self.action_masks()),
+            f"user {self._t}/{self.cfg.num_users}  gamma={p.gamma}",
+            f"AD: {p.b[0]} users, share needed {p.share[0]:.3f}, KV {p.mem[0] / 1e9:.2f} GB",
+            f"SD: {p.b[1]} users, share needed {p.share[1]:.3f}, KV {p.mem[1] / 1e9:.2f} GB",
+            "mask: " + "".join("1" if m else "0" for m in self._masks),
         ]
         return "\n".join(lines) + "\n"
 
@@ -380,7 +406,8 @@ class EdgeScheduleVectorEnv(VectorEnv):
             keys = ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma", "z", "lam")
             final = {key: np.zeros(self.num_envs) for key in keys}
             for i in np.flatnonzero(terminated):
-                fi = _final_info(self.cfg, self.cost, self._builder, i, self._data.rounds[i], self._data.order[i], self._modes[i], self._rngs[i])
+                z, lam = self._builder.shares()
+                fi = _final_info(self.cfg, self.cost, int(self._builder.gamma[i]), float(z[i]), float(lam[i]), self._data.rounds[i], self._data.order[i], self._modes[i], self._rngs[i])
                 for key in keys:
                     final[key][i] = fi[key]
                 rewards[i] += -fi["late"] if self.cfg.reward_timing == "admission" else fi["served"]

@@ -30,6 +30,7 @@ a plan is feasible iff the memory fits and every non-empty mode has ``beta_m > 0
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,6 +119,130 @@ class CostModel:
         prefill = self.tau_l.tau(bb, s, s) + self.tau_s.tau(bb, s, s)
         iteration = g * self.tau_s.tau(bb, 1.0, c) + self.tau_l.tau(bb, g + 1.0, c + g)
         return np.where(b > 0, prefill + np.asarray(j_max, dtype=float) * iteration, 0.0)
+
+
+    # ---------------------------------------------------------------- one point, no numpy
+    # The environment's scalar step runs these: the same operations, in the same order, as the
+    # array versions above (bit-identical results), at Python-float speed.
+    def ad_time1(self, b: int, s_max: int, n_max: int) -> float:
+        if b <= 0:
+            return 0.0
+        s = max(s_max, 1)
+        return self.tau_l.tau1(b, s, s) + self.tau_l.decode_sum1(b, s, max(n_max - 1, 0))
+
+    def sd_time1(self, b: int, s_max: int, n_max: int, j_max: int, gamma: int) -> float:
+        if b <= 0:
+            return 0.0
+        s = max(float(s_max), 1.0)
+        g = float(gamma)
+        c = s + float(n_max) / 2.0
+        prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
+        iteration = g * self.tau_s.tau1(b, 1.0, c) + self.tau_l.tau1(b, g + 1.0, c + g)
+        return prefill + float(j_max) * iteration
+
+    def ad_memory1(self, b: int, s_max: int, n_max: int, sum_out: int) -> float:
+        if self.kv_memory == "per_user":
+            return (float(b) * s_max + sum_out) * self.kv_l
+        return float(b) * (float(s_max) + n_max) * self.kv_l
+
+    def sd_memory1(self, b: int, s_max: int, n_max: int, sum_out: int, gamma: int) -> float:
+        if self.kv_memory == "per_user":
+            return (float(b) * (float(s_max) + gamma) + sum_out) * self.kv_sd
+        return float(b) * (float(s_max) + n_max + gamma) * self.kv_sd
+
+    def memory_budget1(self, sd_used: bool) -> float:
+        return self.memory_bytes - self.reserve_bytes - self.w_l - float(sd_used) * self.w_s
+
+
+def sd_iterations1(output_tokens: int, alpha: float, gamma: int) -> int:
+    """:func:`sd_iterations` for one user, as a Python int."""
+    g = float(gamma)
+    e = g + 1.0 if alpha > 1.0 - 1e-9 else (1.0 - alpha ** (g + 1.0)) / (1.0 - alpha)
+    return math.ceil(float(output_tokens) / e - 1e-9)
+
+
+def _share1(time_s: float, b: int, u_max: float, slack_min: float) -> float:
+    if b <= 0:
+        return 0.0
+    budget = slack_min - u_max
+    return time_s / budget if budget > 0 else math.inf
+
+
+class ScalarPlan:
+    """:class:`PlanBuilder` for one round, in plain Python floats (the scalar env's hot path).
+
+    Same state, same answers as ``PlanBuilder(cost, 1, G)`` (the vector-vs-scalar env test holds
+    them to bit equality), an order of magnitude less overhead per user.
+    """
+
+    def __init__(self, cost: CostModel, max_gamma: int):
+        self.cost = cost
+        self.g_max = max_gamma
+        self.reset()
+
+    def reset(self) -> None:
+        # index 0 = AD, 1 = SD
+        self.b = [0, 0]
+        self.s_max = [0, 0]
+        self.n_max = [0, 0]
+        self.u_max = [0.0, 0.0]
+        self.slack_min = [math.inf, math.inf]
+        self.sum_out = [0, 0]
+        self.share = [0.0, 0.0]
+        self.mem = [0.0, 0.0]
+        self.j_max = 0
+        self.gamma = 0
+        self._prepared = None
+
+    def prepare(self, inp: int, out: int, alpha: float, up: float, slack: float) -> list[bool]:
+        c = self.cost
+        b_a = self.b[0] + 1
+        s_a = max(self.s_max[0], inp)
+        n_a = max(self.n_max[0], out)
+        u_a = max(self.u_max[0], up)
+        sl_a = min(self.slack_min[0], slack)
+        share_a = _share1(c.ad_time1(b_a, s_a, n_a), b_a, u_a, sl_a)
+        mem_a = c.ad_memory1(b_a, s_a, n_a, self.sum_out[0] + out)
+        ok_a = share_a + self.share[1] <= 1 + EPS and mem_a + self.mem[1] <= c.memory_budget1(self.b[1] > 0) * (1 + EPS)
+        masks = [True, ok_a] + [False] * self.g_max
+        b_s = self.b[1] + 1
+        s_s = max(self.s_max[1], inp)
+        n_s = max(self.n_max[1], out)
+        u_s = max(self.u_max[1], up)
+        sl_s = min(self.slack_min[1], slack)
+        budget_sd = c.memory_budget1(True) * (1 + EPS)
+        sd = {}
+        depths = [self.gamma] if self.gamma > 0 else range(1, self.g_max + 1)
+        for g in depths:
+            j_s = max(self.j_max, sd_iterations1(out, alpha, g))
+            share_s = _share1(c.sd_time1(b_s, s_s, n_s, j_s, g), b_s, u_s, sl_s)
+            mem_s = c.sd_memory1(b_s, s_s, n_s, self.sum_out[1] + out, g)
+            sd[g] = (j_s, share_s, mem_s)
+            masks[1 + g] = self.share[0] + share_s <= 1 + EPS and self.mem[0] + mem_s <= budget_sd
+        self._prepared = ((inp, out), (b_a, s_a, n_a, u_a, sl_a, share_a, mem_a), (b_s, s_s, n_s, u_s, sl_s), sd, masks)
+        return masks
+
+    def apply(self, action: int) -> bool:
+        if self._prepared is None:
+            raise RuntimeError("ScalarPlan.apply called before prepare() for this user")
+        (inp, out), cand_a, cand_s, sd, masks = self._prepared
+        self._prepared = None
+        if not (0 <= action < 2 + self.g_max) or not masks[action]:
+            return False
+        if action == 1:
+            self.b[0], self.s_max[0], self.n_max[0], self.u_max[0], self.slack_min[0], self.share[0], self.mem[0] = cand_a
+            self.sum_out[0] += out
+        elif action >= 2:
+            g = action - 1
+            self.b[1], self.s_max[1], self.n_max[1], self.u_max[1], self.slack_min[1] = cand_s
+            self.j_max, self.share[1], self.mem[1] = sd[g]
+            self.sum_out[1] += out
+            self.gamma = self.gamma or g
+        return True
+
+    def shares(self) -> tuple[float, float]:
+        z, lam = shares_for(self.share[0], self.share[1], self.mem[0], self.mem[1], self.b[0], self.b[1])
+        return float(z), float(lam)
 
 
 @dataclass

@@ -139,6 +139,17 @@ class LatencyModel:
     def tau(self, b, q, c):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def tau1(self, b: float, q: float, c: float) -> float:
+        """``tau`` of one point as a Python float (subclasses give a numpy-free fast path)."""
+        return float(self.tau(b, q, c))
+
+    def decode_sum1(self, b: int, c_start: int, n: int) -> float:
+        """:meth:`decode_sum` of one point as a Python float."""
+        if c_start + n >= (0 if self._prefix is None else self._prefix.shape[1]) or b >= self._prefix.shape[0]:
+            self._ensure_prefix(b, c_start + n)
+        row = self._prefix[b]
+        return float(row[c_start + n] - row[c_start])
+
     # Sums of decode steps are asked for constantly (AD batch times); a lazily grown
     # prefix-sum table over integer contexts makes each one O(1) for every latency source.
     _prefix: np.ndarray | None = None
@@ -178,11 +189,26 @@ class RooflineLatency(LatencyModel):
     flops_efficiency: float
     bandwidth_efficiency: float
     layer_overhead_s: float
+    _consts: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def tau(self, b, q, c):
         compute = self.model.flops(b, q, c) / (self.flops_efficiency * self.device.flops_per_s)
         memory = self.model.bytes_moved(b, q, c) / (self.bandwidth_efficiency * self.device.bandwidth_bytes_per_s)
         return self.model.layers * self.layer_overhead_s + np.maximum(compute, memory)
+
+    def tau1(self, b: float, q: float, c: float) -> float:
+        # the same floating-point operations as tau(), in the same order, without numpy overhead
+        k = self._consts
+        if k is None:
+            m = self.model
+            d, dkv = m.hidden, m.kv_heads * m.head_dim
+            per_token = m.layers * (4.0 * d * d + 4.0 * d * dkv + 6.0 * d * m.ffn_hidden) + 2.0 * d * m.vocab
+            k = self._consts = (per_token, m.layers * 4.0 * d, self.flops_efficiency * self.device.flops_per_s, m.weight_bytes, m.kv_bytes_per_token,
+                                self.bandwidth_efficiency * self.device.bandwidth_bytes_per_s, m.layers * self.layer_overhead_s)
+        per_token, attn, f_den, w, kv, b_den, overhead = k
+        compute = b * q * (per_token + attn * c) / f_den
+        memory = (w + b * c * kv) / b_den
+        return overhead + (compute if compute > memory else memory)
 
 
 @dataclass

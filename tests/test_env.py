@@ -53,7 +53,7 @@ def test_masks_exact_along_episodes():
             mask = u.action_masks()
             modes = np.zeros(12, dtype=np.int8)
             modes[order[:t]] = u._modes[:t]
-            gamma = int(u._builder.gamma[0])
+            gamma = int(u._plan.gamma)
             for a in range(1, mask.size):
                 trial = modes.copy()
                 trial[order[t]] = AD if a == 1 else SD

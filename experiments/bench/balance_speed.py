@@ -1,0 +1,52 @@
+"""BALANCE's decision time per round (median over rounds), against AD-only in the same process.
+
+    python -m experiments.bench.balance_speed [--ks 12,50,70,200] [--rounds 10] [--out results/balance_speed.md]
+
+Targets (issue #3): K = 70 in <= 0.1 s median, K = 200 in <= 2 s. The ratio to AD-only (one
+per-mode solve at z = lambda = 1) is printed because absolute times move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from agents.evaluate import make_rounds
+from agents.registry import make_scheduler
+from envs.config import EnvConfig
+from envs.feasibility import CostModel
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ks", default="12,50,70,200")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    rows = []
+    for k in (int(v) for v in args.ks.split(",")):
+        cfg = EnvConfig(num_users=k)
+        cost = CostModel.from_config(cfg)
+        rounds = make_rounds(cfg, args.rounds, 0)
+        times = {}
+        for name in ("balance", "ad_only"):
+            sched = make_scheduler(name, cost, cfg)
+            t = []
+            for rnd in rounds:
+                start = time.perf_counter()
+                sched.plan(rnd)
+                t.append(time.perf_counter() - start)
+            times[name] = float(np.median(t))
+        rows.append({"K": k, "rounds": args.rounds, "BALANCE median (s)": times["balance"], "AD-only median (s)": times["ad_only"], "BALANCE / AD-only": times["balance"] / times["ad_only"]})
+    text = pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g")
+    print(text)
+    if args.out:
+        args.out.write_text(text + f"\n\nReproduce: `python -m experiments.bench.balance_speed --ks {args.ks} --rounds {args.rounds}`\n")
+
+
+if __name__ == "__main__":
+    main()
