@@ -81,7 +81,8 @@ def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values, 
             if ad_ub[iz, il] + sd_ub[iz, il] <= best_n:
                 continue
             solved += 1
-            ad = solve_mode(ad_tab, everyone, ad_share, ad_mem)
+            # only a larger AD set than at the previous lam can make this point not dominated
+            ad = solve_mode(ad_tab, everyone, ad_share, ad_mem, at_least=0 if prev_ad is None else len(prev_ad))
             if prev_ad is not None and len(ad) <= len(prev_ad):
                 continue
             prev_ad = ad

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="output folder (default outputs/main/TIMESTAMP)")
     ap.add_argument("--rounds", type=int, default=100, help="held-out rounds in the comparison")
+    ap.add_argument("--publish", action="store_true", help="also write results/main_job.md (the README's copy)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for conf/train.yaml, e.g. total_timesteps=20000")
     args = ap.parse_args(argv)
     out = args.out or ROOT / "outputs" / "main" / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -85,6 +86,20 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     for p in plot(summary, out / "progress.csv", out):
         print(f"[main] wrote {p}")
+    if args.publish:
+        publish(summary, result, tc, args.rounds)
+
+
+def publish(summary: pd.DataFrame, result: dict, tc: TrainConfig, rounds: int) -> Path:
+    path = ROOT / "results" / "main_job.md"
+    cols = ["scheduler", "rounds", "served_frac", "ci95", "ratio_to_balance", "ratio_to_optimum", "decision_ms_median"]
+    text = "\n".join([
+        summary[cols].to_markdown(index=False, floatfmt=".4g"), "",
+        f"{tc.agent.algo}, K = {tc.env.num_users}, {result['timesteps']} decisions trained in {result['train_s']:.0f} s "
+        f"({result['steps_per_s']:.0f}/s); {rounds} held-out rounds. Reproduce: `bash scripts/main.sh --publish`.", "",
+    ])
+    path.write_text(text)
+    return path
 
 
 if __name__ == "__main__":

@@ -105,6 +105,13 @@ def gains(table: pd.DataFrame, against: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _md(table: pd.DataFrame, axis: str, floatfmt: str) -> str:
+    """A sweep table as markdown, the sweep value printed as is (tabulate would float-format ints)."""
+    out = table.rename_axis(axis).reset_index()
+    out[axis] = [str(v) for v in out[axis]]
+    return out.to_markdown(index=False, floatfmt=floatfmt)
+
+
 def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_dir: Path) -> str:
     df = df.assign(served_frac=df.served / df.num_users)
     table = df.pivot_table(index="value", columns="scheduler", values="served_frac", aggfunc="mean")[study.schedulers]
@@ -113,7 +120,7 @@ def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_di
         table.index = [int(v) if np.isfinite(float(v)) else v for v in table.index]
     robust = study.name.startswith("robust")
     lines = [f"# {study.title}", "", f"{rounds} rounds per point, same rounds for every scheduler; served fraction (mean).", ""]
-    lines += [table.rename_axis(study.axis).reset_index().to_markdown(index=False, floatfmt=".3f"), ""]
+    lines += [_md(table, study.axis, ".3f"), ""]
     if study.name == "exhaustive":
         t = df.pivot_table(index="value", columns="scheduler", values="decision_s", aggfunc="median")
         per_round = df.pivot_table(index=["value", "round"], columns="scheduler", values=["served", "decision_s"])
@@ -127,12 +134,12 @@ def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_di
                 "speed-up (mean of per-round ratios)": speed,
             }
         )
-        lines += [comp.rename_axis(study.axis).reset_index().to_markdown(index=False, floatfmt=".3g"), ""]
+        lines += [_md(comp, study.axis, ".3g"), ""]
         lines += ["Exhaustive = complete level-by-level search with the exact check, cold (no BALANCE incumbent); the paper's exhaustive search enumerates all 3^K assignments, so its speed-ups are larger by construction.", ""]
     elif robust:
         clean = table.iloc[0]
         drop = ((clean - table) / clean * 100).rename(columns=lambda c: f"{c} drop (%)")
-        lines += ["Drop against exact predictions (relative, %):", "", drop.rename_axis(study.axis).reset_index().to_markdown(index=False, floatfmt=".2f"), ""]
+        lines += ["Drop against exact predictions (relative, %):", "", _md(drop, study.axis, ".2f"), ""]
     else:
         lines += ["BALANCE's average gain over the sweep:", "", gains(table, study.schedulers[1:]).to_markdown(index=False, floatfmt=".2f"), ""]
     if not np.isfinite(elapsed_s):  # --report-only: keep the timing of the run that made the CSV

@@ -75,6 +75,7 @@ SECTIONS = {
     "learned": lambda: (RESULTS / "learned.md").read_text().strip(),
     "main_job": lambda: (RESULTS / "main_job.md").read_text().strip(),
     "sd_vs_ad": lambda: _table(RESULTS / "sd_vs_ad.md"),
+    "balance_speed": lambda: _table(RESULTS / "balance_speed.md"),
     "pair": lambda: pair_summary(),
     "profile_fit": lambda: profile_fit(),
 }
