@@ -20,7 +20,7 @@ never fed to it); both cases are fed in one padded draft pass.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -111,8 +111,27 @@ class _Sampler:
 # ------------------------------------------------------------------------------------------ AD
 
 
+def drain(steps: Generator[None, None, GenerationResult]) -> GenerationResult:
+    """Run a step generator (:func:`ad_steps`, :func:`sd_steps`) to the end; return its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def generate_ad(model, prompts: list[list[int]], max_new_tokens: int | list[int], **kwargs) -> GenerationResult:
+    """Batched autoregressive decoding with a KV cache (all of :func:`ad_steps` at once)."""
+    return drain(ad_steps(model, prompts, max_new_tokens, **kwargs))
+
+
+def generate_sd(target, draft, prompts: list[list[int]], gamma: int, max_new_tokens: int | list[int], **kwargs) -> GenerationResult:
+    """Batched speculative decoding (all of :func:`sd_steps` at once)."""
+    return drain(sd_steps(target, draft, prompts, gamma, max_new_tokens, **kwargs))
+
+
 @torch.no_grad()
-def generate_ad(
+def ad_steps(
     model,
     prompts: list[list[int]],
     max_new_tokens: int | list[int],
@@ -121,8 +140,10 @@ def generate_ad(
     pad_id: int = 0,
     seed: int = 0,
     on_tokens: Callable[[int, list[int]], None] | None = None,
-) -> GenerationResult:
-    """Batched autoregressive decoding with a KV cache; ``on_tokens(row, ids)`` streams output."""
+) -> Generator[None, None, GenerationResult]:
+    """Batched AD as a generator: it yields after every forward pass (so a caller can share the
+    device between batches) and returns the :class:`GenerationResult`; ``on_tokens(row, ids)``
+    streams output."""
     device = next(model.parameters()).device
     limits = _limits(max_new_tokens, len(prompts))
     sampler = _Sampler(temperature, seed, device)
@@ -145,6 +166,7 @@ def generate_ad(
                 done[i] = len(out[i]) >= limits[i] or (eos_id is not None and t == eos_id)
         if all(done):
             break
+        yield
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         logits = _forward(model, tok[:, None], mask, next_pos[:, None], cache)[:, -1]
         passes += 1
@@ -166,7 +188,7 @@ def _crop(cache, mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def generate_sd(
+def sd_steps(
     target,
     draft,
     prompts: list[list[int]],
@@ -177,8 +199,9 @@ def generate_sd(
     pad_id: int = 0,
     seed: int = 0,
     on_tokens: Callable[[int, list[int]], None] | None = None,
-) -> GenerationResult:
-    """Batched speculative decoding (module docstring); lossless for greedy and for sampling."""
+) -> Generator[None, None, GenerationResult]:
+    """Batched speculative decoding (module docstring) as a generator that yields after every
+    draft-verify iteration; lossless for greedy and for sampling."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     device = next(target.parameters()).device
@@ -284,4 +307,5 @@ def generate_sd(
         extra = torch.where(n == gamma, x[:, -1], torch.full_like(pending, pad_id))
         pending = y
         seq_len = seq_len + n + 1
+        yield
     return GenerationResult(out, time.perf_counter() - start, t_passes, d_passes, iterations, accepted, rejections)

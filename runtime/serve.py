@@ -1,0 +1,384 @@
+"""Live scheduling server: OpenAI-style completions with deadlines, planned by any scheduler.
+
+    python -m runtime.serve scheduler=balance port=8011
+    python -m runtime.serve scheduler=policy policy_path=policies/paper_k50 window_s=1.0
+
+``POST /v1/completions`` takes ``prompt``, ``max_tokens``, ``stream`` (OpenAI's fields) and
+``deadline_s`` (seconds from arrival; SpecSched's extension). Requests are collected into rounds
+(``window_s``); each round is planned by the scheduler from the requests' prompt length,
+``max_tokens`` (the output-length prediction), remaining deadline and the current acceptance
+estimate, on the cost model of the server's measured profile. Rejected requests are answered at
+once; the AD and SD batches then run on the engines with compute shares ``z`` / ``1 - z`` by
+weighted time-slicing (the batch that has used less than its share of the device steps next).
+Every request ends with exactly one outcome: ``served`` (on time), ``late`` or ``rejected``
+(with a reason). ``GET /metrics`` reports counts, latency percentiles and throughput.
+
+Listens on loopback by default; bad requests get a 4xx with a message and the server keeps
+serving; on shutdown queued requests are rejected and the running round is finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
+
+from agents.registry import make_scheduler
+from envs.config import EnvConfig
+from envs.feasibility import CostModel
+from envs.plan import AD, SD
+from envs.profile import load_profile
+from envs.workload import Round
+from runtime.engines import ad_steps, sd_steps
+from runtime.pair import ModelPair, build_pair, load_pair
+
+
+@dataclass
+class ServeConfig:
+    scheduler: str = "balance"
+    host: str = "127.0.0.1"
+    port: int = 8011
+    pair: str | None = None  #: a built pair folder; None = the project's own (built and cached)
+    pair_preset: str = "full"
+    device: str = "cpu"
+    dtype: str = "float32"
+    profile: str = "cpu_specsched-pair"  #: the cost model the scheduler plans with
+    window_s: float = 0.5  #: how long a round collects requests
+    max_round: int = 64  #: most requests in one round
+    max_queue: int = 512  #: requests waiting beyond this are refused (503)
+    max_tokens_limit: int = 512
+    max_prompt_tokens: int = 2048
+    default_deadline_s: float = 30.0
+    gamma: int = 4
+    alpha_init: float = 0.8  #: acceptance estimate before any SD has run (then an EMA of measurements)
+    policy_path: str | None = None
+    shutdown_timeout_s: float = 30.0
+
+    def validate(self) -> ServeConfig:
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"serve config '{name}' must be {allowed}, got {getattr(self, name)!r}")
+
+        need(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "an integer in [0, 65535]")
+        need(self.window_s > 0, "window_s", "> 0")
+        need(isinstance(self.max_round, int) and self.max_round >= 1, "max_round", "an integer >= 1")
+        need(isinstance(self.max_tokens_limit, int) and self.max_tokens_limit >= 1, "max_tokens_limit", "an integer >= 1")
+        need(isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 1, "max_prompt_tokens", "an integer >= 1")
+        need(self.default_deadline_s > 0, "default_deadline_s", "> 0")
+        need(isinstance(self.gamma, int) and 1 <= self.gamma <= 8, "gamma", "an integer in [1, 8]")
+        need(0 < self.alpha_init < 1, "alpha_init", "in (0, 1)")
+        return self
+
+
+class RequestError(ValueError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Request:
+    id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    deadline_s: float
+    stream: bool
+    arrival: float = field(default_factory=time.monotonic)
+    tokens: list[int] = field(default_factory=list)
+    first_token_at: float | None = None
+    mode: str = "-"
+    outcome: str | None = None  #: served, late or rejected
+    reason: str = ""
+    queue: asyncio.Queue | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def parse_request(body: bytes, cfg: ServeConfig, encode) -> tuple[list[int], int, float, bool]:
+    """Validate a completion request; raises :class:`RequestError` with the field and the limit."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestError(400, "request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestError(400, "'prompt' is required and must be a non-empty string")
+    max_tokens = data.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= cfg.max_tokens_limit:
+        raise RequestError(400, f"'max_tokens' must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens!r}")
+    deadline = data.get("deadline_s", cfg.default_deadline_s)
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not np.isfinite(deadline) or deadline <= 0:
+        raise RequestError(400, f"'deadline_s' must be a number > 0 (seconds from arrival), got {deadline!r}")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, f"'stream' must be true or false, got {stream!r}")
+    ids = encode(prompt)
+    if len(ids) > cfg.max_prompt_tokens:
+        raise RequestError(413, f"prompt has {len(ids)} tokens; the limit is {cfg.max_prompt_tokens}")
+    if not ids:
+        raise RequestError(400, "'prompt' encodes to no tokens")
+    return ids, max_tokens, float(deadline), stream
+
+
+def run_shared(jobs: dict[str, tuple[Any, float]]) -> dict[str, Any]:
+    """Step several engine generators on one device with compute shares by weighted time-slicing.
+
+    ``jobs`` maps a name to ``(generator, share)``; the job with the least ``used time / share``
+    steps next, so over any stretch each gets its share of the device. Returns each job's result.
+    """
+    used = {name: 0.0 for name in jobs}
+    results: dict[str, Any] = {}
+    live = dict(jobs)
+    while live:
+        name = min(live, key=lambda n: used[n] / max(live[n][1], 1e-9))
+        gen = live[name][0]
+        start = time.perf_counter()
+        try:
+            next(gen)
+        except StopIteration as stop:
+            results[name] = stop.value
+            del live[name]
+        used[name] += time.perf_counter() - start
+    return results
+
+
+class RoundServer:
+    """Rounds of requests, planned by a scheduler and run on a model pair."""
+
+    def __init__(self, cfg: ServeConfig, pair: ModelPair):
+        self.cfg = cfg.validate()
+        self.pair = pair
+        profile = load_profile(cfg.profile)
+        self.cost = CostModel(profile)
+        # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
+        self.env_cfg = EnvConfig(num_users=1, profile=cfg.profile, input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
+        self.scheduler = make_scheduler(cfg.scheduler, self.cost, self.env_cfg, gamma=cfg.gamma, seed=0, policy_path=cfg.policy_path)
+        self.alpha = cfg.alpha_init
+        self.pending: list[Request] = []
+        self.wakeup = asyncio.Event()
+        self.closing = False
+        self.lock = threading.Lock()  # one round on the device at a time
+        self.metrics: dict[str, Any] = {"requests": 0, "served": 0, "late": 0, "rejected": 0, "rejected_reasons": {}, "rounds": 0, "tokens": 0, "bad_requests": 0}
+        self.latencies: list[float] = []
+        self.started = time.monotonic()
+
+    # ----------------------------------------------------------------------------- requests
+    def submit(self, req: Request) -> None:
+        if self.closing:
+            raise RequestError(503, "server is shutting down")
+        if len(self.pending) >= self.cfg.max_queue:
+            raise RequestError(503, f"too many queued requests (max_queue={self.cfg.max_queue})")
+        self.metrics["requests"] += 1
+        self.pending.append(req)
+        self.wakeup.set()
+
+    def finish(self, req: Request, outcome: str, reason: str = "") -> None:
+        req.outcome, req.reason = outcome, reason
+        self.metrics[outcome] += 1
+        if outcome == "rejected":
+            self.metrics["rejected_reasons"][reason] = self.metrics["rejected_reasons"].get(reason, 0) + 1
+        else:
+            self.latencies.append(time.monotonic() - req.arrival)
+        if req.queue is not None:
+            req.queue.put_nowait(None)
+        req.done.set()
+
+    # ----------------------------------------------------------------------------- rounds
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.closing:
+            await self.wakeup.wait()
+            self.wakeup.clear()
+            if self.closing:
+                break
+            await asyncio.sleep(self.cfg.window_s)
+            batch, self.pending = self.pending[: self.cfg.max_round], self.pending[self.cfg.max_round :]
+            if self.pending:
+                self.wakeup.set()
+            if batch:
+                await loop.run_in_executor(None, self.run_round, batch, loop)
+
+    def _round(self, batch: list[Request]) -> Round:
+        now = time.monotonic()
+        n = len(batch)
+        return Round.from_arrays(
+            self.env_cfg,
+            input_tokens=[len(r.prompt_ids) for r in batch],
+            output_tokens=[r.max_tokens for r in batch],
+            deadline_s=[max(r.deadline_s - (now - r.arrival), 1e-6) for r in batch],
+            alpha=np.full(n, self.alpha),
+            distance_m=np.full(n, self.env_cfg.min_distance_m),  # loopback: the shortest link
+        )
+
+    def run_round(self, batch: list[Request], loop) -> None:
+        with self.lock:
+            self.metrics["rounds"] += 1
+            plan = self.scheduler.plan(self._round(batch))
+            for r, m in zip(batch, plan.modes, strict=True):
+                if m not in (AD, SD):
+                    loop.call_soon_threadsafe(self.finish, r, "rejected", "admission: the plan cannot meet this deadline")
+            tok = self.pair.tokenizer
+            jobs = {}
+            groups = {}
+            for mode, share in ((AD, plan.z), (SD, 1.0 - plan.z)):
+                members = [r for r, m in zip(batch, plan.modes, strict=True) if m == mode]
+                if not members:
+                    continue
+                groups[mode] = members
+                for r in members:
+                    r.mode = "ad" if mode == AD else "sd"
+
+                def stream(row, new, members=members):
+                    r = members[row]
+                    if r.first_token_at is None:
+                        r.first_token_at = time.monotonic()
+                    r.tokens.extend(new)
+                    if r.queue is not None:
+                        loop.call_soon_threadsafe(r.queue.put_nowait, tok.decode(new))
+
+                common = dict(max_new_tokens=[r.max_tokens for r in members], eos_id=tok.eos_id, pad_id=tok.pad_id, on_tokens=stream)
+                prompts = [r.prompt_ids for r in members]
+                if mode == AD:
+                    jobs["ad"] = (ad_steps(self.pair.target, prompts, **common), max(share, 1e-6))
+                else:
+                    jobs["sd"] = (sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common), max(share, 1e-6))
+            results = run_shared(jobs)
+            if "sd" in results and np.isfinite(results["sd"].alpha_hat):
+                self.alpha = float(np.clip(0.7 * self.alpha + 0.3 * results["sd"].alpha_hat, 0.05, 0.99))
+            for members in groups.values():
+                for r in members:
+                    self.metrics["tokens"] += len(r.tokens)
+                    on_time = time.monotonic() - r.arrival <= r.deadline_s
+                    loop.call_soon_threadsafe(self.finish, r, "served" if on_time else "late", "" if on_time else "deadline missed")
+
+    async def shutdown(self) -> None:
+        self.closing = True
+        self.wakeup.set()
+        for r in self.pending:
+            self.finish(r, "rejected", "server shutting down")
+        self.pending = []
+        # let the round on the device finish
+        deadline = time.monotonic() + self.cfg.shutdown_timeout_s
+        while self.lock.locked() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    def snapshot(self) -> dict[str, Any]:
+        lat = np.asarray(self.latencies) if self.latencies else np.zeros(0)
+        up = time.monotonic() - self.started
+        return {
+            **self.metrics,
+            "scheduler": self.cfg.scheduler,
+            "queued": len(self.pending),
+            "alpha_estimate": self.alpha,
+            "latency_p50_s": float(np.percentile(lat, 50)) if lat.size else None,
+            "latency_p99_s": float(np.percentile(lat, 99)) if lat.size else None,
+            "tokens_per_s": self.metrics["tokens"] / up if up > 0 else 0.0,
+            "uptime_s": up,
+        }
+
+
+def create_app(cfg: ServeConfig, pair: ModelPair | None = None):
+    """The FastAPI app (the model pair is loaded here unless given)."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    cfg.validate()
+    if pair is None:
+        pair = load_pair(cfg.pair or build_pair(recipe=cfg.pair_preset), device=cfg.device, dtype=cfg.dtype)
+    server_box: dict[str, RoundServer] = {}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server = server_box["s"] = RoundServer(cfg, pair)
+        task = asyncio.create_task(server.run())
+        yield
+        await server.shutdown()
+        task.cancel()
+
+    app = FastAPI(title="SpecSched", lifespan=lifespan)
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error"}}, status_code=status)
+
+    @app.post("/v1/completions")
+    async def completions(request: HTTPRequest):
+        server = server_box["s"]
+        try:
+            ids, max_tokens, deadline, stream = parse_request(await request.body(), cfg, pair.tokenizer.encode)
+            req = Request(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens, deadline_s=deadline, stream=stream, queue=asyncio.Queue() if stream else None)
+            server.submit(req)
+        except RequestError as err:
+            server.metrics["bad_requests"] += int(err.status < 500)
+            return error(err.status, str(err))
+        created = int(time.time())
+
+        def chunk(text: str, finish: str | None, extra: dict | None = None) -> dict:
+            body = {"id": req.id, "object": "text_completion", "created": created, "model": "specsched", "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+            if extra:
+                body["specsched"] = extra
+            return body
+
+        def summary() -> dict:
+            return {"outcome": req.outcome, "reason": req.reason, "mode": req.mode, "latency_s": time.monotonic() - req.arrival,
+                    "ttft_s": (req.first_token_at - req.arrival) if req.first_token_at else None, "completion_tokens": len(req.tokens)}
+
+        if not stream:
+            await req.done.wait()
+            body = chunk(pair.tokenizer.decode(req.tokens), "length" if req.outcome != "rejected" else "rejected", summary())
+            body["usage"] = {"prompt_tokens": len(ids), "completion_tokens": len(req.tokens), "total_tokens": len(ids) + len(req.tokens)}
+            return JSONResponse(body)
+
+        async def events():
+            while True:
+                piece = await req.queue.get()
+                if piece is None:
+                    break
+                yield f"data: {json.dumps(chunk(piece, None))}\n\n"
+            await req.done.wait()
+            yield f"data: {json.dumps(chunk('', 'length' if req.outcome != 'rejected' else 'rejected', summary()))}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/metrics")
+    async def metrics():
+        return server_box["s"].snapshot()
+
+    return app
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import OmegaConf
+
+    @hydra.main(version_base="1.3", config_path="../conf", config_name="serve")
+    def app(raw) -> None:
+        import uvicorn
+
+        values = OmegaConf.to_container(raw, resolve=True)
+        known = set(ServeConfig.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown serve config key(s) {unknown}; known: {sorted(known)}")
+        cfg = ServeConfig(**values).validate()
+        if cfg.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"warning: listening on {cfg.host}, not loopback")
+        uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level="info")
+
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Runtime II: the live server on loopback with the tiny pair (started and stopped inside the test)."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from runtime.serve import ServeConfig, create_app
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from runtime.pair import build_pair, load_pair
+
+    return load_pair(build_pair(tmp_path_factory.mktemp("pair") / "tiny", "tiny", progress=False))
+
+
+def _start(pair, **overrides):
+    import uvicorn
+
+    cfg = ServeConfig(**{"scheduler": "balance", "port": 0, "window_s": 0.2, "max_tokens_limit": 64, "max_prompt_tokens": 256, "default_deadline_s": 20.0, **overrides})
+    srv = uvicorn.Server(uvicorn.Config(create_app(cfg, pair), host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(400):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    return srv, thread, f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    srv, thread, url = _start(pair)
+    yield url
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_shutdown_finishes_what_is_in_flight(pair):
+    srv, thread, url = _start(pair, window_s=0.5)
+    result = {}
+
+    def call():
+        result["r"] = httpx.post(f"{url}/v1/completions", json={"prompt": "def h():", "max_tokens": 8}, timeout=60)
+
+    client = threading.Thread(target=call)
+    client.start()
+    time.sleep(0.2)  # the request is queued in the open round
+    srv.should_exit = True
+    client.join(timeout=60)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert result["r"].status_code == 200
+    assert result["r"].json()["specsched"]["outcome"] in ("served", "late", "rejected")
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="window_s"):
+        ServeConfig(window_s=0).validate()
+
+
+def test_completion_served(server):
+    r = httpx.post(f"{server}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 8, "deadline_s": 20}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["specsched"]["outcome"] == "served" and body["specsched"]["mode"] in ("ad", "sd")
+    assert body["usage"]["completion_tokens"] == 8
+
+
+def test_streaming_with_openai_client(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    pieces = [c.choices[0].text for c in client.completions.create(model="specsched", prompt="import os", max_tokens=6, stream=True, extra_body={"deadline_s": 20})]
+    assert len(pieces) >= 2 and "".join(pieces)
+
+
+@pytest.mark.parametrize(
+    "payload,status,words",
+    [
+        (b"{not json", 400, "JSON"),
+        (json.dumps({"max_tokens": 4}).encode(), 400, "prompt"),
+        (json.dumps({"prompt": "x", "max_tokens": 10_000}).encode(), 400, "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": 4, "deadline_s": -1}).encode(), 400, "deadline_s"),
+        (json.dumps({"prompt": "x" * 1000, "max_tokens": 4}).encode(), 413, "limit"),
+    ],
+)
+def test_bad_requests_get_4xx_and_server_keeps_serving(server, payload, status, words):
+    r = httpx.post(f"{server}/v1/completions", content=payload, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == status and words in r.json()["error"]["message"]
+    ok = httpx.post(f"{server}/v1/completions", json={"prompt": "x = 1", "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_overload_rejects_by_admission(server):
+    """Deadlines no batch can meet are rejected up front, not served late."""
+    import asyncio
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=60) as c:
+            reqs = [c.post(f"{server}/v1/completions", json={"prompt": "def g():", "max_tokens": 64, "deadline_s": 0.25}) for _ in range(6)]
+            return await asyncio.gather(*reqs)
+
+    outcomes = [r.json()["specsched"]["outcome"] for r in asyncio.run(burst())]
+    assert outcomes.count("rejected") >= 1
+    assert all(o in ("served", "late", "rejected") for o in outcomes)
+    m = httpx.get(f"{server}/metrics", timeout=10).json()
+    assert m["rejected"] >= 1 and m["requests"] >= 6 and m["rounds"] >= 1
