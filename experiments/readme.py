@@ -76,6 +76,7 @@ SECTIONS = {
     "main_job": lambda: (RESULTS / "main_job.md").read_text().strip(),
     "sd_vs_ad": lambda: _table(RESULTS / "sd_vs_ad.md"),
     "balance_speed": lambda: _table(RESULTS / "balance_speed.md"),
+    "sim_vs_real": lambda: _table(RESULTS / "sim_vs_real.md"),
     "pair": lambda: pair_summary(),
     "profile_fit": lambda: profile_fit(),
 }
