@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.paper import STUDIES
+from experiments.paper import STUDIES, gains
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -38,10 +38,8 @@ def paper_summary() -> str:
         frac = (df.served / df.num_users).groupby([df.value, df.scheduler]).mean().unstack()
         rounds = int(df.groupby(["value", "scheduler"]).size().min())
         row = {"study": name, "rounds/point": rounds}
-        for base in study.schedulers[1:]:
-            rel = ((frac["balance"] - frac[base]) / frac[base]).mean() * 100
-            pp = ((frac["balance"] - frac[base]) * 100).mean()
-            row[f"vs {base}"] = f"{rel:+.1f} % ({pp:+.1f} pp)"
+        for g in gains(frac, study.schedulers[1:]).itertuples(index=False):
+            row[f"vs {g[0]}"] = f"{g[1]:+.1f} % ({g[2]:+.1f} pp)"
         row["paper"] = study.paper
         rows.append(row)
     return pd.DataFrame(rows).fillna("").to_markdown(index=False)
