@@ -112,11 +112,13 @@ def test_overload_rejects_by_admission(server):
 
 
 def test_loadgen_against_the_server(server, tmp_path):
+    from pathlib import Path
+
     from omegaconf import OmegaConf
 
     from runtime.loadgen import run
 
-    env = OmegaConf.to_container(OmegaConf.load("conf/env/paper.yaml"))
+    env = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "env" / "paper.yaml"))
     out = tmp_path / "run.csv"
     df, summary = run({"env": env, "url": server, "rounds": 2, "users": 4, "seed": 0, "time_scale": 1.0, "token_scale": 0.1, "max_tokens_cap": 16, "round_gap_s": 0.0, "output": str(out), "timeout_s": 120})
     assert len(df) == 8 and out.exists()
@@ -129,7 +131,8 @@ def test_loadgen_against_the_server(server, tmp_path):
 def test_sim_vs_real_end_to_end(pair, tmp_path):
     import subprocess
     import sys
+    from pathlib import Path
 
-    res = subprocess.run([sys.executable, "-m", "experiments.sim_vs_real", "--schedulers", "balance", "--rounds", "1", "--users", "3", "--token-scale", "0.05", "--pair", str(pair.path), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(cwd=Path(__file__).resolve().parent.parent, args=[sys.executable, "-m", "experiments.sim_vs_real", "--schedulers", "balance", "--rounds", "1", "--users", "3", "--token-scale", "0.05", "--pair", str(pair.path), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "served (sim)" in (tmp_path / "sim_vs_real.md").read_text()
