@@ -42,7 +42,8 @@ EPS = 1e-9
 class ModeTable:
     """Per-round, per-mode data shared by every (share, memory, user subset) query.
 
-    Users are held in KV order (``O`` ascending); ``perm`` re-orders them by slack, descending.
+    Users are held in KV order (``O`` ascending); ``perm`` re-orders them by slack minus uplink
+    time, descending.
     """
 
     mode: int
@@ -51,7 +52,7 @@ class ModeTable:
     out_sorted: np.ndarray  #: O_k in that order
     slack_sorted: np.ndarray
     up_sorted: np.ndarray
-    perm: np.ndarray  #: positions (in KV order) sorted by slack, descending
+    perm: np.ndarray  #: positions (in KV order) sorted by slack minus uplink, descending
     elig: np.ndarray  #: (T, K) bool: user (KV order) within tuple thresholds
     s_thr: np.ndarray  #: (T,) input threshold
     n_thr: np.ndarray  #: (T,) output threshold used in cost/memory
@@ -69,7 +70,7 @@ class ModeTable:
         """Per tuple and eligible rank: the compute share and KV tokens a batch of that size needs.
 
         ``share_req[t, r]`` is the share needed by the ``r+1`` eligible users with the largest
-        slack (their slack minus the fastest eligible uplink is the best possible budget), and
+        slack minus uplink time (every member of a batch must have at least ``C / share`` of it), and
         ``mem_req[t, r]`` the KV tokens of the ``r+1`` users with the smallest outputs. Both rise
         with ``r``, so a size bound is a count of entries under a limit. Only tuples with more
         than ``min_users`` eligible users are returned (the rest cannot beat an incumbent), as
@@ -84,11 +85,11 @@ class ModeTable:
         n0 = elig.sum(axis=1)
         rows = np.flatnonzero(n0 > (0 if everyone else min_users))
         elig, n0 = elig[rows], n0[rows]
-        up_min = np.where(elig, self.up_sorted[None, :], np.inf).min(axis=1)
         el_s = elig[:, self.perm]
         rank_s = np.cumsum(el_s, axis=1)
         c = np.take_along_axis(self.cost[rows], np.minimum(rank_s, self.cost.shape[1] - 1), axis=1)
-        budget = self.slack_sorted[self.perm][None, :] - up_min[:, None]
+        # every member k of a feasible batch has slack_k - uplink_k >= C(b) / share
+        budget = (self.slack_sorted - self.up_sorted)[self.perm][None, :]
         with np.errstate(divide="ignore", invalid="ignore"):
             share_req = np.where(el_s & (budget > 0), c / np.where(budget > 0, budget, 1.0), np.inf)
         # (only counts of entries under a limit are ever taken, so no sorting is needed)
@@ -145,7 +146,7 @@ def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: 
         out_sorted=out,
         slack_sorted=slack,
         up_sorted=rnd.uplink_s[order],
-        perm=np.argsort(-slack, kind="stable"),
+        perm=np.argsort(-(slack - rnd.uplink_s[order]), kind="stable"),
         elig=elig,
         s_thr=s_thr,
         n_thr=n_thr,
@@ -218,6 +219,27 @@ def _best_for_tuple(tab: ModeTable, t: int, elig_row: np.ndarray, share: float, 
     return best_b, best
 
 
+def _may_fit(tab: ModeTable, rows: np.ndarray, elig: np.ndarray, share: float, mem: float, b: int) -> np.ndarray:
+    """A necessary condition, for many tuples at once, for ``b`` users to fit both time and memory.
+
+    In any feasible set of ``b`` users every user k has ``t_u,k + C(b) / share <= s <= sigma_k``
+    (``s`` the set's tightest slack), so its users all come from the eligible users with
+    ``sigma_k - t_u,k >= C(b) / share``, and the ``b`` smallest outputs among those must fit the
+    memory. Pruning on this spares most of the exact per-tuple checks that would fail.
+    """
+    need_s = tab.cost[rows, min(b, tab.cost.shape[1] - 1)] / share
+    e = elig & ((tab.slack_sorted - tab.up_sorted)[None, :] >= need_s[:, None] * (1 - EPS))
+    cnt = np.cumsum(e, axis=1)
+    enough = cnt[:, -1] >= b
+    mem_tokens = mem / tab.mem_unit * (1 + EPS)
+    if tab.per_user_out:
+        pos = np.argmax(cnt >= b, axis=1)
+        need = b * tab.mem_base[rows] + np.cumsum(np.where(e, tab.out_sorted[None, :], 0), axis=1)[np.arange(len(rows)), pos]
+    else:
+        need = b * tab.mem_base[rows]
+    return enough & (need <= mem_tokens)
+
+
 def solve_mode(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_least: int = 0) -> np.ndarray:
     """Largest set of users (original indices) servable in this mode with ``share`` and ``mem``.
 
@@ -231,7 +253,11 @@ def solve_mode(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_l
         return np.zeros(0, dtype=np.int64)
     rows, ub, elig = _bounds(tab, avail_sorted, share, mem, at_least)
     best_b, best_set = at_least, None
-    for i in np.argsort(-ub, kind="stable"):
+    order = np.argsort(-ub, kind="stable")
+    order = order[ub[order] > best_b]
+    if len(order) > 1:
+        order = order[_may_fit(tab, rows[order], elig[order], share, mem, best_b + 1)]
+    for i in order:
         if ub[i] <= best_b:
             break
         b, chosen = _best_for_tuple(tab, int(rows[i]), elig[i], share, mem, best_b + 1, int(ub[i]))
