@@ -254,12 +254,16 @@ def solve_mode(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_l
     rows, ub, elig = _bounds(tab, avail_sorted, share, mem, at_least)
     best_b, best_set = at_least, None
     order = np.argsort(-ub, kind="stable")
-    order = order[ub[order] > best_b]
-    if len(order) > 1:
-        order = order[_may_fit(tab, rows[order], elig[order], share, mem, best_b + 1)]
-    for i in order:
-        if ub[i] <= best_b:
+    filtered_for = -1
+    while True:
+        order = order[ub[order] > best_b]
+        if len(order) > 1 and filtered_for != best_b:
+            # re-prune whenever the incumbent grows: the necessary check tightens with b
+            order = order[_may_fit(tab, rows[order], elig[order], share, mem, best_b + 1)]
+            filtered_for = best_b
+        if len(order) == 0:
             break
+        i, order = order[0], order[1:]
         b, chosen = _best_for_tuple(tab, int(rows[i]), elig[i], share, mem, best_b + 1, int(ub[i]))
         if b > best_b:
             best_b, best_set = b, chosen
