@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.mode_solver import ModeTable, build_table, solve_mode, upper_bound_grid
+from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
 from envs.feasibility import CostModel
@@ -35,8 +35,8 @@ def grid(step: float) -> np.ndarray:
     return np.unique(np.concatenate([np.linspace(0.0, 1.0, n + 1), [0.0, 1.0]]))
 
 
-def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values, tables: tuple[ModeTable, ModeTable] | None = None) -> tuple[Plan, int]:
-    """Best plan over the given ``z`` x ``lam`` candidates; returns (plan, grid points solved).
+def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values) -> Plan:
+    """Best plan over the given ``z`` x ``lam`` candidates (``plan.extra["grid_points_solved"]``).
 
     Two exact shortcuts keep this fast. (1) A grid point whose upper bound (AD bound + SD bound,
     each over all users) cannot beat the incumbent is skipped. (2) For a fixed ``z``, raising
@@ -45,7 +45,7 @@ def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values, 
     dominated and skipped.
     """
     k = rnd.num_users
-    ad_tab, sd_tab = tables or (build_table(cost, rnd, AD, gamma), build_table(cost, rnd, SD, gamma))
+    ad_tab, sd_tab = build_table(cost, rnd, AD, gamma), build_table(cost, rnd, SD, gamma)
     everyone = np.ones(k, dtype=bool)
     rem_sd = float(cost.memory_budget(True))
     rem_ad_only = float(cost.memory_budget(False))
@@ -96,7 +96,7 @@ def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values, 
                 best_n, best_plan = len(ad) + len(sd), Plan(modes, gamma=gamma, z=z, lam=lam)
     plan = best_plan if best_plan is not None else Plan.reject_all(k, gamma)
     plan.extra["grid_points_solved"] = solved
-    return plan, solved
+    return plan
 
 
 class Balance(Scheduler):
@@ -114,7 +114,7 @@ class Balance(Scheduler):
         self._lam = g if self.lam_grid is None else np.asarray(self.lam_grid, dtype=float)
 
     def decide(self, rnd: Round) -> Plan:
-        return split_search(self.cost, rnd, self.gamma, self._z, self._lam)[0]
+        return split_search(self.cost, rnd, self.gamma, self._z, self._lam)
 
 
 class BalanceGammaSearch(Balance):
@@ -125,7 +125,7 @@ class BalanceGammaSearch(Balance):
     def decide(self, rnd: Round) -> Plan:
         best = None
         for gamma in range(1, self.cfg.max_gamma + 1):
-            plan = split_search(self.cost, rnd, gamma, self._z, self._lam)[0]
+            plan = split_search(self.cost, rnd, gamma, self._z, self._lam)
             if best is None or plan.admitted > best.admitted:
                 best = plan
         return best

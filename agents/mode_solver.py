@@ -273,7 +273,7 @@ def solve_mode(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_l
 
 
 def upper_bound_grid(tab: ModeTable, shares, mems) -> np.ndarray:
-    """:func:`mode_upper_bound` with every user available, for all ``shares`` x ``mems`` at once."""
+    """Upper bounds on the single-mode optimum with every user available, for all ``shares`` x ``mems``."""
     shares = np.asarray(shares, dtype=float)
     mems = np.asarray(mems, dtype=float)
     everyone = np.ones(tab.elig.shape[1], dtype=bool)
@@ -285,11 +285,3 @@ def upper_bound_grid(tab: ModeTable, shares, mems) -> np.ndarray:
     ub[shares <= 0, :] = 0
     ub[:, mems <= 0] = 0
     return ub
-
-
-def mode_upper_bound(tab: ModeTable, avail: np.ndarray, share: float, mem: float) -> int:
-    """A cheap upper bound on :func:`solve_mode`'s answer (no slack/uplink coupling)."""
-    if share <= 0 or mem <= 0:
-        return 0
-    _, ub, _ = _bounds(tab, np.asarray(avail, dtype=bool)[tab.order], share, mem)
-    return int(ub.max(initial=0))

@@ -97,7 +97,7 @@ class Exhaustive(Scheduler):
             raise ValueError(f"exhaustive search is limited to num_users <= {self.max_users}, got {rnd.num_users}; use 'optimal'")
         # warm start: BALANCE's count minus one is a valid incumbent (the optimum is at least that)
         g = grid(0.05)
-        lb = split_search(self.cost, rnd, self.gamma, g, g)[0].admitted if self.warm_start else 1
+        lb = split_search(self.cost, rnd, self.gamma, g, g).admitted if self.warm_start else 1
         modes, complete, _ = exhaustive_search(self.cost, rnd, self.gamma, self.cfg.max_gamma, incumbent=max(lb - 1, 0), time_limit_s=self.time_limit_s)
         if not complete:
             raise TimeoutError(f"exhaustive search did not finish within time_limit_s={self.time_limit_s}")
@@ -162,7 +162,7 @@ class Optimal(Scheduler):
     def decide(self, rnd: Round) -> Plan:
         start = time.perf_counter()
         g = grid(self.incumbent_step)
-        inc_plan, _ = split_search(self.cost, rnd, self.gamma, g, g)
+        inc_plan = split_search(self.cost, rnd, self.gamma, g, g)
         lb = inc_plan.admitted
         ub = split_upper_bound(self.cost, rnd, self.gamma, self.bound_step, incumbent=lb)
         plan = inc_plan

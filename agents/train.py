@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,19 +146,19 @@ def _wandb_run(logger_cfg: dict, out: Path, config: dict, name: str):
 
 
 def _writers(model, out: Path, logger_cfg: dict, run) -> None:
-    from stable_baselines3.common.logger import KVWriter, configure
+    from stable_baselines3.common.logger import (
+        CSVOutputFormat,
+        HumanOutputFormat,
+        KVWriter,
+        Logger,
+        TensorBoardOutputFormat,
+    )
 
-    formats = ["stdout", "csv"] + (["tensorboard"] if logger_cfg.get("tensorboard") else [])
-    logger = configure(str(out / "tb") if logger_cfg.get("tensorboard") else str(out), formats)
+    # progress.csv at the top of the run folder, TensorBoard events in tb/
+    formats = [HumanOutputFormat(sys.stdout), CSVOutputFormat(str(out / "progress.csv"))]
     if logger_cfg.get("tensorboard"):
-        # keep progress.csv at the top of the run folder
-        for f in logger.output_formats:
-            if f.__class__.__name__ == "CSVOutputFormat":
-                f.file.close()
-        logger.output_formats = [f for f in logger.output_formats if f.__class__.__name__ != "CSVOutputFormat"]
-        from stable_baselines3.common.logger import CSVOutputFormat
-
-        logger.output_formats.append(CSVOutputFormat(str(out / "progress.csv")))
+        formats.append(TensorBoardOutputFormat(str(out / "tb")))
+    logger = Logger(str(out), formats)
     if run is not None:
 
         class WandbWriter(KVWriter):

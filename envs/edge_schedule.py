@@ -233,7 +233,7 @@ class EdgeScheduleEnv(gym.Env):
         self._modes = np.zeros(self.cfg.num_users, dtype=np.int8)
         self._masks = [True] + [False] * (1 + self.cfg.max_gamma)
         self._done = True
-        self._obs = np.zeros(observation_size(self.cfg), dtype=np.float32)
+        self._obs_size = observation_size(self.cfg)
         self._budget = max(self.cost.memory_budget1(True), 1.0)
 
     @property
@@ -295,7 +295,7 @@ class EdgeScheduleEnv(gym.Env):
     def _encode(self) -> np.ndarray:
         """The observation table of the module docstring (the same values as the vector env)."""
         cfg, p, t, k = self.cfg, self._plan, self._t, self.cfg.num_users
-        obs = np.zeros(self._obs.shape, dtype=np.float32)
+        obs = np.zeros(self._obs_size, dtype=np.float32)
         live = t < k
         if live:
             obs[:USER_FEATURES] = self._data.feats[0, t]

@@ -338,10 +338,6 @@ def check_plan(cost: CostModel, rnd: Round, plan_or_modes, gamma: int | None = N
     return check_plans(cost, rnd, plan_or_modes, 4 if gamma is None else gamma)
 
 
-def is_feasible(cost: CostModel, rnd: Round, modes, gamma: int) -> bool:
-    return bool(check_plans(cost, rnd, modes, gamma).feasible)
-
-
 def shares_respected(cost: CostModel, rnd: Round, plan: Plan) -> bool:
     """Whether the plan's own ``z`` and ``lam`` (not just some shares) make every batch fit."""
     rep = check_plans(cost, rnd, plan.modes, plan.gamma)
@@ -355,7 +351,7 @@ def shares_respected(cost: CostModel, rnd: Round, plan: Plan) -> bool:
 class PlanBuilder:
     """Incremental exact check for ``N`` rounds at once: add users one at a time, O(1) each.
 
-    Holds each mode's aggregates per round. :meth:`action_masks` answers, for one candidate
+    Holds each mode's aggregates per round. :meth:`prepare` answers, for one candidate
     user per round, which of the ``2 + G`` actions (reject, AD, SD@1..G) keep the plan feasible;
     :meth:`apply` commits actions. The first SD admission fixes the round's draft depth.
     """
@@ -445,10 +441,6 @@ class PlanBuilder:
         masks = np.concatenate([np.ones((self.n, 1), dtype=bool), ok_a[:, None], ok_s], axis=1)
         self._prepared = (user, cand_a, cand_s, masks)
         return masks
-
-    def action_masks(self, inp, out, alpha, up, slack) -> np.ndarray:
-        """(N, 2 + G) bool masks for one candidate user per round (see :meth:`prepare`)."""
-        return self.prepare(inp, out, alpha, up, slack)
 
     def apply(self, actions) -> np.ndarray:
         """Commit one action per round for the last prepared user; invalid actions act as reject.

@@ -89,7 +89,6 @@ class Request:
     prompt_ids: list[int]
     max_tokens: int
     deadline_s: float
-    stream: bool
     arrival: float = field(default_factory=time.monotonic)
     tokens: list[int] = field(default_factory=list)
     first_token_at: float | None = None
@@ -317,7 +316,7 @@ def create_app(cfg: ServeConfig, pair: ModelPair | None = None):
         server = server_box["s"]
         try:
             ids, max_tokens, deadline, stream = parse_request(await request.body(), cfg, pair.tokenizer.encode)
-            req = Request(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens, deadline_s=deadline, stream=stream, queue=asyncio.Queue() if stream else None)
+            req = Request(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens, deadline_s=deadline, queue=asyncio.Queue() if stream else None)
             server.submit(req)
         except RequestError as err:
             server.metrics["bad_requests"] += int(err.status < 500)
