@@ -56,7 +56,7 @@ def evaluate_schedulers(
             plan = sched.plan(rnd)
             if not check_plan(cost, rnd, plan).feasible:
                 raise AssertionError(f"scheduler {name!r} returned an infeasible plan on round {r}")
-            out = evaluate_plan(cost, rnd, plan, rng=round_rng(seed, r, 1), simulate_acceptance=cfg.simulate_acceptance)
+            out = evaluate_plan(cost, rnd, plan, rng=round_rng(seed, r, 1), simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing)
             rows.append(
                 {
                     "scheduler": name,

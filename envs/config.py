@@ -15,6 +15,8 @@ from typing import Any
 MAX_USERS_LIMIT = 4096
 KV_MEMORY_MODELS = ("per_user", "padded")
 USER_ORDERS = ("arrival", "deadline", "slack", "output", "slack_desc")
+COMPLETIONS = ("batch", "own")
+SHARINGS = ("fixed", "work_conserving")
 REWARD_TIMINGS = ("admission", "episode_end")
 
 
@@ -58,6 +60,8 @@ class EnvConfig:
     # --- model switches ---------------------------------------------------------------------------
     kv_memory: str = "per_user"  #: 'per_user' (own output) or 'padded' (batch max output) KV accounting
     user_order: str = "arrival"  #: order users are presented to the env: arrival, deadline, slack, output (ascending) or slack_desc (loosest first)
+    completion: str = "batch"  #: realised finish of a user: 'batch' (its batch's end, the paper) or 'own' (its own last token)
+    sharing: str = "fixed"  #: realised compute sharing: 'fixed' (C / share, the paper) or 'work_conserving' (a finished batch's share goes to the other)
     reward_timing: str = "admission"  #: 'admission': +1 on admit, -1 at the end per late user; 'episode_end'
 
     def __post_init__(self) -> None:
@@ -104,6 +108,10 @@ class EnvConfig:
             raise bad("kv_memory", f"one of {list(KV_MEMORY_MODELS)}", self.kv_memory)
         if self.user_order not in USER_ORDERS:
             raise bad("user_order", f"one of {list(USER_ORDERS)}", self.user_order)
+        if self.completion not in COMPLETIONS:
+            raise bad("completion", f"one of {list(COMPLETIONS)}", self.completion)
+        if self.sharing not in SHARINGS:
+            raise bad("sharing", f"one of {list(SHARINGS)}", self.sharing)
         if self.reward_timing not in REWARD_TIMINGS:
             raise bad("reward_timing", f"one of {list(REWARD_TIMINGS)}", self.reward_timing)
         return self

@@ -54,7 +54,10 @@ rounds of any size (it sees the next ``max_users`` users).
 is admitted and taken back (-1) at the episode's end for an admitted user whose *realised* latency
 misses its deadline (only possible when the config adds prediction error); with
 ``"episode_end"`` the whole reward is paid on the last step. Either way an episode returns the
-number of users served.
+number of users served. A user's realised latency follows the paper by default (it finishes at its
+batch's end, each batch runs at its fixed share); ``completion="own"`` and
+``sharing="work_conserving"`` model a server that streams each user's last token as soon as it is
+produced and hands a finished batch's share to the other (``runtime.serve`` does both).
 
 ## Starting State
 
@@ -199,7 +202,7 @@ def _final_info(cfg: EnvConfig, cost: CostModel, gamma: int, z: float, lam: floa
     modes = np.zeros(rnd.num_users, dtype=np.int8)
     modes[order] = modes_presented
     plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam)
-    outcome = evaluate_plan(cost, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance)
+    outcome = evaluate_plan(cost, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing)
     admitted = plan.admitted
     return {
         "served": outcome.served_count,

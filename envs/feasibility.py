@@ -15,6 +15,9 @@ Batch costs (full-GPU seconds; ``b`` users, longest input ``S``, longest output 
   ``tau`` is linear in the context -- true of memory-bound decoding, i.e. the roofline in every
   decode regime of the shipped profiles -- and keeps ``C_S`` O(1) for any latency source.
 
+A measured profile may add the engines' host overhead (``envs.profile.EngineOverhead``):
+``(N - 1) * o_A(b)`` to ``C_A`` and ``J * o_S(b, gamma)`` to ``C_S``.
+
 Memory (bytes; ``kv_memory`` switch): LLM weights always, SLM weights iff SD has a user, and KV
 
 * ``per_user`` (default): AD ``sum_A (S_A + O_k) kv_L``; SD ``sum_S (S_S + O_k + gamma)(kv_L + kv_S)``;
@@ -74,6 +77,7 @@ class CostModel:
         self.w_s = profile.slm.weight_bytes
         self.memory_bytes = profile.device.memory_bytes
         self.reserve_bytes = profile.device.reserve_bytes
+        self.engine = profile.engine
 
     @classmethod
     def from_config(cls, cfg: EnvConfig) -> CostModel:
@@ -107,6 +111,8 @@ class CostModel:
         n = np.asarray(n_max, dtype=np.int64)
         bb = np.maximum(b, 1)
         t = self.tau_l.tau(bb, s, s) + self.tau_l.decode_sum(bb, s, np.maximum(n - 1, 0))
+        if self.engine is not None:
+            t = t + np.maximum(n - 1, 0) * self.engine.ad(bb)
         return np.where(b > 0, t, 0.0)
 
     def sd_time(self, b, s_max, n_max, j_max, gamma):
@@ -118,6 +124,8 @@ class CostModel:
         c = s + np.asarray(n_max, dtype=float) / 2.0
         prefill = self.tau_l.tau(bb, s, s) + self.tau_s.tau(bb, s, s)
         iteration = g * self.tau_s.tau(bb, 1.0, c) + self.tau_l.tau(bb, g + 1.0, c + g)
+        if self.engine is not None:
+            iteration = iteration + self.engine.sd(bb, g)
         return np.where(b > 0, prefill + np.asarray(j_max, dtype=float) * iteration, 0.0)
 
 
@@ -128,7 +136,10 @@ class CostModel:
         if b <= 0:
             return 0.0
         s = max(s_max, 1)
-        return self.tau_l.tau1(b, s, s) + self.tau_l.decode_sum1(b, s, max(n_max - 1, 0))
+        t = self.tau_l.tau1(b, s, s) + self.tau_l.decode_sum1(b, s, max(n_max - 1, 0))
+        if self.engine is not None:
+            t = t + max(n_max - 1, 0) * float(self.engine.ad(b))
+        return t
 
     def sd_time1(self, b: int, s_max: int, n_max: int, j_max: int, gamma: int) -> float:
         if b <= 0:
@@ -138,6 +149,8 @@ class CostModel:
         c = s + float(n_max) / 2.0
         prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
         iteration = g * self.tau_s.tau1(b, 1.0, c) + self.tau_l.tau1(b, g + 1.0, c + g)
+        if self.engine is not None:
+            iteration = iteration + float(self.engine.sd(b, g))
         return prefill + float(j_max) * iteration
 
     def ad_memory1(self, b: int, s_max: int, n_max: int, sum_out: int) -> float:

@@ -2,9 +2,17 @@
 
 Schedulers decide on predictions; the outcome uses the realised output lengths and acceptance
 rates of the round (equal to the predictions unless the config adds error). Latency of user k in
-mode m: ``U_m + C_m(realised) / share_m + t_d,k(realised)``; the user is **served** iff it was
-admitted and that latency is at most its deadline. Every user finishes at its batch's end (padded
-batches), then its own downlink.
+mode m: ``U_m + F_k + t_d,k(realised)``; the user is **served** iff it was admitted and that
+latency is at most its deadline. ``F_k``, the compute finish time, has two switches:
+
+* ``completion``: ``"batch"`` (the paper; default) -- every user finishes at its batch's end
+  (padded batches); ``"own"`` -- user k finishes after its own last token: the work of its batch
+  up to then (AD: the prefill and ``O_k - 1`` decode passes of the batch; SD: the prefills and its
+  own ``J_k`` iterations), at the batch's size and padded prompt.
+* ``sharing``: ``"fixed"`` (the paper; default) -- each batch runs at its share for its whole
+  life, so work ``w`` is done at ``w / share``; ``"work_conserving"`` -- weighted time-slicing as
+  ``runtime.serve`` does it: once the first batch ends at ``T_1``, the other has the device alone,
+  so its work ``w > share * T_1`` is done at ``T_1 + (w - share * T_1)``.
 
 Memory is fixed at admission from the predictions; a realised output longer than predicted is
 not modelled as an out-of-memory event (a paged KV allocator would absorb or preempt it).
@@ -25,7 +33,7 @@ from envs.workload import Round
 class Outcome:
     latency_s: np.ndarray  #: end-to-end latency per user (inf if rejected)
     served: np.ndarray  #: bool per user
-    ad_batch_s: float  #: realised AD batch compute time at its share (0 if empty)
+    ad_batch_s: float  #: when the AD batch's compute ends, seconds from the round's start (0 if empty)
     sd_batch_s: float
 
     @property
@@ -50,17 +58,42 @@ def simulate_sd_iterations(rng: np.random.Generator, output_tokens, alpha, gamma
     return (produced < out[:, None]).sum(axis=1) + 1
 
 
-def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Generator | None = None, simulate_acceptance: bool = False) -> Outcome:
+def _finish_times(share: dict[int, float], total: dict[int, float], work: dict[int, np.ndarray], sharing: str) -> dict[int, np.ndarray]:
+    """Compute finish time of each unit of ``work`` (full-device seconds) of each batch."""
+    out = {}
+    for mode, w in work.items():
+        z = share[mode]
+        if z <= 0:
+            out[mode] = np.full(w.shape, np.inf)
+            continue
+        t = w / z
+        others = [m for m in total if m != mode]
+        if sharing == "work_conserving" and others and share[others[0]] > 0:
+            first_end = total[others[0]] / share[others[0]]
+            if first_end < total[mode] / z:  # the other batch ends first: the device is then ours
+                t = np.where(w > z * first_end, first_end + (w - z * first_end), t)
+        out[mode] = t
+    return out
+
+
+def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Generator | None = None, simulate_acceptance: bool = False,
+                  completion: str = "batch", sharing: str = "fixed") -> Outcome:
     """Realised latency and served flags of ``plan`` on ``rnd``.
 
     ``simulate_acceptance`` draws SD acceptance token by token from ``rng``; otherwise each user
     needs ``ceil(O / E(alpha, gamma))`` iterations at its realised ``O`` and ``alpha``.
+    ``completion`` and ``sharing``: see the module docstring.
     """
+    if completion not in ("batch", "own"):
+        raise ValueError(f"completion must be 'batch' or 'own', got {completion!r}")
+    if sharing not in ("fixed", "work_conserving"):
+        raise ValueError(f"sharing must be 'fixed' or 'work_conserving', got {sharing!r}")
     k = rnd.num_users
     latency = np.full(k, np.inf)
     gamma = int(plan.gamma)
-    batch_s = {AD: 0.0, SD: 0.0}
-    for mode, share in ((AD, plan.z), (SD, 1.0 - plan.z)):
+    share = {AD: float(plan.z), SD: 1.0 - float(plan.z)}
+    members, total, work = {}, {}, {}
+    for mode in (AD, SD):
         idx = np.flatnonzero(plan.modes == mode)
         if idx.size == 0:
             continue
@@ -69,7 +102,8 @@ def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Genera
         out = rnd.realized_output_tokens[idx]
         n_max = int(out.max())
         if mode == AD:
-            c = float(cost.ad_time(b, s_max, n_max))
+            total[mode] = float(cost.ad_time(b, s_max, n_max))
+            own = cost.ad_time(np.full(b, b), s_max, out) if completion == "own" else None
         else:
             if simulate_acceptance:
                 if rng is None:
@@ -77,9 +111,14 @@ def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Genera
                 j = simulate_sd_iterations(rng, out, rnd.realized_alpha[idx], gamma)
             else:
                 j = sd_iterations(out, rnd.realized_alpha[idx], gamma)
-            c = float(cost.sd_time(b, s_max, n_max, int(j.max()), gamma))
-        t = c / share if share > 0 else np.inf
-        batch_s[mode] = t
-        latency[idx] = rnd.uplink_s[idx].max() + t + rnd.realized_downlink_s[idx]
+            total[mode] = float(cost.sd_time(b, s_max, n_max, int(j.max()), gamma))
+            own = cost.sd_time(np.full(b, b), s_max, n_max, j, gamma) if completion == "own" else None
+        members[mode] = idx
+        work[mode] = np.full(b, total[mode]) if own is None else np.asarray(own, dtype=float)
+    finish = _finish_times(share, total, work, sharing)
+    batch_s = {AD: 0.0, SD: 0.0}
+    for mode, idx in members.items():
+        batch_s[mode] = float(_finish_times(share, total, {mode: np.array([total[mode]])}, sharing)[mode][0])
+        latency[idx] = rnd.uplink_s[idx].max() + finish[mode] + rnd.realized_downlink_s[idx]
     served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
     return Outcome(latency, served, batch_s[AD], batch_s[SD])

@@ -259,6 +259,43 @@ class TableLatency(LatencyModel):
 
 
 @dataclass(frozen=True)
+class EngineOverhead:
+    """Host work of the decoding engines beyond the forward passes, per batch size ``b``.
+
+    A measured profile's ``tau`` times bare forward passes; an engine step also samples, builds
+    attention masks, tests acceptance, crops caches and streams tokens. ``runtime.profile
+    --engine`` measures that remainder (engine wall time minus the table's prediction) and the cost
+    model adds it: ``ad_step_s(b)`` per AD decode step, ``sd_iteration_s(b) + gamma *
+    sd_draft_step_s(b)`` per SD iteration. Linear in ``b`` between grid points, flat beyond.
+    """
+
+    b: np.ndarray
+    ad_step_s: np.ndarray
+    sd_iteration_s: np.ndarray
+    sd_draft_step_s: np.ndarray
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EngineOverhead:
+        w = "engine."
+        b = np.asarray(_require(d, "b", w), dtype=float)
+        if b.ndim != 1 or len(b) == 0 or np.any(b <= 0) or np.any(np.diff(b) <= 0):
+            raise ProfileError("profile field 'engine.b' must be a non-empty, strictly increasing list of positive numbers")
+        arrays = []
+        for key in ("ad_step_s", "sd_iteration_s", "sd_draft_step_s"):
+            a = np.asarray(_require(d, key, w), dtype=float)
+            if a.shape != b.shape or np.any(~np.isfinite(a)) or np.any(a < 0):
+                raise ProfileError(f"profile field 'engine.{key}' must be {len(b)} finite seconds >= 0 (one per engine.b)")
+            arrays.append(a)
+        return cls(b, *arrays)
+
+    def ad(self, b):
+        return np.interp(b, self.b, self.ad_step_s)
+
+    def sd(self, b, gamma):
+        return np.interp(b, self.b, self.sd_iteration_s) + np.asarray(gamma, dtype=float) * np.interp(b, self.b, self.sd_draft_step_s)
+
+
+@dataclass(frozen=True)
 class Profile:
     """Everything the cost model needs about the hardware and the model pair."""
 
@@ -270,6 +307,7 @@ class Profile:
     tau_llm: LatencyModel = field(compare=False)
     tau_slm: LatencyModel = field(compare=False)
     notes: str = ""
+    engine: EngineOverhead | None = field(default=None, compare=False)  #: measured engine overhead; None = bare passes
 
     @property
     def kv_llm_bytes(self) -> float:
@@ -327,6 +365,7 @@ class Profile:
             tau_llm=tau_l,
             tau_slm=tau_s,
             notes=str(d.get("notes", "")),
+            engine=EngineOverhead.from_dict(d["engine"]) if d.get("engine") is not None else None,
         )
 
     def with_memory(self, memory_bytes: float) -> Profile:
@@ -334,7 +373,7 @@ class Profile:
         if not memory_bytes > 0:
             raise ProfileError(f"memory_bytes must be > 0, got {memory_bytes}")
         dev = DeviceSpec(**{**self.device.__dict__, "memory_bytes": float(memory_bytes)})
-        return Profile(self.name, dev, self.llm, self.slm, self.latency_source, self.tau_llm, self.tau_slm, self.notes)
+        return Profile(self.name, dev, self.llm, self.slm, self.latency_source, self.tau_llm, self.tau_slm, self.notes, self.engine)
 
 
 def _table(key: str, lat: dict) -> TableLatency:

@@ -74,7 +74,8 @@ SECTIONS = {
     "main_job": lambda: (RESULTS / "main_job.md").read_text().strip(),
     "sd_vs_ad": lambda: _table(RESULTS / "sd_vs_ad.md"),
     "balance_speed": lambda: _table(RESULTS / "balance_speed.md"),
-    "sim_vs_real": lambda: _table(RESULTS / "sim_vs_real.md"),
+    "sim_vs_real": lambda: _body(RESULTS / "sim_vs_real.md"),
+    "overload": lambda: _body(RESULTS / "overload.md"),
     "pair": lambda: pair_summary(),
     "profile_fit": lambda: profile_fit(),
 }
@@ -93,17 +94,36 @@ def pair_summary() -> str:
     return pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g") + f"\n\nGreedy acceptance (draft argmax = target argmax along the target's continuation, 64 tokens per prompt): code {acc['code']:.3f}, prose {acc['prose']:.3f}. Corpus: {meta['train_bytes'] / 1e6:.1f} MB of standard-library source, {meta['held_out_bytes'] / 1e6:.2f} MB held out."
 
 
+def _body(path: Path) -> str:
+    """A results file without its title line."""
+    return path.read_text().split("\n", 1)[1].strip()
+
+
+MEASURED_PROFILES = ("cpu_specsched-pair", "cpu1_specsched-pair")
+
+
 def profile_fit() -> str:
     import yaml
 
-    prof = yaml.safe_load((ROOT / "conf" / "profile" / "cpu_specsched-pair.yaml").read_text())
-    rows = []
-    for key, name in (("llm", "target"), ("slm", "draft")):
-        f = prof["fit"][key]
-        t = prof["latency"][key]
-        rows.append({"model": name, "grid (b x q x c)": f"{len(t['b'])} x {len(t['q'])} x {len(t['c'])}", "tau(1,1,64) ms": np.asarray(t["tau_s"])[0, 0, 1] * 1e3, "a (ms)": f["intercept_s"] * 1e3,
-                     "implied FLOP/s": f["implied_flop_s"], "s per byte": f["per_byte_s"], "median error": f"{f['median_rel_error'] * 100:.1f} %", "max error": f"{f['max_rel_error'] * 100:.1f} %"})
-    return pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g") + f"\n\nDevice: {prof['device']['name']}; {prof['notes']}."
+    rows, engine, notes = [], [], []
+    for profile in MEASURED_PROFILES:
+        prof = yaml.safe_load((ROOT / "conf" / "profile" / f"{profile}.yaml").read_text())
+        for key, name in (("llm", "target"), ("slm", "draft")):
+            f = prof["fit"][key]
+            t = prof["latency"][key]
+            rows.append({"profile": profile, "model": name, "grid (b x q x c)": f"{len(t['b'])} x {len(t['q'])} x {len(t['c'])}", "tau(1,1,64) ms": np.asarray(t["tau_s"])[0, 0, 1] * 1e3,
+                         "a (ms)": f["intercept_s"] * 1e3, "implied FLOP/s": f["implied_flop_s"], "s per byte": f["per_byte_s"],
+                         "median error": f"{f['median_rel_error'] * 100:.1f} %", "max error": f"{f['max_rel_error'] * 100:.1f} %"})
+        e = prof.get("engine")
+        if e:
+            for i, b in enumerate(e["b"]):
+                engine.append({"profile": profile, "b": b, "AD step (ms)": e["ad_step_s"][i] * 1e3, "SD iteration (ms)": e["sd_iteration_s"][i] * 1e3, "+ per draft step (ms)": e["sd_draft_step_s"][i] * 1e3})
+        notes.append(f"`{profile}`: {prof['device']['name']}; {prof['notes']}.")
+    text = pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g") + "\n\n" + "\n".join(f"- {n}" for n in notes)
+    if engine:
+        text += "\n\nEngine overhead beyond the bare passes (`engine` section; the cost model adds it per AD step and per SD iteration):\n\n"
+        text += pd.DataFrame(engine).to_markdown(index=False, floatfmt=".2f")
+    return text
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ Round ``r`` draws users from the env config exactly as the simulator does (seed 
 a prompt of the user's input length (cut from the standard library's source), ``max_tokens`` =
 its output length x ``token_scale``, ``deadline_s`` = its deadline x ``time_scale`` (scale both to
 the speed of the pair being served). One CSV row per request: prompt tokens, output tokens,
-deadline, mode, outcome, TTFT, latency. The summary (served fraction, p50/p99 latency, tokens/s)
+deadline, mode, outcome, TTFT, latency (and the acceptance estimate the round was planned with,
+and each SD request's iterations, accepted drafts and rejections). The summary (served fraction, p50/p99 latency, tokens/s)
 is printed and written beside the CSV.
 """
 
@@ -27,12 +28,17 @@ from agents.evaluate import round_rng
 from envs.config import EnvConfig
 from envs.workload import sample_round
 
-KNOWN = {"env", "url", "rounds", "users", "seed", "time_scale", "token_scale", "max_tokens_cap", "round_gap_s", "output", "timeout_s"}
+KNOWN = {"env", "url", "rounds", "users", "seed", "time_scale", "token_scale", "max_tokens_cap", "round_gap_s", "output", "timeout_s", "stream"}
 
 
 def prompt_text(n_bytes: int, rng: np.random.Generator, corpus: bytes) -> str:
     start = int(rng.integers(0, max(len(corpus) - n_bytes - 1, 1)))
     return corpus[start : start + n_bytes].decode("utf-8", errors="ignore") or "x"
+
+
+async def _nothing():
+    return
+    yield
 
 
 async def one_request(client, url: str, payload: dict, row: dict) -> dict:
@@ -45,7 +51,9 @@ async def one_request(client, url: str, payload: dict, row: dict) -> dict:
             if resp.status_code != 200:
                 body = json.loads(await resp.aread())
                 return {**row, "outcome": "error", "reason": body.get("error", {}).get("message", str(resp.status_code)), "latency_s": time.monotonic() - start}
-            async for line in resp.aiter_lines():
+            if not payload.get("stream"):
+                final = json.loads(await resp.aread()).get("specsched", {})
+            async for line in (resp.aiter_lines() if payload.get("stream") else _nothing()):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[6:])
@@ -57,7 +65,8 @@ async def one_request(client, url: str, payload: dict, row: dict) -> dict:
     except Exception as err:  # a dead server is a result too: record it, keep going
         return {**row, "outcome": "error", "reason": repr(err), "latency_s": time.monotonic() - start}
     tokens = final.get("completion_tokens", tokens)
-    return {**row, "mode": final.get("mode"), "outcome": final.get("outcome"), "reason": final.get("reason", ""), "ttft_s": ttft, "latency_s": time.monotonic() - start, "output_tokens": tokens}
+    extra = {key: final.get(key) for key in ("wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections")}
+    return {**row, "mode": final.get("mode"), "outcome": final.get("outcome"), "reason": final.get("reason", ""), "ttft_s": ttft, "latency_s": time.monotonic() - start, "output_tokens": tokens, "server_latency_s": final.get("latency_s"), **extra}
 
 
 async def replay(cfg: dict) -> pd.DataFrame:
@@ -78,7 +87,7 @@ async def replay(cfg: dict) -> pd.DataFrame:
                 deadline = float(rnd.deadline_s[k] * cfg["time_scale"])
                 prompt = prompt_text(int(rnd.input_tokens[k]), rng, text)
                 row = {"round": r, "user": k, "prompt_tokens": len(prompt.encode()), "max_tokens": max_tokens, "deadline_s": deadline}
-                tasks.append(one_request(client, cfg["url"], {"prompt": prompt, "max_tokens": max_tokens, "deadline_s": deadline, "stream": True}, row))
+                tasks.append(one_request(client, cfg["url"], {"prompt": prompt, "max_tokens": max_tokens, "deadline_s": deadline, "stream": bool(cfg.get("stream", True))}, row))
             rows += await asyncio.gather(*tasks)
             if cfg["round_gap_s"] > 0:
                 await asyncio.sleep(cfg["round_gap_s"])

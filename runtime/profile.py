@@ -9,6 +9,12 @@ records weights, KV bytes per token and the config numbers the cost model needs.
 memory, peak matmul FLOP/s and copy bandwidth are measured too (the ``table`` latency source does
 not use the last two; they document the machine). A least-squares fit
 ``tau = a + b * FLOPs + c * bytes`` is reported as the profile's fit to a roofline-style model.
+
+``--engine`` (default on) then runs the batched AD and SD engines themselves on prompts of mixed
+length (left padding, per-row output limits, as when serving) and records what their wall time
+exceeds the table's prediction by -- per AD step and per SD iteration (with a per-draft-step part
+from two draft depths) -- as the profile's ``engine`` section (``envs.profile.EngineOverhead``).
+``--engine-only`` adds or refreshes just that section of an existing ``--out`` profile.
 """
 
 from __future__ import annotations
@@ -110,6 +116,69 @@ def measure(pair: ModelPair, b_grid, q_grid, c_grid, repeats: int, progress: boo
     return out
 
 
+class _Sink:
+    """Collects streamed tokens, as a server's callback would."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+
+    def __call__(self, row: int, new: list[int]) -> None:
+        self.tokens.extend(new)
+
+
+def measure_engine(pair: ModelPair, profile: dict, b_grid, repeats: int, gammas=(2, 6), trials: int = 4, seed: int = 0, progress: bool = True) -> dict:
+    """Engine overhead per batch size: engine wall time minus the table cost model's prediction.
+
+    For each batch size, ``trials`` random batches (prompts 16-128 tokens, outputs 8-64) run
+    through AD and through SD at two draft depths; the per-step residuals are fitted by least
+    squares, linear in ``b`` (AD: ``a0 + a1 b`` per step; SD: ``s0 + s1 b + gamma (d0 + d1 b)``
+    per iteration) because one batch's residual is a small difference of two noisy times, and
+    the fit is written out on ``b_grid`` (clipped at 0).
+    """
+    from envs.feasibility import CostModel
+    from envs.profile import Profile
+    from runtime.engines import generate_ad, generate_sd
+    from runtime.pair import corpus
+
+    cost = CostModel(Profile.from_dict({k: v for k, v in profile.items() if k != "engine"}, name="table"))
+    text, _ = corpus(max_files=50)
+    rng = np.random.default_rng(seed)
+    tok = pair.tokenizer
+    ad_rows, sd_rows = [], []  # (b, residual per step) and (b, gamma, residual per iteration)
+
+    def wall(run, *args, **kwargs):
+        times, res = [], None
+        for _ in range(repeats + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            res = run(*args, **kwargs)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times[1:])), res
+
+    for b in tqdm([b for b in b_grid for _ in range(trials)], desc="profiling engines", disable=not progress):
+        starts = rng.integers(0, len(text) - 200, size=b)
+        prompts = [tok.encode(text[s : s + int(n)].decode("utf-8", errors="ignore") or "x") for s, n in zip(starts, rng.integers(16, 129, size=b), strict=True)]
+        limits = [int(x) for x in rng.integers(8, 65, size=b)]
+        s_max, n_max = max(len(p) for p in prompts), max(limits)
+        common = dict(pad_id=tok.pad_id, on_tokens=_Sink())  # a server streams every token
+        t_ad, _ = wall(generate_ad, pair.target, prompts, limits, **common)
+        ad_rows.append((b, (t_ad - float(cost.ad_time(b, s_max, n_max))) / max(n_max - 1, 1)))
+        for g in gammas:
+            t_sd, res = wall(generate_sd, pair.target, pair.draft, prompts, g, limits, **common)
+            j = max(res.iterations)
+            sd_rows.append((b, g, (t_sd - float(cost.sd_time(b, s_max, n_max, j, g))) / j))
+    ad_x = np.array([[1.0, b] for b, _ in ad_rows])
+    ad_coef = np.linalg.lstsq(ad_x, np.array([r for _, r in ad_rows]), rcond=None)[0]
+    sd_x = np.array([[1.0, b, g, g * b] for b, g, _ in sd_rows])
+    sd_coef = np.linalg.lstsq(sd_x, np.array([r for _, _, r in sd_rows]), rcond=None)[0]
+    grid = np.asarray(list(b_grid), dtype=float)
+
+    def on_grid(a, c):
+        return [float(v) for v in np.maximum(a + c * grid, 0.0)]
+
+    return {"b": list(map(int, b_grid)), "ad_step_s": on_grid(*ad_coef), "sd_iteration_s": on_grid(sd_coef[0], sd_coef[1]), "sd_draft_step_s": on_grid(sd_coef[2], sd_coef[3]),
+            "notes": f"engine wall time minus the table's prediction, fitted linear in b over {len(ad_rows)} random batches (prompts 16-128 tokens, outputs 8-64, SD gamma {gammas[0]} and {gammas[1]}, {repeats} repeats, median)"}
+
+
 def roofline_fit(profile: dict) -> dict:
     """Least-squares ``tau = a + b * FLOPs + c * bytes`` per model, with its relative error."""
     from scipy.optimize import nnls
@@ -145,6 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--q", default="1,2,3,5,9,32,128")
     ap.add_argument("--c", default="16,64,256,512,1024")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (a server must run with the same number)")
+    ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=True, help="also measure the engines' overhead (the profile's engine section)")
+    ap.add_argument("--engine-only", action="store_true", help="measure only the engine section and write it into the existing --out profile")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -161,17 +233,30 @@ def main(argv: list[str] | None = None) -> None:
         grids.append(vals)
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
     pair = load_pair(args.pair, device=args.device, dtype=args.dtype) if args.pair else load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     name = args.name or args.out.stem
-    profile = {
-        "name": name,
-        "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {args.repeats} repeats (median)",
-        "device": device_spec(args.device),
-        "llm": model_spec(pair.target, "target"),
-        "slm": model_spec(pair.draft, "draft"),
-        "latency": {"source": "table", **measure(pair, *grids, args.repeats)},
-    }
-    profile["fit"] = roofline_fit(profile)
+    if args.engine_only:
+        if not args.out.is_file():
+            raise SystemExit(f"--engine-only needs an existing profile at --out, {args.out} is missing")
+        profile = yaml.safe_load(args.out.read_text())
+        if profile.get("latency", {}).get("source") != "table":
+            raise SystemExit(f"--engine-only needs a measured (table) profile; {args.out} has latency.source {profile.get('latency', {}).get('source')!r}")
+    else:
+        profile = {
+            "name": name,
+            "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} torch threads, {args.repeats} repeats (median)",
+            "device": device_spec(args.device),
+            "llm": model_spec(pair.target, "target"),
+            "slm": model_spec(pair.draft, "draft"),
+            "latency": {"source": "table", **measure(pair, *grids, args.repeats)},
+        }
+        profile["fit"] = roofline_fit(profile)
+    if args.engine or args.engine_only:
+        profile["engine"] = measure_engine(pair, profile, grids[0], args.repeats)
     from envs.profile import Profile
 
     Profile.from_dict(profile, name=name)  # validate before writing
@@ -179,6 +264,10 @@ def main(argv: list[str] | None = None) -> None:
     tmp.write_text(yaml.safe_dump(profile, sort_keys=False, width=200))
     tmp.replace(args.out)
     print(f"wrote {args.out}")
+    if "engine" in profile:
+        e = profile["engine"]
+        print("engine overhead per b " + str(e["b"]) + ": AD step " + ", ".join(f"{x * 1e3:.2f}" for x in e["ad_step_s"]) + " ms; SD iteration "
+              + ", ".join(f"{x * 1e3:.2f}" for x in e["sd_iteration_s"]) + " ms + gamma x " + ", ".join(f"{x * 1e3:.2f}" for x in e["sd_draft_step_s"]) + " ms")
     for key, fit in profile["fit"].items():
         print(f"{key}: tau = {fit['intercept_s'] * 1e3:.3f} ms + FLOPs / {fit['implied_flop_s'] or float('inf'):.3g} FLOP/s + {fit['per_byte_s']:.3g} s/byte  (median error {fit['median_rel_error'] * 100:.1f} %, max {fit['max_rel_error'] * 100:.1f} %)")
 

@@ -9,9 +9,21 @@
 ``max_tokens`` (the output-length prediction), remaining deadline and the current acceptance
 estimate, on the cost model of the server's measured profile. Rejected requests are answered at
 once; the AD and SD batches then run on the engines with compute shares ``z`` / ``1 - z`` by
-weighted time-slicing (the batch that has used less than its share of the device steps next).
-Every request ends with exactly one outcome: ``served`` (on time), ``late`` or ``rejected``
-(with a reason). ``GET /metrics`` reports counts, latency percentiles and throughput.
+weighted time-slicing (the batch that has used less than its share of the device steps next; a
+batch that ends leaves the device to the other). A request is answered as soon as its own last
+token is out. Every request ends with exactly one outcome: ``served`` (on time), ``late`` or
+``rejected`` (with a reason). ``GET /metrics`` reports counts, latency percentiles and throughput.
+
+**Two devices** (``devices=[cuda:0,cuda:1]``, or ``[cpu,cpu]``): the AD batch runs on the first
+(its own copy of the target), the SD batch on the second (target + draft), at the same time, each
+with the whole device. The plan is still made for one shared device (the env models one device):
+every batch then has at least the share it was planned with, so a plan that meets its deadlines on
+one device meets them on two -- conservative, it admits no more users than one device would. On
+CPU the two "devices" split the cores (``torch`` threads = cores / 2 each, unless ``threads`` is set).
+
+**CPU threads.** On a small CPU the HTTP stack (and a load generator on the same machine) compete
+with torch's OpenMP threads, which makes pass times jumpy; ``threads=1`` with the one-thread
+profile (``profile=cpu1_specsched-pair``) trades speed for steady, predictable timings.
 
 Listens on loopback by default; bad requests get a 4xx with a message and the server keeps
 serving; on shutdown queued requests are rejected and the running round is finished.
@@ -24,6 +36,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +61,14 @@ class ServeConfig:
     pair: str | None = None  #: a built pair folder; None = the project's own (built and cached)
     pair_preset: str = "full"
     device: str = "cpu"
+    devices: list[str] | None = None  #: two devices: AD batches on the first, SD on the second (overrides ``device``)
     dtype: str = "float32"
+    threads: int | None = None  #: torch CPU threads (None = torch's default); plan with a profile measured at the same count
     profile: str = "cpu_specsched-pair"  #: the cost model the scheduler plans with
     window_s: float = 0.5  #: how long a round collects requests
     max_round: int = 64  #: most requests in one round
     max_queue: int = 512  #: requests waiting beyond this are refused (503)
+    stream_interval_s: float = 0.05  #: a stream sends new tokens at most this often (the first at once): per-token events cost CPU the model needs
     max_tokens_limit: int = 512
     max_prompt_tokens: int = 2048
     default_deadline_s: float = 30.0
@@ -68,12 +84,16 @@ class ServeConfig:
 
         need(isinstance(self.port, int) and 0 <= self.port <= 65535, "port", "an integer in [0, 65535]")
         need(self.window_s > 0, "window_s", "> 0")
+        need(self.stream_interval_s >= 0, "stream_interval_s", ">= 0")
+        need(self.threads is None or (isinstance(self.threads, int) and self.threads >= 1), "threads", "null or an integer >= 1")
         need(isinstance(self.max_round, int) and self.max_round >= 1, "max_round", "an integer >= 1")
         need(isinstance(self.max_tokens_limit, int) and self.max_tokens_limit >= 1, "max_tokens_limit", "an integer >= 1")
         need(isinstance(self.max_prompt_tokens, int) and self.max_prompt_tokens >= 1, "max_prompt_tokens", "an integer >= 1")
         need(self.default_deadline_s > 0, "default_deadline_s", "> 0")
         need(isinstance(self.gamma, int) and 1 <= self.gamma <= 8, "gamma", "an integer in [1, 8]")
         need(0 < self.alpha_init < 1, "alpha_init", "in (0, 1)")
+        need(self.devices is None or (isinstance(self.devices, list | tuple) and len(self.devices) == 2 and all(isinstance(d, str) and d for d in self.devices)),
+             "devices", "null or a list of two device names, e.g. [cuda:0, cuda:1]")
         return self
 
 
@@ -91,8 +111,17 @@ class Request:
     deadline_s: float
     arrival: float = field(default_factory=time.monotonic)
     tokens: list[int] = field(default_factory=list)
+    unsent: list[int] = field(default_factory=list)  #: generated, not yet handed to the event loop
+    last_sent: float = 0.0
     first_token_at: float | None = None
     mode: str = "-"
+    alpha_planned: float | None = None  #: the acceptance estimate the round was planned with
+    sd_iterations: int | None = None
+    sd_accepted: int | None = None
+    sd_rejections: int | None = None
+    completed_at: float | None = None  #: monotonic time of the last token (or of the decision)
+    round_start: float | None = None  #: monotonic time its round began planning
+    planned_at: float | None = None  #: monotonic time its round's plan was made
     outcome: str | None = None  #: served, late or rejected
     reason: str = ""
     queue: asyncio.Queue | None = None
@@ -129,13 +158,14 @@ def parse_request(body: bytes, cfg: ServeConfig, encode) -> tuple[list[int], int
     return ids, max_tokens, float(deadline), stream
 
 
-def run_shared(jobs: dict[str, tuple[Any, float]]) -> dict[str, Any]:
+def run_shared(jobs: dict[str, tuple[Any, float]], after_step: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Step several engine generators on one device with compute shares by weighted time-slicing.
 
     ``jobs`` maps a name to ``(generator, share)``; the job with the least ``used time / share``
-    steps next, so over any stretch each gets its share of the device. Returns each job's result.
+    steps next, so over any stretch each gets its share of the device; ``after_step`` runs after
+    every step (outside the timed part). Returns each job's result.
     """
-    used = {name: 0.0 for name in jobs}
+    used = dict.fromkeys(jobs, 0.0)
     results: dict[str, Any] = {}
     live = dict(jobs)
     while live:
@@ -148,7 +178,25 @@ def run_shared(jobs: dict[str, tuple[Any, float]]) -> dict[str, Any]:
             results[name] = stop.value
             del live[name]
         used[name] += time.perf_counter() - start
+        after_step()
     return results
+
+
+def run_parallel(jobs: dict[str, Any], after_step: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Run engine generators at the same time, one thread each (one device each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def drain(gen):
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                return stop.value
+            after_step()
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {name: pool.submit(drain, gen) for name, gen in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
 
 
 class RoundServer:
@@ -157,6 +205,14 @@ class RoundServer:
     def __init__(self, cfg: ServeConfig, pair: ModelPair):
         self.cfg = cfg.validate()
         self.pair = pair
+        # with two devices the SD pair lives on the second and AD gets its own target on the first
+        self.ad_target = pair.target
+        if cfg.devices:
+            import copy
+
+            self.ad_target = copy.deepcopy(pair.target).to(cfg.devices[0])
+            pair.target.to(cfg.devices[1])
+            pair.draft.to(cfg.devices[1])
         profile = load_profile(cfg.profile)
         self.cost = CostModel(profile)
         # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
@@ -187,7 +243,7 @@ class RoundServer:
         if outcome == "rejected":
             self.metrics["rejected_reasons"][reason] = self.metrics["rejected_reasons"].get(reason, 0) + 1
         else:
-            self.latencies.append(time.monotonic() - req.arrival)
+            self.latencies.append((req.completed_at or time.monotonic()) - req.arrival)
         if req.queue is not None:
             req.queue.put_nowait(None)
         req.done.set()
@@ -222,43 +278,98 @@ class RoundServer:
     def run_round(self, batch: list[Request], loop) -> None:
         with self.lock:
             self.metrics["rounds"] += 1
+            began = time.monotonic()
             plan = self.scheduler.plan(self._round(batch))
+            decided = time.monotonic()
             for r, m in zip(batch, plan.modes, strict=True):
+                r.alpha_planned = self.alpha
+                r.round_start, r.planned_at = began, decided
                 if m not in (AD, SD):
+                    r.completed_at = decided
                     loop.call_soon_threadsafe(self.finish, r, "rejected", "admission: the plan cannot meet this deadline")
             tok = self.pair.tokenizer
-            jobs = {}
-            groups = {}
+
+            flushing = threading.Lock()  # two devices: two engine threads stream at once
+            outbox: dict[str, Request] = {}  # requests with news for the event loop
+
+            def complete(r: Request) -> None:  # worker thread: at the request's last token
+                with flushing:
+                    if r.completed_at is None:
+                        r.completed_at = time.monotonic()
+                        self.metrics["tokens"] += len(r.tokens)
+                        outbox[r.id] = r
+
+            def flush(force: bool = False) -> None:
+                # one wake-up of the event loop per engine step, not one per token
+                now = time.monotonic()
+                with flushing:
+                    texts, ends = [], []
+                    for r in outbox.values():
+                        if r.unsent and (force or r.completed_at is not None or not r.last_sent or now - r.last_sent >= self.cfg.stream_interval_s):
+                            if r.queue is not None:
+                                texts.append((r.queue, tok.decode(r.unsent)))
+                            r.unsent, r.last_sent = [], now
+                        if r.completed_at is not None and not r.unsent:
+                            ends.append(r)
+                    for r in [r for r in outbox.values() if r.completed_at is not None or not r.unsent]:
+                        del outbox[r.id]
+                if texts or ends:
+                    loop.call_soon_threadsafe(self._deliver, texts, ends)
+
+            jobs, shares, groups = {}, {}, {}
             for mode, share in ((AD, plan.z), (SD, 1.0 - plan.z)):
                 members = [r for r, m in zip(batch, plan.modes, strict=True) if m == mode]
                 if not members:
                     continue
-                groups[mode] = members
+                name = "ad" if mode == AD else "sd"
+                groups[name] = members
                 for r in members:
-                    r.mode = "ad" if mode == AD else "sd"
+                    r.mode = name
+                    if mode == SD:
+                        r.sd_iterations = r.sd_accepted = r.sd_rejections = 0
 
-                def stream(row, new, members=members):
+                def stream(row, new, members=members, sd=mode == SD):
                     r = members[row]
                     if r.first_token_at is None:
                         r.first_token_at = time.monotonic()
-                    r.tokens.extend(new)
-                    if r.queue is not None:
-                        loop.call_soon_threadsafe(r.queue.put_nowait, tok.decode(new))
+                    with flushing:
+                        r.tokens.extend(new)
+                        if r.queue is not None:
+                            r.unsent.extend(new)
+                            outbox[r.id] = r
+                    if sd:  # one call per SD iteration; the last one may be cut at max_tokens
+                        r.sd_iterations += 1
+                        if len(r.tokens) < r.max_tokens and new[-1] != tok.eos_id:
+                            r.sd_accepted += len(new) - 1
+                            r.sd_rejections += int(len(new) - 1 < plan.gamma)
+                    if len(r.tokens) >= r.max_tokens or new[-1] == tok.eos_id:
+                        complete(r)
 
                 common = dict(max_new_tokens=[r.max_tokens for r in members], eos_id=tok.eos_id, pad_id=tok.pad_id, on_tokens=stream)
                 prompts = [r.prompt_ids for r in members]
                 if mode == AD:
-                    jobs["ad"] = (ad_steps(self.pair.target, prompts, **common), max(share, 1e-6))
+                    jobs[name] = ad_steps(self.ad_target, prompts, **common)
                 else:
-                    jobs["sd"] = (sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common), max(share, 1e-6))
-            results = run_shared(jobs)
+                    jobs[name] = sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common)
+                shares[name] = max(share, 1e-6)
+            if self.cfg.devices and len(jobs) > 1:
+                results = run_parallel(jobs, flush)
+            else:
+                results = run_shared({name: (gen, shares[name]) for name, gen in jobs.items()}, flush)
             if "sd" in results and np.isfinite(results["sd"].alpha_hat):
                 self.alpha = float(np.clip(0.7 * self.alpha + 0.3 * results["sd"].alpha_hat, 0.05, 0.99))
             for members in groups.values():
                 for r in members:
-                    self.metrics["tokens"] += len(r.tokens)
-                    on_time = time.monotonic() - r.arrival <= r.deadline_s
-                    loop.call_soon_threadsafe(self.finish, r, "served" if on_time else "late", "" if on_time else "deadline missed")
+                    complete(r)  # a row that ended without reaching its limit or EOS (none expected)
+            flush(force=True)
+
+    def _deliver(self, texts: list, ends: list[Request]) -> None:
+        """Event loop: hand streamed text to the waiting responses, then end finished requests."""
+        for queue, text in texts:
+            queue.put_nowait(text)
+        for r in ends:
+            on_time = r.completed_at - r.arrival <= r.deadline_s
+            self.finish(r, "served" if on_time else "late", "" if on_time else "deadline missed")
 
     async def shutdown(self) -> None:
         self.closing = True
@@ -295,7 +406,7 @@ def create_app(cfg: ServeConfig, pair: ModelPair | None = None):
 
     cfg.validate()
     if pair is None:
-        pair = load_pair(cfg.pair or build_pair(recipe=cfg.pair_preset), device=cfg.device, dtype=cfg.dtype)
+        pair = load_pair(cfg.pair or build_pair(recipe=cfg.pair_preset), device=cfg.devices[1] if cfg.devices else cfg.device, dtype=cfg.dtype)
     server_box: dict[str, RoundServer] = {}
 
     @asynccontextmanager
@@ -330,8 +441,10 @@ def create_app(cfg: ServeConfig, pair: ModelPair | None = None):
             return body
 
         def summary() -> dict:
-            return {"outcome": req.outcome, "reason": req.reason, "mode": req.mode, "latency_s": time.monotonic() - req.arrival,
-                    "ttft_s": (req.first_token_at - req.arrival) if req.first_token_at else None, "completion_tokens": len(req.tokens)}
+            return {"outcome": req.outcome, "reason": req.reason, "mode": req.mode, "latency_s": (req.completed_at or time.monotonic()) - req.arrival,
+                    "ttft_s": (req.first_token_at - req.arrival) if req.first_token_at else None, "completion_tokens": len(req.tokens),
+                    "wait_s": (req.round_start - req.arrival) if req.round_start else None, "plan_s": (req.planned_at - req.round_start) if req.round_start else None,
+                    "alpha_planned": req.alpha_planned, "sd_iterations": req.sd_iterations, "sd_accepted": req.sd_accepted, "sd_rejections": req.sd_rejections}
 
         if not stream:
             await req.done.wait()
@@ -367,6 +480,8 @@ def main() -> None:
         import uvicorn
 
         values = OmegaConf.to_container(raw, resolve=True)
+        if isinstance(values.get("profile"), dict):  # the profile group's data: the server loads it by name
+            values["profile"] = values["profile"]["name"]
         known = set(ServeConfig.__dataclass_fields__)
         unknown = sorted(set(values) - known)
         if unknown:
@@ -374,6 +489,14 @@ def main() -> None:
         cfg = ServeConfig(**values).validate()
         if cfg.host not in ("127.0.0.1", "localhost", "::1"):
             print(f"warning: listening on {cfg.host}, not loopback")
+        import torch
+
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        elif cfg.devices and all(d == "cpu" for d in cfg.devices):
+            import os
+
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # the two "devices" split the cores
         uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level="info")
 
     app()

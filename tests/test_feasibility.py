@@ -1,6 +1,7 @@
 """Properties of the exact feasibility check, the incremental builder and the outcome."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -164,3 +165,43 @@ def test_same_seed_same_round():
     assert np.array_equal(a.realized_output_tokens, b.realized_output_tokens)
     # common random numbers: the users are the same whatever the error setting
     assert np.array_equal(a.input_tokens, c.input_tokens) and np.array_equal(a.deadline_s, c.deadline_s)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_outcome_switches_only_make_users_finish_earlier(seed):
+    """'own' completion and work-conserving sharing never delay a user, and work is conserved."""
+    cfg = EnvConfig(num_users=10, output_cv=0.3, alpha_cv=0.2)
+    cost = CostModel.from_config(cfg)
+    rng = np.random.default_rng(seed)
+    rnd = sample_round(rng, cfg)
+    modes, gamma = random_feasible_plan(rng, rnd, cost)
+    rep = check_plans(cost, rnd, modes, gamma)
+    plan = Plan(modes, gamma, float(rep.z), float(rep.lam))
+    paper = evaluate_plan(cost, rnd, plan)
+    admitted = modes != 0
+    for completion in ("batch", "own"):
+        for sharing in ("fixed", "work_conserving"):
+            out = evaluate_plan(cost, rnd, plan, completion=completion, sharing=sharing)
+            assert np.all(out.latency_s[admitted] <= paper.latency_s[admitted] * (1 + 1e-12))
+            assert np.all(np.isinf(out.latency_s[~admitted]))
+            assert out.served_count >= paper.served_count
+    both = evaluate_plan(cost, rnd, plan, sharing="work_conserving")
+    if (modes == AD).any() and (modes == SD).any():
+        # the batch that ends last has had the device for all the work of both
+        c_a, c_s = paper.ad_batch_s * plan.z, paper.sd_batch_s * (1 - plan.z)
+        assert np.isclose(max(both.ad_batch_s, both.sd_batch_s), c_a + c_s)
+        assert np.isclose(min(both.ad_batch_s, both.sd_batch_s), min(paper.ad_batch_s, paper.sd_batch_s))
+
+
+def test_own_completion_finishes_short_outputs_first():
+    rnd = sample_round(np.random.default_rng(3), CFG)
+    plan = Plan(np.full(10, AD, dtype=np.int8), gamma=4, z=1.0, lam=1.0)
+    out = evaluate_plan(COST, rnd, plan, completion="own")
+    finish = out.latency_s - rnd.uplink_s.max() - rnd.realized_downlink_s
+    order = np.argsort(rnd.output_tokens, kind="stable")
+    assert np.all(np.diff(finish[order]) >= -1e-12)
+    longest = np.argmax(rnd.output_tokens)
+    assert np.isclose(finish[longest], out.ad_batch_s)
+    with pytest.raises(ValueError, match="completion"):
+        evaluate_plan(COST, rnd, plan, completion="first")

@@ -143,3 +143,36 @@ def test_config_errors_name_field(field, value, match):
 def test_unknown_config_field():
     with pytest.raises(ConfigError, match="unknown env config field"):
         EnvConfig.from_kwargs(num_userz=3)
+
+
+ENGINE = {"b": [1, 4, 16], "ad_step_s": [0.001, 0.002, 0.004], "sd_iteration_s": [0.002, 0.003, 0.008], "sd_draft_step_s": [0.0, 0.0005, 0.001]}
+
+
+def test_engine_overhead_is_added_per_step_and_iteration():
+    from envs.feasibility import CostModel
+
+    d = _raw("cpu_specsched-pair")
+    d.pop("engine", None)
+    bare = CostModel(Profile.from_dict(d))
+    over = CostModel(Profile.from_dict({**d, "engine": ENGINE}))
+    # AD: (N - 1) decode steps; b = 2 interpolates between b = 1 and b = 4
+    assert np.isclose(over.ad_time(2, 50, 31) - bare.ad_time(2, 50, 31), 30 * (0.001 + (0.002 - 0.001) / 3))
+    # SD: J iterations of (iteration + gamma x draft step); b beyond the grid holds the last value
+    assert np.isclose(over.sd_time(32, 50, 40, 9, 4) - bare.sd_time(32, 50, 40, 9, 4), 9 * (0.008 + 4 * 0.001))
+    # the scalar twins give the same numbers as the arrays
+    for b, s, n, j, g in [(1, 10, 5, 2, 1), (3, 77, 64, 20, 4), (16, 128, 33, 9, 8), (40, 5, 1, 1, 2)]:
+        assert over.ad_time1(b, s, n) == float(over.ad_time(b, s, n))
+        assert over.sd_time1(b, s, n, j, g) == float(over.sd_time(b, s, n, j, g))
+
+
+@pytest.mark.parametrize(("key", "value"), [("ad_step_s", [0.001, 0.002]), ("sd_iteration_s", [0.001, -0.002, 0.0]), ("b", [4, 1, 16])])
+def test_engine_section_checked(key, value):
+    d = {**_raw("cpu_specsched-pair"), "engine": {**ENGINE, key: value}}
+    with pytest.raises(ProfileError, match=f"engine.{key}"):
+        Profile.from_dict(d)
+
+
+def test_measured_profiles_carry_engine_overhead():
+    for name in ("cpu_specsched-pair", "cpu1_specsched-pair"):
+        p = load_profile(name)
+        assert p.engine is not None and p.latency_source == "table"

@@ -143,9 +143,17 @@ def test_profiler_writes_a_profile_the_env_runs_on(built_pair, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     prof = load_profile(out)
     assert prof.latency_source == "table" and prof.llm.params > prof.slm.params
+    assert prof.engine is not None and list(prof.engine.b) == [1, 2] and (prof.engine.ad_step_s >= 0).all()
     env = gym.make(envs.ENV_ID, num_users=5, profile=str(out))
     env.reset(seed=0)
     env.step(1)
+    # --engine-only refreshes that section and keeps the measured table
+    table = out.read_text().split("engine:")[0]
+    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--b", "1,3", "--repeats", "1", "--engine-only", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert out.read_text().split("engine:")[0] == table and list(load_profile(out).engine.b) == [1, 3]
+    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--engine-only", "--out", str(tmp_path / "none.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode != 0 and "needs an existing profile" in res.stderr
 
 
 def test_generate_cli_streams(built_pair):
