@@ -51,9 +51,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, profile: str, threads: int):
+def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, profile: str, threads: int, devices: str | None = None):
     cmd = [sys.executable, "-m", "runtime.serve", f"scheduler={scheduler}", f"port={port}", f"pair={pair}", f"window_s={window_s}", f"alpha_init={alpha}",
            "max_tokens_limit=512", f"profile={profile}", f"threads={threads}"]
+    if devices:
+        cmd.append(f"devices=[{devices}]")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens to the load generator")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads (the profile must be measured with as many)")
     ap.add_argument("--profile", default="cpu1_specsched-pair", help="the measured profile both the server and the simulator plan with")
+    ap.add_argument("--devices", default=None, help="two devices for the server, e.g. cpu,cpu or cuda:0,cuda:1 (the simulator still models one shared device)")
     ap.add_argument("--pair", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     frames, summary, by_mode = [], [], []
     WINDOW[0] = args.window_s
     for name in args.schedulers.split(","):
-        proc, url = serve(name, pair, free_port(), args.window_s, args.alpha, args.profile, args.threads)
+        proc, url = serve(name, pair, free_port(), args.window_s, args.alpha, args.profile, args.threads, args.devices)
         try:
             real, _ = loadgen({"env": env, "url": url, "rounds": args.rounds, "users": args.users, "seed": 0, "time_scale": args.time_scale, "token_scale": args.token_scale, "max_tokens_cap": 160, "round_gap_s": 0.0, "output": None, "timeout_s": 300, "stream": args.stream})
         finally:
@@ -143,11 +146,11 @@ def main(argv: list[str] | None = None) -> None:
     table, modes = pd.DataFrame(summary), pd.DataFrame(by_mode)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "sim_vs_real.csv", index=False)
-    cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}"
+    cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
     text = "\n".join([
         "# Simulated vs real", "",
         f"{args.rounds} rounds x {args.users} requests per scheduler, deadlines x {args.time_scale}, outputs x {args.token_scale}, round window {args.window_s} s; "
-        f"the project's pair on this CPU, server with {args.threads} torch thread(s); server and simulator plan with `conf/profile/{args.profile}.yaml` "
+        f"the project's pair on this CPU, server with {args.threads} torch thread(s){f' per device, devices {args.devices}' if args.devices else ''}; server and simulator plan with `conf/profile/{args.profile}.yaml` "
         f"(table + engine overhead); simulator outcome: completion `{args.completion}`, sharing `{args.sharing}`. "
         "Latency is from the request's arrival to its last token (the round window included). "
         "*sim* realises the acceptance estimate the server planned with (what the environment predicts); *sim, measured acceptance* realises each SD request's measured acceptance.", "",

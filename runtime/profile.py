@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         profile = {
             "name": name,
-            "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} torch threads, {args.repeats} repeats (median)",
+            "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} torch thread(s), {args.repeats} repeats (median)",
             "device": device_spec(args.device),
             "llm": model_spec(pair.target, "target"),
             "slm": model_spec(pair.draft, "draft"),

@@ -212,3 +212,19 @@ def test_two_devices_serve_the_same_text(pair, server):
         thread.join(timeout=30)
     with pytest.raises(ValueError, match="devices"):
         ServeConfig(devices=["cuda:0"]).validate()
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_two_devices_on_cuda(pair):
+    import copy
+
+    import torch
+
+    from runtime.pair import ModelPair
+    from runtime.serve import RoundServer
+
+    devices = ["cuda:0", f"cuda:{min(1, torch.cuda.device_count() - 1)}"]
+    gpu_pair = ModelPair(copy.deepcopy(pair.target), copy.deepcopy(pair.draft), pair.tokenizer, pair.path)
+    server = RoundServer(ServeConfig(devices=devices, port=0), gpu_pair)
+    assert str(next(server.ad_target.parameters()).device) == devices[0]
+    assert str(next(gpu_pair.draft.parameters()).device) == devices[1]
