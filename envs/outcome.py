@@ -59,21 +59,15 @@ def simulate_sd_iterations(rng: np.random.Generator, output_tokens, alpha, gamma
 
 
 def _finish_times(share: dict[int, float], total: dict[int, float], work: dict[int, np.ndarray], sharing: str) -> dict[int, np.ndarray]:
-    """Compute finish time of each unit of ``work`` (full-device seconds) of each batch."""
-    out = {}
-    for mode, w in work.items():
-        z = share[mode]
-        if z <= 0:
-            out[mode] = np.full(w.shape, np.inf)
-            continue
-        t = w / z
-        others = [m for m in total if m != mode]
-        if sharing == "work_conserving" and others and share[others[0]] > 0:
-            first_end = total[others[0]] / share[others[0]]
-            if first_end < total[mode] / z:  # the other batch ends first: the device is then ours
-                t = np.where(w > z * first_end, first_end + (w - z * first_end), t)
-        out[mode] = t
-    return out
+    """When each amount of ``work`` (full-device seconds) of each batch is done, from the round's start."""
+    finish = {m: w / share[m] if share[m] > 0 else np.full(w.shape, np.inf) for m, w in work.items()}
+    if sharing == "work_conserving" and len(total) == 2 and all(share[m] > 0 for m in total):
+        first = min(total, key=lambda m: total[m] / share[m])
+        last = SD if first == AD else AD
+        t1, z = total[first] / share[first], share[last]
+        if last in work:  # once the first batch ends, the other has the device alone
+            finish[last] = np.where(work[last] > z * t1, t1 + (work[last] - z * t1), finish[last])
+    return finish
 
 
 def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Generator | None = None, simulate_acceptance: bool = False,
@@ -116,9 +110,10 @@ def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Genera
         members[mode] = idx
         work[mode] = np.full(b, total[mode]) if own is None else np.asarray(own, dtype=float)
     finish = _finish_times(share, total, work, sharing)
+    ends = _finish_times(share, total, {m: np.array([t]) for m, t in total.items()}, sharing)
     batch_s = {AD: 0.0, SD: 0.0}
     for mode, idx in members.items():
-        batch_s[mode] = float(_finish_times(share, total, {mode: np.array([total[mode]])}, sharing)[mode][0])
+        batch_s[mode] = float(ends[mode][0])
         latency[idx] = rnd.uplink_s[idx].max() + finish[mode] + rnd.realized_downlink_s[idx]
     served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
     return Outcome(latency, served, batch_s[AD], batch_s[SD])

@@ -20,6 +20,7 @@ and the load generator, two OpenMP threads made the same replay's real p50 swing
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -97,8 +98,8 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
         rnd = Round.from_arrays(cfg, g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6), np.full(n, a_plan), np.full(n, cfg.min_distance_m))
         plan = sched.plan(rnd)
         out = evaluate_plan(cost, rnd, plan, completion=completion, sharing=sharing)
-        rnd.realized_alpha = measured_alpha(g, rnd.alpha)
-        out_m = evaluate_plan(cost, rnd, plan, completion=completion, sharing=sharing)
+        measured = dataclasses.replace(rnd, realized_alpha=measured_alpha(g, rnd.alpha))
+        out_m = evaluate_plan(cost, measured, plan, completion=completion, sharing=sharing)
         for k, (_, row) in enumerate(g.iterrows()):
             lat = out.latency_s[k] + window_s if np.isfinite(out.latency_s[k]) else np.nan
             lat_m = out_m.latency_s[k] + window_s if np.isfinite(out_m.latency_s[k]) else np.nan
@@ -129,7 +130,6 @@ def main(argv: list[str] | None = None) -> None:
     pair = args.pair or build_pair()
     env = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "paper.yaml"))
     frames, summary, by_mode = [], [], []
-    WINDOW[0] = args.window_s
     for name in args.schedulers.split(","):
         proc, url = serve(name, pair, free_port(), args.window_s, args.alpha, args.profile, args.threads, args.devices)
         try:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         both = real.merge(sim, on=["round", "user"]).assign(scheduler=name)
         frames.append(both)
         summary.append(compare(both, name))
-        by_mode.extend(compare_by_mode(both, name))
+        by_mode.extend(compare_by_mode(both, name, args.window_s))
     df = pd.concat(frames, ignore_index=True)
     table, modes = pd.DataFrame(summary), pd.DataFrame(by_mode)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -183,20 +183,17 @@ def compare(both: pd.DataFrame, name: str) -> dict:
     return row
 
 
-def compare_by_mode(both: pd.DataFrame, name: str) -> list[dict]:
+def compare_by_mode(both: pd.DataFrame, name: str, window_s: float) -> list[dict]:
     rows = []
     for mode in ("ad", "sd"):
         m = both[(both["mode"] == mode) & (both.sim_mode == mode) & both.outcome.isin(["served", "late"])]
         if m.empty:
             continue
         real = (m.latency_s - m.wait_s - m.plan_s).median() if "wait_s" in m else np.nan
-        sim = (m.sim_latency_s - WINDOW[0]).median()
+        sim = (m.sim_latency_s - window_s).median()
         rows.append({"scheduler": name, "mode": mode, "requests": len(m), "compute p50 real (s)": real, "compute p50 sim (s)": sim,
                      "error %": (sim - real) / real * 100, "TTFT p50 real (s)": m.ttft_s.median() if "ttft_s" in m else np.nan})
     return rows
-
-
-WINDOW = [0.3]  # set from --window-s in main()
 
 
 if __name__ == "__main__":

@@ -111,13 +111,16 @@ class _Sampler:
 # ------------------------------------------------------------------------------------------ AD
 
 
-def drain(steps: Generator[None, None, GenerationResult]) -> GenerationResult:
-    """Run a step generator (:func:`ad_steps`, :func:`sd_steps`) to the end; return its result."""
+def drain(steps: Generator[None, None, GenerationResult], after_step: Callable[[], None] | None = None) -> GenerationResult:
+    """Run a step generator (:func:`ad_steps`, :func:`sd_steps`) to the end; return its result.
+    ``after_step`` runs after every step."""
     while True:
         try:
             next(steps)
         except StopIteration as stop:
             return stop.value
+        if after_step is not None:
+            after_step()
 
 
 def generate_ad(model, prompts: list[list[int]], max_new_tokens: int | list[int], **kwargs) -> GenerationResult:

@@ -36,15 +36,9 @@ def prompt_text(n_bytes: int, rng: np.random.Generator, corpus: bytes) -> str:
     return corpus[start : start + n_bytes].decode("utf-8", errors="ignore") or "x"
 
 
-async def _nothing():
-    return
-    yield
-
-
 async def one_request(client, url: str, payload: dict, row: dict) -> dict:
     start = time.monotonic()
     ttft = None
-    tokens = 0
     final: dict[str, Any] = {}
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=payload) as resp:
@@ -53,18 +47,17 @@ async def one_request(client, url: str, payload: dict, row: dict) -> dict:
                 return {**row, "outcome": "error", "reason": body.get("error", {}).get("message", str(resp.status_code)), "latency_s": time.monotonic() - start}
             if not payload.get("stream"):
                 final = json.loads(await resp.aread()).get("specsched", {})
-            async for line in (resp.aiter_lines() if payload.get("stream") else _nothing()):
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                text = event["choices"][0]["text"]
-                if text and ttft is None:
-                    ttft = time.monotonic() - start
-                if "specsched" in event:
-                    final = event["specsched"]
+            else:
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if event["choices"][0]["text"] and ttft is None:
+                        ttft = time.monotonic() - start
+                    final = event.get("specsched", final)
     except Exception as err:  # a dead server is a result too: record it, keep going
         return {**row, "outcome": "error", "reason": repr(err), "latency_s": time.monotonic() - start}
-    tokens = final.get("completion_tokens", tokens)
+    tokens = final.get("completion_tokens", 0)
     extra = {key: final.get(key) for key in ("wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections")}
     return {**row, "mode": final.get("mode"), "outcome": final.get("outcome"), "reason": final.get("reason", ""), "ttft_s": ttft, "latency_s": time.monotonic() - start, "output_tokens": tokens, "server_latency_s": final.get("latency_s"), **extra}
 

@@ -49,7 +49,7 @@ from envs.feasibility import CostModel
 from envs.plan import AD, SD
 from envs.profile import load_profile
 from envs.workload import Round
-from runtime.engines import ad_steps, sd_steps
+from runtime.engines import ad_steps, drain, sd_steps
 from runtime.pair import ModelPair, build_pair, load_pair
 
 
@@ -158,7 +158,7 @@ def parse_request(body: bytes, cfg: ServeConfig, encode) -> tuple[list[int], int
     return ids, max_tokens, float(deadline), stream
 
 
-def run_shared(jobs: dict[str, tuple[Any, float]], after_step: Callable[[], None] = lambda: None) -> dict[str, Any]:
+def run_shared(jobs: dict[str, tuple[Any, float]], after_step: Callable[[], None] | None = None) -> dict[str, Any]:
     """Step several engine generators on one device with compute shares by weighted time-slicing.
 
     ``jobs`` maps a name to ``(generator, share)``; the job with the least ``used time / share``
@@ -178,25 +178,61 @@ def run_shared(jobs: dict[str, tuple[Any, float]], after_step: Callable[[], None
             results[name] = stop.value
             del live[name]
         used[name] += time.perf_counter() - start
-        after_step()
+        if after_step is not None:
+            after_step()
     return results
 
 
-def run_parallel(jobs: dict[str, Any], after_step: Callable[[], None] = lambda: None) -> dict[str, Any]:
+def run_parallel(jobs: dict[str, Any], after_step: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run engine generators at the same time, one thread each (one device each)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def drain(gen):
-        while True:
-            try:
-                next(gen)
-            except StopIteration as stop:
-                return stop.value
-            after_step()
-
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        futures = {name: pool.submit(drain, gen) for name, gen in jobs.items()}
+        futures = {name: pool.submit(drain, gen, after_step) for name, gen in jobs.items()}
         return {name: f.result() for name, f in futures.items()}
+
+
+class _Outbox:
+    """What a round's engine threads hand to the event loop: streamed text and finished requests,
+    at most one wake-up of the loop per engine step (not one per token) and, per stream, a send at
+    most every ``interval_s`` (the first at once)."""
+
+    def __init__(self, server: RoundServer, loop, decode: Callable[[list[int]], str]):
+        self.server, self.loop, self.decode = server, loop, decode
+        self.lock = threading.Lock()  # two devices: two engine threads at once
+        self.pending: dict[str, Request] = {}  # requests with news for the event loop
+
+    def tokens(self, r: Request, new: list[int]) -> None:
+        with self.lock:
+            r.tokens.extend(new)
+            if r.queue is not None:
+                r.unsent.extend(new)
+                self.pending[r.id] = r
+
+    def complete(self, r: Request) -> None:
+        """The request's last token is out."""
+        with self.lock:
+            if r.completed_at is None:
+                r.completed_at = time.monotonic()
+                self.server.metrics["tokens"] += len(r.tokens)
+                self.pending[r.id] = r
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        interval = self.server.cfg.stream_interval_s
+        texts, ends = [], []
+        with self.lock:
+            for r in list(self.pending.values()):
+                done = r.completed_at is not None
+                if r.unsent and (force or done or not r.last_sent or now - r.last_sent >= interval):
+                    texts.append((r.queue, self.decode(r.unsent)))
+                    r.unsent, r.last_sent = [], now
+                if done:
+                    ends.append(r)
+                if done or not r.unsent:
+                    del self.pending[r.id]
+        if texts or ends:
+            self.loop.call_soon_threadsafe(self.server.deliver, texts, ends)
 
 
 class RoundServer:
@@ -288,35 +324,8 @@ class RoundServer:
                     r.completed_at = decided
                     loop.call_soon_threadsafe(self.finish, r, "rejected", "admission: the plan cannot meet this deadline")
             tok = self.pair.tokenizer
-
-            flushing = threading.Lock()  # two devices: two engine threads stream at once
-            outbox: dict[str, Request] = {}  # requests with news for the event loop
-
-            def complete(r: Request) -> None:  # worker thread: at the request's last token
-                with flushing:
-                    if r.completed_at is None:
-                        r.completed_at = time.monotonic()
-                        self.metrics["tokens"] += len(r.tokens)
-                        outbox[r.id] = r
-
-            def flush(force: bool = False) -> None:
-                # one wake-up of the event loop per engine step, not one per token
-                now = time.monotonic()
-                with flushing:
-                    texts, ends = [], []
-                    for r in outbox.values():
-                        if r.unsent and (force or r.completed_at is not None or not r.last_sent or now - r.last_sent >= self.cfg.stream_interval_s):
-                            if r.queue is not None:
-                                texts.append((r.queue, tok.decode(r.unsent)))
-                            r.unsent, r.last_sent = [], now
-                        if r.completed_at is not None and not r.unsent:
-                            ends.append(r)
-                    for r in [r for r in outbox.values() if r.completed_at is not None or not r.unsent]:
-                        del outbox[r.id]
-                if texts or ends:
-                    loop.call_soon_threadsafe(self._deliver, texts, ends)
-
-            jobs, shares, groups = {}, {}, {}
+            outbox = _Outbox(self, loop, tok.decode)
+            jobs, groups = {}, {}
             for mode, share in ((AD, plan.z), (SD, 1.0 - plan.z)):
                 members = [r for r, m in zip(batch, plan.modes, strict=True) if m == mode]
                 if not members:
@@ -332,38 +341,35 @@ class RoundServer:
                     r = members[row]
                     if r.first_token_at is None:
                         r.first_token_at = time.monotonic()
-                    with flushing:
-                        r.tokens.extend(new)
-                        if r.queue is not None:
-                            r.unsent.extend(new)
-                            outbox[r.id] = r
-                    if sd:  # one call per SD iteration; the last one may be cut at max_tokens
+                    outbox.tokens(r, new)
+                    last = len(r.tokens) >= r.max_tokens or new[-1] == tok.eos_id
+                    if sd:  # one call per SD iteration; the last one may be cut short, so it is not counted as acceptance
                         r.sd_iterations += 1
-                        if len(r.tokens) < r.max_tokens and new[-1] != tok.eos_id:
+                        if not last:
                             r.sd_accepted += len(new) - 1
                             r.sd_rejections += int(len(new) - 1 < plan.gamma)
-                    if len(r.tokens) >= r.max_tokens or new[-1] == tok.eos_id:
-                        complete(r)
+                    if last:
+                        outbox.complete(r)
 
                 common = dict(max_new_tokens=[r.max_tokens for r in members], eos_id=tok.eos_id, pad_id=tok.pad_id, on_tokens=stream)
                 prompts = [r.prompt_ids for r in members]
                 if mode == AD:
-                    jobs[name] = ad_steps(self.ad_target, prompts, **common)
+                    gen = ad_steps(self.ad_target, prompts, **common)
                 else:
-                    jobs[name] = sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common)
-                shares[name] = max(share, 1e-6)
+                    gen = sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common)
+                jobs[name] = (gen, max(share, 1e-6))
             if self.cfg.devices and len(jobs) > 1:
-                results = run_parallel(jobs, flush)
+                results = run_parallel({name: gen for name, (gen, _) in jobs.items()}, outbox.flush)
             else:
-                results = run_shared({name: (gen, shares[name]) for name, gen in jobs.items()}, flush)
+                results = run_shared(jobs, outbox.flush)
             if "sd" in results and np.isfinite(results["sd"].alpha_hat):
                 self.alpha = float(np.clip(0.7 * self.alpha + 0.3 * results["sd"].alpha_hat, 0.05, 0.99))
             for members in groups.values():
                 for r in members:
-                    complete(r)  # a row that ended without reaching its limit or EOS (none expected)
-            flush(force=True)
+                    outbox.complete(r)  # a row that ended without reaching its limit or EOS (none expected)
+            outbox.flush(force=True)
 
-    def _deliver(self, texts: list, ends: list[Request]) -> None:
+    def deliver(self, texts: list, ends: list[Request]) -> None:
         """Event loop: hand streamed text to the waiting responses, then end finished requests."""
         for queue, text in texts:
             queue.put_nowait(text)
