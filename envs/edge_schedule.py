@@ -25,7 +25,8 @@ throughput).
 
 ``action_masks()`` (sb3-contrib convention, True = allowed) returns exactly the actions that keep
 the plan feasible under the exact check; reject is always allowed. An action outside the mask is
-accepted, **treated as reject**, and flagged with ``info["invalid_action"] = True``.
+accepted, **treated as reject**, and flagged with ``info["invalid_action"] = True`` -- and so is
+one that names no action at all (negative, ``>= 2 + G``, non-integral such as 1.5, NaN).
 
 ## Observation Space
 
@@ -108,6 +109,43 @@ from envs.workload import Round, sample_round
 USER_FEATURES = 8
 BATCH_FEATURES = 6
 UPLINK_SCALE_S = 0.1
+
+
+def action_index(action: Any, num_actions: int) -> int:
+    """The action as an index in ``[0, num_actions)``, or -1 if it names no action.
+
+    Out-of-range, non-integral (1.5), non-finite and non-numeric actions name no action, so the
+    environment treats them as reject and flags them (DESIGN.md §3) instead of truncating or
+    clipping them onto a real action. An integral float (``np.float32(1.0)``) is that integer.
+    """
+    a = np.asarray(action)
+    if a.size != 1:
+        raise ValueError(f"action must be one integer in [0, {num_actions}), got an array of shape {a.shape}")
+    v = a.reshape(()).item()
+    if isinstance(v, bool | int):
+        i = int(v)
+    elif isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        i = int(v)
+    else:
+        return -1
+    return i if 0 <= i < num_actions else -1
+
+
+def action_indices(actions: Any, num_envs: int, num_actions: int) -> np.ndarray:
+    """:func:`action_index` for one action per sub-env: (num_envs,) int64, -1 where invalid."""
+    a = np.asarray(actions)
+    if a.size != num_envs:
+        raise ValueError(f"actions must hold one action per sub-env ({num_envs}), got shape {a.shape}")
+    a = a.reshape(num_envs)
+    if a.dtype == bool or np.issubdtype(a.dtype, np.integer):
+        idx = a.astype(np.int64)
+    elif np.issubdtype(a.dtype, np.floating):
+        # bounded before the cast: a huge float would wrap around to a valid int64
+        integral = np.isfinite(a) & (np.floor(a) == a) & (np.abs(a) < num_actions)
+        idx = np.where(integral, a, -1).astype(np.int64)
+    else:
+        idx = np.array([action_index(x, num_actions) for x in a], dtype=np.int64)
+    return np.where((idx >= 0) & (idx < num_actions), idx, -1)
 
 
 def observation_size(cfg: EnvConfig) -> int:
@@ -276,8 +314,8 @@ class EdgeScheduleEnv(gym.Env):
     def step(self, action):
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        a = int(action)
-        valid = self._plan.apply(a)
+        a = action_index(action, 2 + self.cfg.max_gamma)
+        valid = a >= 0 and self._plan.apply(a)
         t = self._t
         mode = REJECT if not valid or a == 0 else (AD if a == 1 else SD)
         self._modes[t] = mode
@@ -392,7 +430,8 @@ class EdgeScheduleVectorEnv(VectorEnv):
         return self._masks.copy()
 
     def step(self, actions):
-        actions = np.asarray(actions, dtype=np.int64).reshape(self.num_envs)
+        # -1 for an action outside Discrete(2 + G): the builder rejects it and it is flagged
+        actions = action_indices(actions, self.num_envs, 2 + self.cfg.max_gamma)
         resetting = self._needs_reset.copy()
         active = ~resetting
         # sub-envs that ended last step reset now (their action is ignored: act as reject)
