@@ -23,18 +23,11 @@ from agents.registry import make_scheduler
 from envs.config import EnvConfig
 from envs.feasibility import CostModel, check_plan
 from envs.outcome import evaluate_plan
-from envs.workload import Round, sample_round
+from envs.workload import Round, Split, make_rounds, round_rng
+
+__all__ = ["evaluate_schedulers", "format_summary", "make_rounds", "round_rng", "run", "summarize"]  # make_rounds/round_rng: moved to envs.workload, kept importable here
 
 OPTIMA = ("optimal", "exhaustive")
-
-
-def round_rng(seed: int, index: int, stream: int = 0) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, index, stream]))
-
-
-def make_rounds(cfg: EnvConfig, rounds: int, seed: int) -> list[Round]:
-    """The evaluation rounds: round ``r`` from the seed sequence ``(seed, r)``."""
-    return [sample_round(round_rng(seed, r), cfg) for r in range(rounds)]
 
 
 def evaluate_schedulers(
@@ -44,11 +37,15 @@ def evaluate_schedulers(
     seed: int = 0,
     gamma: int = 4,
     progress: bool = False,
+    split: Split = "test",
     **options: Any,
 ) -> pd.DataFrame:
-    """One row per (scheduler, round). Every plan is checked with the exact feasibility test."""
+    """One row per (scheduler, round). Every plan is checked with the exact feasibility test.
+
+    ``rounds`` is a list of rounds, or a number of rounds of the ``split`` stream from ``seed``.
+    """
     cost = CostModel.from_config(cfg)
-    rnds = make_rounds(cfg, rounds, seed) if isinstance(rounds, int) else list(rounds)
+    rnds = make_rounds(cfg, rounds, seed, split=split) if isinstance(rounds, int) else list(rounds)
     rows = []
     for name in schedulers:
         sched = make_scheduler(name, cost, cfg, gamma=gamma, seed=seed, **options)

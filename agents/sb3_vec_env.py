@@ -4,6 +4,11 @@ SB3 does not use Gymnasium vector envs: it wants its own ``VecEnv`` with same-st
 ``infos[i]["terminal_observation"]`` and Monitor-style ``infos[i]["episode"]``. This adapter gives
 exactly that around :class:`envs.edge_schedule.EdgeScheduleVectorEnv` (``autoreset_mode="same_step"``),
 plus ``env_method("action_masks")`` for MaskablePPO.
+
+Training rounds come from the **train** stream (``envs.workload.train_env_seeds``): ``seed(s)``
+(which SB3 calls with the algorithm's seed) gives sub-env ``i`` the train-stream generator
+``(s, i, stage, start_step)``, so no training round is ever a validation or test round. An env
+that is never seeded draws a random train-stream seed.
 """
 
 from __future__ import annotations
@@ -16,14 +21,19 @@ import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
 from envs.edge_schedule import EdgeScheduleVectorEnv
+from envs.workload import train_env_seeds
 
 FINAL_KEYS = ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma", "z", "lam")
 
 
 class EdgeScheduleSB3VecEnv(VecEnv):
-    def __init__(self, num_envs: int, env_kwargs: dict[str, Any]):
+    def __init__(self, num_envs: int, env_kwargs: dict[str, Any], stage: int = 0, start_step: int = 0):
+        """``stage`` (curriculum stage) and ``start_step`` (timestep a resumed run starts at) select fresh train rounds."""
         self.venv = EdgeScheduleVectorEnv(num_envs=num_envs, autoreset_mode="same_step", **env_kwargs)
         super().__init__(num_envs, self.venv.single_observation_space, self.venv.single_action_space)
+        self.stage = stage
+        self.start_step = start_step
+        self.seed(None)
         self._actions = np.zeros(num_envs, dtype=np.int64)
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
@@ -33,9 +43,16 @@ class EdgeScheduleSB3VecEnv(VecEnv):
     def cfg(self):
         return self.venv.cfg
 
+    def seed(self, seed: int | None = None) -> list[int]:
+        """Seed sub-env ``i`` with train-stream generator ``(seed, i, stage, start_step)`` at the next reset."""
+        if seed is None:
+            seed = int(np.random.default_rng().integers(0, 2**32))
+        self._seeds = train_env_seeds(int(seed), self.num_envs, self.stage, self.start_step)
+        return list(self._seeds)
+
     def reset(self, rounds=None):
-        seed = self._seeds[0] if self._seeds[0] is not None else None
-        obs, _ = self.venv.reset(seed=seed, options={"rounds": rounds} if rounds is not None else None)
+        seeds = list(self._seeds) if self._seeds[0] is not None else None
+        obs, _ = self.venv.reset(seed=seeds, options={"rounds": rounds} if rounds is not None else None)
         self._reset_seeds()
         self._returns[:] = 0
         self._lengths[:] = 0

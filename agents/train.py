@@ -4,38 +4,49 @@
     python -m agents.train experiment=paper_k50            # the shipped policy's recipe
     python -m agents.train -m hydra/launcher=joblib seed=0,1,2 agent=maskable_ppo,ppo
 
-Writes to ``DIR`` (Hydra's run folder unless ``output_dir`` is set):
+Three disjoint round streams (``envs.workload``): the policy trains on the **train** stream
+(seed ``seed``), ``model.zip`` is chosen on ``eval.rounds`` **validation** rounds, and the final
+table is on ``eval.final_rounds`` **test** rounds -- the stream every published table uses.
 
-* ``model.zip`` -- the best policy on the held-out rounds (``last_model.zip``: the last one),
-  ``policy.json`` (algorithm + env config), ``policy.onnx`` (mask-aware export);
-* ``config.yaml`` -- the resolved config; ``progress.csv`` / ``tb/`` / ``wandb/`` -- learning curves;
-* ``checkpoints/`` -- periodic checkpoints (``resume=...`` continues from one);
-* ``eval.csv`` + ``eval_summary.{csv,md}`` -- the policy against BALANCE and the baselines on
-  ``eval.final_rounds`` held-out rounds (``agents.evaluate``).
+Writes to ``DIR`` (``output_dir``, else Hydra's run folder), everything atomically:
+
+* ``model.zip`` -- the best policy on the validation rounds (``last_model.zip``: the last one),
+  ``policy.json`` (algorithm, env config, the round streams used), ``policy.onnx`` (mask-aware export);
+* ``config.yaml`` -- the resolved config, ``.hydra/`` -- Hydra's record (config, overrides), ``train.log``;
+* ``progress.csv`` / ``tb/`` / ``wandb/`` -- learning curves; every evaluation row carries its timestep;
+* ``checkpoints/`` -- a checkpoint every ``checkpoint_freq`` timesteps (default: every 10 % of the
+  run); ``resume=CKPT`` continues from one and appends to ``progress.csv``;
+* ``eval.csv`` + ``eval_summary.{csv,md}`` -- the policy against BALANCE and the baselines on the
+  test rounds, with paired differences to BALANCE (``agents.evaluate``).
 
 One entry point in the manner of CleanRL's ``ppo.py``: typed, validated config; explicit seeding;
-steps/s logged (``time/fps``); periodic evaluation on a fixed held-out set of rounds, logged as
-served fraction and ratio to BALANCE.
+steps/s logged (``time/fps``); ``threads`` torch threads (default 1: see ``agents/threads.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
+from omegaconf import OmegaConf
 
-from agents.evaluate import evaluate_schedulers, format_summary, make_rounds, summarize
+from agents.artefacts import save_model_atomic, write_csv_atomic, write_text_atomic
+from agents.evaluate import evaluate_schedulers, format_summary, summarize
 from agents.policy import algo_class
+from agents.threads import limit_threads
+from agents.train_callbacks import ValidateAndCheckpoint, ValidationEvaluation
+from agents.train_log import WANDB_MODES, attach_writers, wandb_run
 from envs.config import EnvConfig
+from envs.workload import make_rounds
 
-WANDB_MODES = ("offline", "online", "disabled")
+# conf/train.yaml: ``hydra.run.dir: ${specsched_or:${output_dir},outputs/train/...}`` -- the run's
+# whole record (.hydra/, log, artefacts) goes to output_dir when it is set
+if not OmegaConf.has_resolver("specsched_or"):
+    OmegaConf.register_new_resolver("specsched_or", lambda value, default: default if value is None else value)
 
 
 class TrainConfigError(ValueError):
@@ -54,7 +65,7 @@ class AgentConfig:
 class EvalConfig:
     rounds: int = 100
     freq: int = 20000
-    seed: int = 1000003
+    seed: int = 1000003  #: seed of the validation stream (model.zip) and of the test stream (eval.csv): disjoint by construction
     final_rounds: int = 500
     final_schedulers: list = field(default_factory=lambda: ["balance", "ad_only", "sd_only", "greedy"])
 
@@ -69,10 +80,11 @@ class TrainConfig:
     total_timesteps: int = 100000
     n_envs: int = 16
     resume: str | None = None
-    checkpoint_freq: int = 50000
+    checkpoint_freq: int | None = None  #: timesteps between checkpoints; None = every 10 % of total_timesteps; 0 = none
     progress_bar: bool = True
     export_onnx: bool = True
     gamma: int = 4
+    threads: int = 1  #: torch / BLAS threads (agents/threads.py: more threads is slower on a shared machine)
     curriculum: list = field(default_factory=list)  #: K of earlier stages, e.g. [12, 30]; the last stage is env.num_users
 
     @classmethod
@@ -80,7 +92,7 @@ class TrainConfig:
         cfg = dict(cfg)
         cfg.pop("profile", None)  # the profile group's data; env.profile names it
         cfg.pop("output_dir", None)
-        top = {"env", "agent", "eval", "logger", "seed", "total_timesteps", "n_envs", "resume", "checkpoint_freq", "progress_bar", "export_onnx", "gamma", "curriculum"}
+        top = {"env", "agent", "eval", "logger", "seed", "total_timesteps", "n_envs", "resume", "checkpoint_freq", "progress_bar", "export_onnx", "gamma", "threads", "curriculum"}
         unknown = sorted(set(cfg) - top)
         if unknown:
             raise TrainConfigError(f"unknown train config key(s) {unknown}; known: {sorted(top)}")
@@ -107,7 +119,10 @@ class TrainConfig:
         need("seed", isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0", self.seed)
         need("total_timesteps", isinstance(self.total_timesteps, int) and self.total_timesteps >= 1, "an integer >= 1", self.total_timesteps)
         need("n_envs", isinstance(self.n_envs, int) and 1 <= self.n_envs <= 4096, "an integer in [1, 4096]", self.n_envs)
-        need("checkpoint_freq", isinstance(self.checkpoint_freq, int) and self.checkpoint_freq >= 0, "an integer >= 0 (0 = none)", self.checkpoint_freq)
+        need("checkpoint_freq", self.checkpoint_freq is None or (isinstance(self.checkpoint_freq, int) and self.checkpoint_freq >= 0), "null (every 10 % of the run) or an integer >= 0 (0 = none)", self.checkpoint_freq)
+        need("threads", isinstance(self.threads, int) and not isinstance(self.threads, bool) and 1 <= self.threads <= 1024, "an integer in [1, 1024]", self.threads)
+        need("seed", self.seed < 2**32, "an integer in [0, 2**32)", self.seed)
+        need("eval.seed", isinstance(self.eval.seed, int) and 0 <= self.eval.seed < 2**32, "an integer in [0, 2**32)", self.eval.seed)
         need("gamma", isinstance(self.gamma, int) and 1 <= self.gamma <= self.env.max_gamma, f"an integer in [1, env.max_gamma={self.env.max_gamma}]", self.gamma)
         need("eval.rounds", isinstance(self.eval.rounds, int) and self.eval.rounds >= 1, "an integer >= 1", self.eval.rounds)
         need("eval.freq", isinstance(self.eval.freq, int) and self.eval.freq >= 0, "an integer >= 0 (0 = only at the end)", self.eval.freq)
@@ -130,130 +145,63 @@ def _dataclass(cls, values: dict, where: str):
     return cls(**(values or {}))
 
 
-# ------------------------------------------------------------------------------------------ logging
-def _wandb_run(logger_cfg: dict, out: Path, config: dict, name: str):
-    wb = logger_cfg.get("wandb")
-    if wb is None:
-        return None
-    mode = os.environ.get("WANDB_MODE") or wb.get("mode", "offline")  # the variable wins
-    if mode == "disabled":
-        return None
-    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
-    os.environ.setdefault("WANDB_SILENT", "true")
-    import wandb
-
-    return wandb.init(project=wb.get("project", "specsched"), entity=wb.get("entity"), tags=list(wb.get("tags") or []), name=name, mode=mode, dir=str(out), config=config)
-
-
-def _writers(model, out: Path, logger_cfg: dict, run) -> None:
-    from stable_baselines3.common.logger import (
-        CSVOutputFormat,
-        HumanOutputFormat,
-        KVWriter,
-        Logger,
-        TensorBoardOutputFormat,
-    )
-
-    # progress.csv at the top of the run folder, TensorBoard events in tb/
-    formats = [HumanOutputFormat(sys.stdout), CSVOutputFormat(str(out / "progress.csv"))]
-    if logger_cfg.get("tensorboard"):
-        formats.append(TensorBoardOutputFormat(str(out / "tb")))
-    logger = Logger(str(out), formats)
-    if run is not None:
-
-        class WandbWriter(KVWriter):
-            """SB3 scalars to W&B, stepped by environment timesteps (not W&B's own counter)."""
-
-            def write(self, key_values, key_excluded, step=0):
-                run.log({k: v for k, v in key_values.items() if isinstance(v, int | float | np.floating | np.integer)}, step=int(step))
-
-            def close(self):
-                pass
-
-        logger.output_formats.append(WandbWriter())
-    model.set_logger(logger)
-
-
-# ------------------------------------------------------------------------------------------ eval
-class HeldOutEvaluation:
-    """The policy (deterministic, masked) on a fixed set of held-out rounds, in one vector env."""
-
-    def __init__(self, cfg: TrainConfig):
-        from envs.edge_schedule import EdgeScheduleVectorEnv
-
-        self.rounds = make_rounds(cfg.env, cfg.eval.rounds, cfg.eval.seed)
-        self.venv = EdgeScheduleVectorEnv(num_envs=len(self.rounds), **cfg.env.to_dict())
-        # BALANCE's users served on the realised values (not just admitted: they differ under noise)
-        balance = evaluate_schedulers(cfg.env, ["balance"], rounds=self.rounds, seed=cfg.eval.seed, gamma=cfg.gamma)
-        self.balance_served = float(balance.served.mean())
-        self.masked = cfg.agent.algo == "maskable_ppo"
-
-    def __call__(self, model) -> tuple[float, float]:
-        """(served fraction, ratio to BALANCE) of ``model`` on the held-out rounds."""
-        obs, _ = self.venv.reset(seed=0, options={"rounds": self.rounds})
-        served = None
-        for _ in range(self.venv.cfg.num_users):
-            if self.masked:
-                actions, _ = model.predict(obs, action_masks=self.venv.action_masks(), deterministic=True)
-            else:
-                actions, _ = model.predict(obs, deterministic=True)
-            obs, _, term, _, info = self.venv.step(actions)
-            if term.all():
-                served = info["served"]
-        mean = float(np.mean(served))
-        return mean / self.venv.cfg.num_users, mean / max(self.balance_served, 1e-9)
-
-
-def _callback(cfg: TrainConfig, out: Path, evaluation: HeldOutEvaluation | None):
-    from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback
-
-    class EvalAgainstBalance(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.best = -1.0
-            self.next_at = cfg.eval.freq
-
-        def _on_step(self) -> bool:
-            if evaluation is not None and cfg.eval.freq > 0 and self.num_timesteps >= self.next_at:
-                self.next_at += cfg.eval.freq
-                self.evaluate()
-            return True
-
-        def evaluate(self) -> None:
-            frac, ratio = evaluation(self.model)
-            self.logger.record("eval/served_frac", frac)
-            self.logger.record("eval/ratio_to_balance", ratio)
-            if frac > self.best:
-                self.best = frac
-                self.model.save(out / "model.zip")
-            self.logger.dump(self.num_timesteps)
-
-    callbacks = [EvalAgainstBalance()]
-    if cfg.checkpoint_freq > 0:
-        callbacks.append(CheckpointCallback(save_freq=max(cfg.checkpoint_freq // cfg.n_envs, 1), save_path=str(out / "checkpoints"), name_prefix="model"))
-    return CallbackList(callbacks), callbacks[0]
-
-
 # ------------------------------------------------------------------------------------------ train
+def rollout_timesteps(model, n_envs: int) -> int:
+    """Timesteps ``model.learn`` adds per collection: it stops only at whole collections."""
+    n_steps = getattr(model, "n_steps", None)
+    if n_steps:  # on-policy: whole rollouts
+        return int(n_steps) * n_envs
+    freq = getattr(model, "train_freq", None)
+    if freq is not None and getattr(freq.unit, "value", "") == "step":  # off-policy, trained every `frequency` steps
+        return int(freq.frequency) * n_envs
+    return n_envs
+
+
+def _round_up(steps: int, chunk: int) -> int:
+    return -(-steps // chunk) * chunk
+
+
+def _best_validation(progress_csv: Path) -> float:
+    """The best validation served fraction logged so far (-1 when none)."""
+    import pandas as pd
+
+    if not progress_csv.is_file() or progress_csv.stat().st_size == 0:
+        return -1.0
+    col = pd.read_csv(progress_csv).get("eval/served_frac")
+    return float(col.max()) if col is not None and col.notna().any() else -1.0
+
+
+def _metadata(cfg: TrainConfig, stages: list[int], start_step: int) -> dict[str, Any]:
+    """``policy.json``: what the scheduler needs to load, and which round streams the run used."""
+    return {
+        "algo": cfg.agent.algo,
+        "env": cfg.env.to_dict(),
+        "seed": cfg.seed,
+        "threads": cfg.threads,
+        "streams": {
+            "scheme": "envs.workload.stream_seed_sequence (numpy SeedSequence; spawn key: train 2, validation 1, test none)",
+            "train": {"seed": cfg.seed, "sub_envs": cfg.n_envs, "stages": list(range(len(stages))), "num_users": stages, "start_step": start_step},
+            "validation": {"seed": cfg.eval.seed, "rounds": cfg.eval.rounds, "used_for": "checkpoint selection (model.zip)"},
+            "test": {"seed": cfg.eval.seed, "rounds": cfg.eval.final_rounds, "used_for": "eval.csv / eval_summary (reported)"},
+        },
+    }
+
+
 def train(raw: dict, out: str | Path) -> dict[str, Any]:
     """Train per ``raw`` (a plain dict as Hydra resolves it) into folder ``out``; returns a summary."""
     cfg = TrainConfig.from_dict(raw)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    import torch
+    limit_threads(cfg.threads)  # before any torch work (see agents/threads.py)
     from stable_baselines3.common.utils import set_random_seed
 
     from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
 
     set_random_seed(cfg.seed)
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
-    (out / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    meta = {"algo": cfg.agent.algo, "env": cfg.env.to_dict(), "seed": cfg.seed}
-    (out / "policy.json").write_text(json.dumps(meta, indent=2))
+    write_text_atomic(out / "config.yaml", yaml.safe_dump(raw, sort_keys=False))
 
-    env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.to_dict())
-    env.seed(cfg.seed)
     algo = algo_class(cfg.agent.algo)
+    env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.replace(num_users=([*cfg.curriculum, cfg.env.num_users][0] if not cfg.resume else cfg.env.num_users)).to_dict())
     if cfg.resume:
         model = algo.load(cfg.resume, env=env, device="cpu")
     else:
@@ -261,44 +209,63 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
             model = algo(cfg.agent.policy, env, seed=cfg.seed, device="cpu", verbose=0, policy_kwargs={"net_arch": list(cfg.agent.net_arch)}, **cfg.agent.hyperparams)
         except TypeError as err:
             raise TrainConfigError(f"agent.hyperparams not accepted by {cfg.agent.algo}: {err}") from None
-    run = _wandb_run(cfg.logger, out, raw, name=f"{cfg.agent.algo}-k{cfg.env.num_users}-s{cfg.seed}")
-    _writers(model, out, cfg.logger, run)
-
-    evaluation = HeldOutEvaluation(cfg) if cfg.eval.rounds > 0 else None
-    callback, evaluator = _callback(cfg, out, evaluation)
-    start = time.perf_counter()
-    remaining = cfg.total_timesteps - (model.num_timesteps if cfg.resume else 0)
+    start_step = int(model.num_timesteps) if cfg.resume else 0
+    # training rounds: the train stream, fresh for a resumed run (it never replays its first rounds)
+    env.start_step = start_step
+    env.seed(cfg.seed)
     # curriculum over K: equal shares of the budget on growing rounds, the configured K last
     stages = [*cfg.curriculum, cfg.env.num_users] if not cfg.resume else [cfg.env.num_users]
+    write_text_atomic(out / "policy.json", json.dumps(_metadata(cfg, stages, start_step), indent=2))
+
+    run = wandb_run(cfg.logger, out, raw, name=f"{cfg.agent.algo}-k{cfg.env.num_users}-s{cfg.seed}")
+    attach_writers(model, out, cfg.logger, run, append=bool(cfg.resume))
+
+    evaluation = ValidationEvaluation(cfg.env, cfg.eval.rounds, cfg.eval.seed, cfg.gamma, masked=cfg.agent.algo == "maskable_ppo") if cfg.eval.rounds > 0 else None
+    checkpoint_freq = cfg.checkpoint_freq if cfg.checkpoint_freq is not None else max(cfg.total_timesteps // 10, 1)
+    callback = ValidateAndCheckpoint(out, evaluation, cfg.eval.freq, checkpoint_freq, start=start_step)
+    if cfg.resume and (out / "model.zip").exists():
+        callback.best = _best_validation(out / "progress.csv")  # model.zip is replaced only by a better policy
+    chunk = rollout_timesteps(model, cfg.n_envs)
+    remaining = cfg.total_timesteps - start_step
+    plan = []
     for i, k in enumerate(stages):
-        steps = remaining // len(stages) if i < len(stages) - 1 else remaining - (remaining // len(stages)) * (len(stages) - 1)
+        share = remaining // len(stages) if i < len(stages) - 1 else remaining - (remaining // len(stages)) * (len(stages) - 1)
+        plan.append((i, k, _round_up(share, chunk) if share > 0 else 0))
+    total = start_step + sum(steps for _, _, steps in plan)
+    print(f"[train] {cfg.agent.algo}, K={cfg.env.num_users}: timesteps {start_step:,} -> {total:,} (whole collections of {chunk:,}; asked {cfg.total_timesteps:,}), {cfg.threads} thread(s) -> {out}", flush=True)
+    start = time.perf_counter()
+    for i, k, steps in plan:
         if steps <= 0:
             continue
-        if len(stages) > 1:
-            stage_env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.replace(num_users=k).to_dict())
-            stage_env.seed(cfg.seed + i)
+        if i > 0:
+            stage_env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.replace(num_users=k).to_dict(), stage=i, start_step=start_step)
+            stage_env.seed(cfg.seed)
             model.set_env(stage_env)
+        if len(stages) > 1:
             model.logger.record("curriculum/num_users", k)
+        # ``steps`` is whole collections, so the progress bar's total is the real one
         model.learn(total_timesteps=steps, callback=callback, progress_bar=cfg.progress_bar, reset_num_timesteps=bool(i == 0 and not cfg.resume))
     train_s = time.perf_counter() - start
-    model.save(out / "last_model.zip")
+    save_model_atomic(model, out / "last_model.zip")
     if evaluation is not None:
-        evaluator.evaluate()  # the final policy competes for model.zip too
+        callback.evaluate()  # the final policy competes for model.zip too
     if not (out / "model.zip").exists():
-        model.save(out / "model.zip")
+        save_model_atomic(model, out / "model.zip")
 
-    summary: dict[str, Any] = {"train_s": train_s, "timesteps": int(model.num_timesteps), "steps_per_s": model.num_timesteps / max(train_s, 1e-9) if not cfg.resume else None}
+    trained = int(model.num_timesteps) - start_step
+    summary: dict[str, Any] = {"train_s": train_s, "timesteps": int(model.num_timesteps), "trained_timesteps": trained, "steps_per_s": trained / max(train_s, 1e-9)}
     if cfg.export_onnx:
         from agents.export import export_onnx
 
         summary["onnx"] = str(export_onnx(out))
     if cfg.eval.final_rounds > 0:
         names = list(dict.fromkeys([*cfg.eval.final_schedulers, "policy"]))
-        df = evaluate_schedulers(cfg.env, names, rounds=make_rounds(cfg.env, cfg.eval.final_rounds, cfg.eval.seed), seed=cfg.eval.seed, gamma=cfg.gamma, progress=cfg.progress_bar, policy_path=str(out))
-        df.to_csv(out / "eval.csv", index=False)
+        test_rounds = make_rounds(cfg.env, cfg.eval.final_rounds, cfg.eval.seed, split="test")
+        df = evaluate_schedulers(cfg.env, names, rounds=test_rounds, seed=cfg.eval.seed, gamma=cfg.gamma, progress=cfg.progress_bar, policy_path=str(out))
+        write_csv_atomic(df, out / "eval.csv")
         table = summarize(df)
-        table.to_csv(out / "eval_summary.csv", index=False)
-        (out / "eval_summary.md").write_text(format_summary(table) + "\n")
+        write_csv_atomic(table, out / "eval_summary.csv")
+        write_text_atomic(out / "eval_summary.md", format_summary(table) + "\n")
         summary["table"] = table
         if run is not None:
             import wandb
@@ -312,12 +279,17 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
 def _main() -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
 
     @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
     def app(cfg) -> None:
         raw = OmegaConf.to_container(cfg, resolve=True)
-        out = raw.get("output_dir") or HydraConfig.get().runtime.output_dir
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN and raw.get("output_dir"):
+            raise TrainConfigError("output_dir names one run's folder: with -m (multirun) set hydra.sweep.dir instead")
+        # conf/train.yaml makes Hydra's run folder output_dir, so .hydra/ and train.log land there too
+        out = hc.runtime.output_dir
         summary = train(raw, out)
         print(f"trained {summary['timesteps']} steps in {summary['train_s']:.0f} s -> {out}")
         if "table" in summary:

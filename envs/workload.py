@@ -9,6 +9,7 @@ configured error model (equal to the predictions by default) so that a round is 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Literal
 
 import numpy as np
 from scipy import stats
@@ -116,3 +117,73 @@ def sample_round(rng: np.random.Generator, cfg: EnvConfig, num_users: int | None
         _, down = link_rates_bps(d, cfg)
         rnd.realized_downlink_s = transfer_time_s(rnd.realized_output_tokens, down, cfg)
     return rnd
+
+
+# ------------------------------------------------------------------------------------ round streams
+#: The three disjoint round streams. ``train`` feeds the training environments; ``validation``
+#: chooses checkpoints, stops early and tunes hyperparameters; ``test`` is the only stream any
+#: published table reports. A round belongs to one stream by how its generator is seeded (below).
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+#: numpy's SeedSequence spawn key of each stream: the 5th entropy word. ``test`` has none, so its
+#: rounds are exactly the historical ``SeedSequence([seed, r, 0])`` rounds every table was made on.
+SPAWN_KEY: dict[str, tuple[int, ...]] = {"test": (), "validation": (1,), "train": (2,)}
+WORD = 2**32  #: seeds, indices, stages and start steps are single 32-bit entropy words
+
+
+def _word(name: str, value: int) -> int:
+    if not isinstance(value, int | np.integer) or isinstance(value, bool) or not 0 <= int(value) < WORD:
+        raise ValueError(f"{name} must be an integer in [0, 2**32), got {value!r}")
+    return int(value)
+
+
+def stream_seed_sequence(split: Split, seed: int, index: int, stage: int = 0, start_step: int = 0) -> np.random.SeedSequence:
+    """The seed sequence of round ``index`` of ``split`` (train: of training sub-env ``index``).
+
+    Entropy is ``[seed, index, stage, start_step]`` and the spawn key names the split, so two
+    streams never share a generator whatever their seeds: train and validation differ from each
+    other and from test (which has no spawn key) in the 5th assembled entropy word. ``stage`` and
+    ``start_step`` (train only) give a curriculum stage or a resumed run fresh training rounds.
+    """
+    if split not in SPAWN_KEY:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    words = [_word("seed", seed), _word("index", index)]
+    if split == "train":
+        words += [_word("stage", stage), _word("start_step", start_step)]
+    elif stage or start_step:
+        raise ValueError(f"stage and start_step apply to the train stream only, got split={split!r}")
+    return np.random.SeedSequence(words, spawn_key=SPAWN_KEY[split])
+
+
+def split_rng(split: Split, seed: int, index: int) -> np.random.Generator:
+    """The generator of round ``index`` of a validation or test stream."""
+    if split == "train":
+        raise ValueError("the train stream is one generator per training sub-env: use train_env_seeds()")
+    return np.random.default_rng(stream_seed_sequence(split, seed, index))
+
+
+def train_env_seeds(seed: int, num_envs: int, stage: int = 0, start_step: int = 0) -> list[int]:
+    """Integer seeds for the ``num_envs`` training sub-envs, one train-stream generator each.
+
+    A vector env seeds sub-env ``i`` with ``SeedSequence(int)``; this int's 32-bit words are
+    ``[seed, i, stage, start_step, 2]``, which is exactly ``stream_seed_sequence("train", seed, i,
+    stage, start_step)`` (numpy pads entropy to 4 words before the spawn key).
+    """
+    _word("num_envs", num_envs)
+    tag = SPAWN_KEY["train"][0]
+    base = _word("seed", seed) + (_word("stage", stage) << 64) + (_word("start_step", start_step) << 96) + (tag << 128)
+    return [base + (i << 32) for i in range(num_envs)]
+
+
+def round_rng(seed: int, index: int, stream: int = 0) -> np.random.Generator:
+    """Generator ``(seed, index, stream)``: stream 0 draws test round ``index``; others draw outcomes."""
+    return np.random.default_rng(np.random.SeedSequence([seed, index, stream]))
+
+
+def make_rounds(cfg: EnvConfig, rounds: int, seed: int, split: Split = "test") -> list[Round]:
+    """Rounds ``0 .. rounds-1`` of the ``split`` stream from ``seed`` (round ``r`` depends only on ``r``)."""
+    if split == "train":
+        raise ValueError("make_rounds draws validation or test rounds; training rounds come from train_env_seeds()")
+    if split == "test":  # the historical rounds: SeedSequence([seed, r, 0]) == stream_seed_sequence("test", seed, r)
+        return [sample_round(round_rng(seed, r), cfg) for r in range(rounds)]
+    return [sample_round(split_rng(split, seed, r), cfg) for r in range(rounds)]

@@ -5,9 +5,10 @@
 
 Defaults: ``conf/train.yaml`` with ``experiment=quick`` (MaskablePPO, K = 12, 60k decisions:
 a few minutes on 2 CPUs; W&B offline). Then every scheduler -- the trained policy, BALANCE,
-AD-only, SD-only, greedy and the exact optimum (cheap at K = 12) -- plans the same held-out rounds;
-the table is printed and saved, and two plots are written: served fraction per scheduler, and the
-learning curve against BALANCE.
+AD-only, SD-only, greedy and the exact optimum (cheap at K = 12) -- plans the same **test** rounds
+(``envs.workload``: the policy trained on the train stream and was chosen on validation rounds);
+the table, with each scheduler's paired difference to BALANCE, is printed and saved, and two plots
+are written: served fraction per scheduler, and the validation learning curve against BALANCE.
 """
 
 from __future__ import annotations
@@ -24,11 +25,32 @@ import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from agents.evaluate import evaluate_schedulers, format_summary, make_rounds, summarize  # noqa: E402
+from agents.artefacts import write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.evaluate import evaluate_schedulers, format_summary, summarize  # noqa: E402
 from agents.train import TrainConfig, train  # noqa: E402
+from envs.workload import make_rounds  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULERS = ["policy", "balance", "ad_only", "sd_only", "greedy", "optimal"]
+
+
+def learning_curve(progress_csv: Path) -> pd.DataFrame:
+    """Validation rows of ``progress.csv``: ``time/total_timesteps`` and ``eval/ratio_to_balance`` (may be empty)."""
+    cols = ["time/total_timesteps", "eval/served_frac", "eval/ratio_to_balance"]
+    if not progress_csv.is_file():
+        return pd.DataFrame(columns=cols)
+    prog = pd.read_csv(progress_csv)
+    if not set(cols) <= set(prog.columns):
+        return pd.DataFrame(columns=cols)
+    return prog.dropna(subset=cols)[cols].drop_duplicates(subset=["time/total_timesteps"], keep="last").sort_values("time/total_timesteps")
+
+
+def _savefig(fig, path: Path) -> Path:
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)  # atomic: a kill never leaves a half-written picture
+    plt.close(fig)
+    return path
 
 
 def plot(summary: pd.DataFrame, progress_csv: Path, out: Path) -> list[Path]:
@@ -41,30 +63,24 @@ def plot(summary: pd.DataFrame, progress_csv: Path, out: Path) -> list[Path]:
     for x, v in enumerate(summary.served_frac):
         ax.text(x, v + 0.02, f"{v:.3f}", ha="center", fontsize=8)
     fig.tight_layout()
-    paths.append(out / "served_fraction.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    if progress_csv.exists():
-        prog = pd.read_csv(progress_csv)
-        if "eval/ratio_to_balance" in prog:
-            curve = prog.dropna(subset=["eval/ratio_to_balance"])
-            fig, ax = plt.subplots(figsize=(6, 3.2))
-            ax.plot(curve["time/total_timesteps"], curve["eval/ratio_to_balance"], marker="o")
-            ax.axhline(1.0, color="grey", ls="--", label="BALANCE")
-            ax.set_xlabel("decisions (timesteps)")
-            ax.set_ylabel("served / BALANCE (held-out)")
-            ax.legend()
-            fig.tight_layout()
-            paths.append(out / "learning_curve.png")
-            fig.savefig(paths[-1], dpi=120)
-            plt.close(fig)
+    paths.append(_savefig(fig, out / "served_fraction.png"))
+    curve = learning_curve(progress_csv)
+    if len(curve):
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        ax.plot(curve["time/total_timesteps"], curve["eval/ratio_to_balance"], marker="o")
+        ax.axhline(1.0, color="grey", ls="--", label="BALANCE")
+        ax.set_xlabel("decisions (timesteps)")
+        ax.set_ylabel("served / BALANCE (validation)")
+        ax.legend()
+        fig.tight_layout()
+        paths.append(_savefig(fig, out / "learning_curve.png"))
     return paths
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="output folder (default outputs/main/TIMESTAMP)")
-    ap.add_argument("--rounds", type=int, default=100, help="held-out rounds in the comparison")
+    ap.add_argument("--rounds", type=int, default=100, help="test rounds in the comparison")
     ap.add_argument("--publish", action="store_true", help="also write results/main_job.md (the README's copy)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for conf/train.yaml, e.g. total_timesteps=20000")
     args = ap.parse_args(argv)
@@ -76,13 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[main] training {tc.agent.algo} on K={tc.env.num_users} for {tc.total_timesteps} decisions -> {out}")
     result = train(raw, out)
     print(f"[main] trained in {result['train_s']:.0f} s ({result['steps_per_s']:.0f} decisions/s)")
-    print(f"[main] comparing on {args.rounds} held-out rounds")
-    df = evaluate_schedulers(tc.env, SCHEDULERS, rounds=make_rounds(tc.env, args.rounds, tc.eval.seed), seed=tc.eval.seed, gamma=tc.gamma, progress=True, policy_path=str(out), time_limit_s=10.0)
-    df.to_csv(out / "comparison.csv", index=False)
+    print(f"[main] comparing on {args.rounds} test rounds")
+    df = evaluate_schedulers(tc.env, SCHEDULERS, rounds=make_rounds(tc.env, args.rounds, tc.eval.seed, split="test"), seed=tc.eval.seed, gamma=tc.gamma, progress=True, policy_path=str(out), time_limit_s=10.0)
+    write_csv_atomic(df, out / "comparison.csv")
     summary = summarize(df)
-    summary.to_csv(out / "comparison_summary.csv", index=False)
+    write_csv_atomic(summary, out / "comparison_summary.csv")
     table = format_summary(summary)
-    (out / "comparison_summary.md").write_text(table + "\n")
+    write_text_atomic(out / "comparison_summary.md", table + "\n")
     print(table)
     for p in plot(summary, out / "progress.csv", out):
         print(f"[main] wrote {p}")

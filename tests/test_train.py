@@ -82,22 +82,41 @@ def test_unknown_key_rejected_by_hydra():
         _compose("bogus=1")
 
 
-def test_tiny_training_end_to_end(tmp_path):
-    out = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "agents.train", "agent=maskable_ppo", "env.num_users=8", "total_timesteps=1024", "n_envs=4",
+def _tiny_cmd(out, *extra):
+    return [
+        sys.executable, "-m", "agents.train", "agent=maskable_ppo", "env.num_users=8", "total_timesteps=1000", "n_envs=4",
         "agent.hyperparams.n_steps=64", "agent.hyperparams.batch_size=128", "agent.hyperparams.n_epochs=2",
         "logger=disabled", f"output_dir={out}", "eval.rounds=8", "eval.freq=512", "eval.final_rounds=6",
-        "checkpoint_freq=512", "progress_bar=false", f"hydra.run.dir={tmp_path}/hydra",
+        "progress_bar=false", *extra,
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_tiny_training_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    res = subprocess.run(_tiny_cmd(out), capture_output=True, text=True, cwd=tmp_path, timeout=600, env=_pythonpath())
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("model.zip", "last_model.zip", "policy.json", "policy.onnx", "config.yaml", "eval.csv", "eval_summary.md", "progress.csv"):
         assert (out / name).exists(), name
-    assert list((out / "checkpoints").glob("*.zip"))
+    # the run's whole Hydra record is in output_dir, nothing in ./outputs
+    assert (out / ".hydra" / "config.yaml").exists() and (out / ".hydra" / "overrides.yaml").exists() and (out / "train.log").exists()
+    assert not (tmp_path / "outputs").exists()
+    # 1000 asked = 3.9 rollouts of 256: the real total (4 rollouts) is announced and trained
+    assert "timesteps 0 -> 1,024" in res.stdout and "trained 1024 steps" in res.stdout
+    # the default checkpoint frequency is 10 % of the run: about ten resumable checkpoints, no partial files
+    ckpts = sorted((out / "checkpoints").glob("*.zip"), key=lambda p: int(p.stem.split("_")[1]))
+    assert len(ckpts) >= 9 and not list((out / "checkpoints").glob(".*"))
+    # which round streams were used, recorded beside the policy
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["threads"] == 1
+    assert set(meta["streams"]) >= {"train", "validation", "test"} and meta["streams"]["validation"]["rounds"] == 8 and meta["streams"]["test"]["rounds"] == 6
     df = pd.read_csv(out / "eval.csv")
     assert set(df.scheduler) >= {"balance", "policy"}
-    assert "eval/ratio_to_balance" in (out / "progress.csv").read_text()
+    # every evaluation row carries its timestep: the learning curve has points
+    from experiments.main import learning_curve
+
+    curve = learning_curve(out / "progress.csv")
+    assert len(curve) >= 2 and curve["time/total_timesteps"].is_monotonic_increasing and curve["time/total_timesteps"].max() == 1024
+    rows_before = len(pd.read_csv(out / "progress.csv"))
 
     # the policy is a scheduler for agents.evaluate, on the same rounds as the others
     csv = tmp_path / "e.csv"
@@ -105,12 +124,51 @@ def test_tiny_training_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert set(pd.read_csv(csv).scheduler) == {"balance", "policy"}
 
-    # resume from a checkpoint continues the step count
-    ckpt = sorted((out / "checkpoints").glob("*.zip"))[0]
-    out2 = tmp_path / "resumed"
-    res = subprocess.run(cmd[:-1] + [f"resume={ckpt}", "total_timesteps=1536", f"output_dir={out2}", "export_onnx=false", "eval.final_rounds=0"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    # resume from a checkpoint into the same folder: continues the step count, appends to progress.csv
+    ckpt = next(p for p in ckpts if int(p.stem.split("_")[1]) >= 500)
+    res = subprocess.run(_tiny_cmd(out, f"resume={ckpt}", "total_timesteps=1536", "export_onnx=false", "eval.final_rounds=0"), capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "trained 1536 steps" in res.stdout
+    start = int(ckpt.stem.split("_")[1])
+    end = start + -(-(1536 - start) // 256) * 256  # whole rollouts from the checkpoint's step
+    assert f"trained {end} steps" in res.stdout
+    prog = pd.read_csv(out / "progress.csv")
+    assert len(prog) > rows_before and prog["time/total_timesteps"].iloc[:rows_before].max() == 1024
+    assert prog["time/total_timesteps"].max() == end
+    assert json.loads((out / "policy.json").read_text())["streams"]["train"]["start_step"] == int(ckpt.stem.split("_")[1])
+
+
+def _pythonpath():
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_output_dir_with_multirun_is_refused(tmp_path):
+    cmd = [sys.executable, "-m", "agents.train", "-m", "seed=0", f"output_dir={tmp_path}/x", "total_timesteps=64", "logger=disabled", f"hydra.sweep.dir={tmp_path}/sweep"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode != 0 and "hydra.sweep.dir" in res.stderr
+
+
+@pytest.mark.parametrize("field,value", [("threads", 0), ("threads", "many"), ("checkpoint_freq", -5), ("seed", 2**32), ("eval.seed", -1)])
+def test_bad_thread_checkpoint_and_seed_values_named(field, value):
+    cfg = OmegaConf.to_container(_compose(), resolve=True)
+    if "." in field:
+        a, b = field.split(".")
+        cfg[a][b] = value
+    else:
+        cfg[field] = value
+    with pytest.raises(TrainConfigError, match=field.replace(".", r"\.")):
+        TrainConfig.from_dict(cfg)
+
+
+def test_limit_threads():
+    import torch
+
+    from agents.threads import limit_threads
+
+    assert limit_threads(1) == 1 and torch.get_num_threads() == 1
+    with pytest.raises(ValueError, match="threads"):
+        limit_threads(0)
 
 
 def test_curriculum_and_joblib_multirun(tmp_path):
@@ -164,9 +222,9 @@ def test_onnx_export_picks_the_same_actions(tmp_path, algo):
 
 def test_wandb_offline_writes_run_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    from agents.train import _wandb_run
+    from agents.train_log import wandb_run
 
-    run = _wandb_run({"wandb": {"mode": "offline", "project": "specsched-test"}}, tmp_path, {"a": 1}, "t")
+    run = wandb_run({"wandb": {"mode": "offline", "project": "specsched-test"}}, tmp_path, {"a": 1}, "t")
     run.log({"x": 1.0}, step=1)
     run.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*"))

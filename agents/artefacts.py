@@ -1,0 +1,53 @@
+"""Artefacts that survive a kill: every file is written beside its target and renamed over it.
+
+``os.replace`` is atomic on POSIX, so a SIGKILL at any instant leaves either the previous
+complete file or the new complete file -- never a truncated zip or a half-written CSV. The
+temporary name starts with a dot and ends in ``.tmp`` so that globbing ``*.zip`` / ``*.csv``
+never picks up a partial file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def _tmp_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` (fsynced temp file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    return write_bytes_atomic(path, text.encode())
+
+
+def write_csv_atomic(df: pd.DataFrame, path: str | Path, **kwargs: Any) -> Path:
+    """``df.to_csv(path)`` (``index=False`` unless given), atomically."""
+    kwargs.setdefault("index", False)
+    return write_text_atomic(path, df.to_csv(**kwargs))
+
+
+def save_model_atomic(model: Any, path: str | Path) -> Path:
+    """``model.save(path)`` for a stable-baselines3 model, atomically (SB3 itself writes in place)."""
+    buf = io.BytesIO()
+    model.save(buf)
+    return write_bytes_atomic(path, buf.getvalue())
