@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.model_choices import ModelChoices, choice_problem
+
 MAX_USERS_LIMIT = 4096
 KV_MEMORY_MODELS = ("per_user", "padded")
 USER_ORDERS = ("arrival", "deadline", "slack", "output", "slack_desc")
@@ -63,6 +65,11 @@ class EnvConfig:
     completion: str = "batch"  #: realised finish of a user: 'batch' (its batch's end, the paper) or 'own' (its own last token)
     sharing: str = "fixed"  #: realised compute sharing: 'fixed' (C / share, the paper) or 'work_conserving' (a finished batch's share goes to the other)
     reward_timing: str = "admission"  #: 'admission': +1 on admit, -1 at the end per late user; 'episode_end'
+    # --- cost-model choices studied against the paper (envs/model_choices.py; defaults = first principles)
+    draft_kv: str = "own"  #: 'own' (the draft's KV at its own size) or 'target' (at the target's size)
+    verify_flops_efficiency: float | None = None  #: null = roofline verify; e in (0, 1]: + its compute at e * peak, not overlapped
+    sd_user_workspace_bytes: float = 0.0  #: bytes each SD user holds beyond its KV (verify-pass workspace)
+    sd_overhead_bytes: float = 0.0  #: bytes the SD mode holds once beyond the SLM weights
 
     def __post_init__(self) -> None:
         self.validate()
@@ -114,6 +121,9 @@ class EnvConfig:
             raise bad("sharing", f"one of {list(SHARINGS)}", self.sharing)
         if self.reward_timing not in REWARD_TIMINGS:
             raise bad("reward_timing", f"one of {list(REWARD_TIMINGS)}", self.reward_timing)
+        problem = choice_problem(self.draft_kv, self.verify_flops_efficiency, self.sd_user_workspace_bytes, self.sd_overhead_bytes)
+        if problem:
+            raise ConfigError(f"env config {problem}")
         return self
 
     @staticmethod
@@ -129,6 +139,11 @@ class EnvConfig:
                 raise ConfigError(f"env config field '{name}' must hold integers, got {value!r}")
             return [int(a), int(b)]
         return [a, b]
+
+    @property
+    def model_choices(self) -> ModelChoices:
+        """The cost-model choices of this config (what ``CostModel.from_config`` applies)."""
+        return ModelChoices(self.draft_kv, self.verify_flops_efficiency, self.sd_user_workspace_bytes, self.sd_overhead_bytes)
 
     @property
     def k_max(self) -> int:

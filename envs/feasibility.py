@@ -26,6 +26,11 @@ Memory (bytes; ``kv_memory`` switch): LLM weights always, SLM weights iff SD has
 ``gamma`` extra SD tokens are the transient drafts held before rollback. The device reserve is
 taken off ``Q`` first.
 
+Alternative modelling choices (``envs.model_choices.ModelChoices``; defaults leave every number
+above unchanged): the draft's KV at the target's size (``kv_S := kv_L``), the verify pass's
+compute not overlapped (``+ J * F_L(b, gamma + 1, c + gamma) / (e * peak)`` in ``C_S``), a
+per-SD-user workspace (``+ b * w`` in SD memory) and a fixed SD-mode overhead (added to ``W_S``).
+
 Exact check (no search over z and lambda): with budgets ``beta_m = min_m (T_k - t_d,k) - max_m t_u,k``,
 a plan is feasible iff the memory fits and every non-empty mode has ``beta_m > 0`` and
 ``C_A / beta_A + C_S / beta_S <= 1``. Removing a user never breaks feasibility.
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.config import EnvConfig
+from envs.model_choices import ModelChoices
 from envs.plan import AD, SD, Plan
 from envs.profile import Profile, load_profile
 from envs.workload import Round
@@ -62,19 +68,33 @@ def sd_iterations(output_tokens, alpha, gamma):
 
 
 class CostModel:
-    """Batch times, memory and the memory budget of one profile on one device."""
+    """Batch times, memory and the memory budget of one profile on one device.
 
-    def __init__(self, profile: Profile, kv_memory: str = "per_user"):
+    ``choices`` selects alternative modelling choices (``envs.model_choices``); the default is the
+    first-principles model. Attributes a per-mode solver may price with: ``kv_l`` / ``kv_sd``
+    (bytes per KV token of an AD / SD user), ``sd_user_extra_tokens`` (further bytes per SD user,
+    in units of ``kv_sd``), ``w_s`` (bytes the SD mode holds once: SLM weights + overhead).
+    """
+
+    def __init__(self, profile: Profile, kv_memory: str = "per_user", choices: ModelChoices | None = None):
         if kv_memory not in ("per_user", "padded"):
             raise ValueError(f"kv_memory must be 'per_user' or 'padded', got {kv_memory!r}")
+        choices = ModelChoices() if choices is None else choices
         self.profile = profile
         self.kv_memory = kv_memory
+        self.choices = choices
         self.tau_l = profile.tau_llm
         self.tau_s = profile.tau_slm
         self.kv_l = profile.kv_llm_bytes
-        self.kv_sd = profile.kv_llm_bytes + profile.kv_slm_bytes
+        draft_kv = profile.kv_llm_bytes if choices.draft_kv == "target" else profile.kv_slm_bytes
+        self.kv_sd = profile.kv_llm_bytes + draft_kv
         self.w_l = profile.llm.weight_bytes
-        self.w_s = profile.slm.weight_bytes
+        self.w_s = profile.slm.weight_bytes + choices.sd_overhead_bytes if choices.sd_overhead_bytes else profile.slm.weight_bytes
+        self.sd_user_bytes = float(choices.sd_user_workspace_bytes)
+        self.sd_user_extra_tokens = self.sd_user_bytes / self.kv_sd  #: the per-SD-user workspace in KV tokens
+        # seconds per verify FLOP when verification's compute is not hidden under weight streaming
+        e = choices.verify_flops_efficiency
+        self.verify_s_per_flop = None if e is None else 1.0 / (e * profile.device.flops_per_s)
         self.memory_bytes = profile.device.memory_bytes
         self.reserve_bytes = profile.device.reserve_bytes
         self.engine = profile.engine
@@ -84,7 +104,7 @@ class CostModel:
         profile = load_profile(cfg.profile)
         if cfg.memory_bytes is not None:
             profile = profile.with_memory(cfg.memory_bytes)
-        return cls(profile, cfg.kv_memory)
+        return cls(profile, cfg.kv_memory, cfg.model_choices)
 
     # ---------------------------------------------------------------- memory
     def memory_budget(self, sd_used):
@@ -100,8 +120,10 @@ class CostModel:
     def sd_memory(self, b, s_max, n_max, sum_out, gamma):
         b = np.asarray(b, dtype=float)
         if self.kv_memory == "per_user":
-            return (b * (np.asarray(s_max, dtype=float) + gamma) + sum_out) * self.kv_sd
-        return b * (np.asarray(s_max, dtype=float) + n_max + gamma) * self.kv_sd
+            kv = (b * (np.asarray(s_max, dtype=float) + gamma) + sum_out) * self.kv_sd
+        else:
+            kv = b * (np.asarray(s_max, dtype=float) + n_max + gamma) * self.kv_sd
+        return kv + b * self.sd_user_bytes if self.sd_user_bytes else kv
 
     # ---------------------------------------------------------------- time
     def ad_time(self, b, s_max, n_max):
@@ -124,6 +146,8 @@ class CostModel:
         c = s + np.asarray(n_max, dtype=float) / 2.0
         prefill = self.tau_l.tau(bb, s, s) + self.tau_s.tau(bb, s, s)
         iteration = g * self.tau_s.tau(bb, 1.0, c) + self.tau_l.tau(bb, g + 1.0, c + g)
+        if self.verify_s_per_flop is not None:
+            iteration = iteration + self.profile.llm.flops(bb, g + 1.0, c + g) * self.verify_s_per_flop
         if self.engine is not None:
             iteration = iteration + self.engine.sd(bb, g)
         return np.where(b > 0, prefill + np.asarray(j_max, dtype=float) * iteration, 0.0)
@@ -149,6 +173,8 @@ class CostModel:
         c = s + float(n_max) / 2.0
         prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
         iteration = g * self.tau_s.tau1(b, 1.0, c) + self.tau_l.tau1(b, g + 1.0, c + g)
+        if self.verify_s_per_flop is not None:
+            iteration = iteration + float(self.profile.llm.flops(float(b), g + 1.0, c + g)) * self.verify_s_per_flop
         if self.engine is not None:
             iteration = iteration + float(self.engine.sd(b, g))
         return prefill + float(j_max) * iteration
@@ -160,8 +186,10 @@ class CostModel:
 
     def sd_memory1(self, b: int, s_max: int, n_max: int, sum_out: int, gamma: int) -> float:
         if self.kv_memory == "per_user":
-            return (float(b) * (float(s_max) + gamma) + sum_out) * self.kv_sd
-        return float(b) * (float(s_max) + n_max + gamma) * self.kv_sd
+            kv = (float(b) * (float(s_max) + gamma) + sum_out) * self.kv_sd
+        else:
+            kv = float(b) * (float(s_max) + n_max + gamma) * self.kv_sd
+        return kv + float(b) * self.sd_user_bytes if self.sd_user_bytes else kv
 
     def memory_budget1(self, sd_used: bool) -> float:
         return self.memory_bytes - self.reserve_bytes - self.w_l - float(sd_used) * self.w_s
