@@ -95,6 +95,19 @@ class GenerationResult:
         return self.generated / it if it else float("nan")
 
 
+@dataclass(frozen=True)
+class RowEnd:
+    """One prompt's row is finished: its own counters, the same ones its :class:`GenerationResult`
+    reports (the one definition of measured acceptance: accepted / (accepted + rejections))."""
+
+    row: int
+    tokens: int  #: generated tokens
+    eos: bool  #: ended at the end-of-sequence token (else at its token limit)
+    iterations: int = 0  #: SD iterations (0 for AD)
+    accepted: int = 0  #: accepted draft tokens
+    rejections: int = 0  #: iterations that ended in a rejection
+
+
 class _Sampler:
     def __init__(self, temperature: float, seed: int, device):
         if temperature < 0:
@@ -143,10 +156,11 @@ def ad_steps(
     pad_id: int = 0,
     seed: int = 0,
     on_tokens: Callable[[int, list[int]], None] | None = None,
+    on_finish: Callable[[RowEnd], None] | None = None,
 ) -> Generator[None, None, GenerationResult]:
     """Batched AD as a generator: it yields after every forward pass (so a caller can share the
     device between batches) and returns the :class:`GenerationResult`; ``on_tokens(row, ids)``
-    streams output."""
+    streams output and ``on_finish`` reports each row as soon as it is done."""
     device = next(model.parameters()).device
     limits = _limits(max_new_tokens, len(prompts))
     sampler = _Sampler(temperature, seed, device)
@@ -167,6 +181,8 @@ def ad_steps(
                 if on_tokens:
                     on_tokens(i, [t])
                 done[i] = len(out[i]) >= limits[i] or (eos_id is not None and t == eos_id)
+                if done[i] and on_finish:
+                    on_finish(RowEnd(i, len(out[i]), eos_id is not None and t == eos_id))
         if all(done):
             break
         yield
@@ -202,9 +218,11 @@ def sd_steps(
     pad_id: int = 0,
     seed: int = 0,
     on_tokens: Callable[[int, list[int]], None] | None = None,
+    on_finish: Callable[[RowEnd], None] | None = None,
 ) -> Generator[None, None, GenerationResult]:
     """Batched speculative decoding (module docstring) as a generator that yields after every
-    draft-verify iteration; lossless for greedy and for sampling."""
+    draft-verify iteration; lossless for greedy and for sampling. ``on_finish`` reports each row,
+    with its acceptance counters, as soon as it is done."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     device = next(target.parameters()).device
@@ -298,7 +316,10 @@ def sd_steps(
             out[i].extend(new)
             if on_tokens and new:
                 on_tokens(i, new)
-            done[i] = len(out[i]) >= limits[i] or (eos_id is not None and bool(new) and new[-1] == eos_id)
+            eos = eos_id is not None and bool(new) and new[-1] == eos_id
+            done[i] = len(out[i]) >= limits[i] or eos
+            if done[i] and on_finish:
+                on_finish(RowEnd(i, len(out[i]), eos, iterations[i], accepted[i], rejections[i]))
 
         # 5. roll back rejected entries: mask per row, crop the common rejected tail
         tmask[:, -(gamma + 1) :] = (offsets[None, :] <= n[:, None]).to(tmask.dtype)

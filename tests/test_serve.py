@@ -1,65 +1,36 @@
-"""Runtime II: the live server on loopback with the tiny pair (started and stopped inside the test)."""
+"""The live server's OpenAI-compatible surface, driven by the unmodified ``openai`` client and raw HTTP
+(loopback, ephemeral port, started and stopped inside the module)."""
 
+import asyncio
 import json
-import threading
+import socket
 import time
 
 import httpx
 import pytest
-
-from runtime.serve import ServeConfig, create_app
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from runtime.pair import build_pair, load_pair
-
-    return load_pair(build_pair(tmp_path_factory.mktemp("pair") / "tiny", "tiny", progress=False))
-
-
-def _start(pair, **overrides):
-    import uvicorn
-
-    cfg = ServeConfig(**{"scheduler": "balance", "port": 0, "window_s": 0.2, "max_tokens_limit": 64, "max_prompt_tokens": 256, "default_deadline_s": 20.0, **overrides})
-    srv = uvicorn.Server(uvicorn.Config(create_app(cfg, pair), host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(400):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    return srv, thread, f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+from live_server import running, tiny_pair, tiny_profile
 
 
 @pytest.fixture(scope="module")
-def server(pair):
-    srv, thread, url = _start(pair)
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=30)
+def pair():
+    return tiny_pair()
 
 
-def test_shutdown_finishes_what_is_in_flight(pair):
-    srv, thread, url = _start(pair, window_s=0.5)
-    result = {}
-
-    def call():
-        result["r"] = httpx.post(f"{url}/v1/completions", json={"prompt": "def h():", "max_tokens": 8}, timeout=60)
-
-    client = threading.Thread(target=call)
-    client.start()
-    time.sleep(0.2)  # the request is queued in the open round
-    srv.should_exit = True
-    client.join(timeout=60)
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    assert result["r"].status_code == 200
-    assert result["r"].json()["specsched"]["outcome"] in ("served", "late", "rejected")
+@pytest.fixture(scope="module")
+def profile(pair, tmp_path_factory):
+    return tiny_profile(pair, tmp_path_factory.mktemp("profile"))
 
 
-def test_bad_config_is_refused():
-    with pytest.raises(ValueError, match="window_s"):
-        ServeConfig(window_s=0).validate()
+@pytest.fixture(scope="module")
+def server(pair, profile):
+    with running(pair, profile, max_body_bytes=4096, body_timeout_s=0.5, header_timeout_s=0.5) as srv:
+        yield srv.url
+
+
+def _client(url):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_completion_served(server):
@@ -67,164 +38,160 @@ def test_completion_served(server):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["specsched"]["outcome"] == "served" and body["specsched"]["mode"] in ("ad", "sd")
-    assert body["usage"]["completion_tokens"] == 8
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 8, "total_tokens": 17}
+    assert body["choices"][0]["finish_reason"] == "length"
 
 
-def test_streaming_with_openai_client(server):
-    from openai import OpenAI
+def test_openai_client_completions_sync_streaming_and_not(server):
+    client = _client(server)
+    plain = client.completions.create(model="specsched", prompt="import os", max_tokens=12, extra_body={"deadline_s": 20})
+    assert plain.usage.completion_tokens == 12 and plain.choices[0].finish_reason == "length"
+    chunks = list(client.completions.create(model="specsched", prompt="import os", max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"deadline_s": 20}))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert streamed == plain.choices[0].text  # greedy: the same text, streamed or not
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].choices == []
 
-    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
-    pieces = [c.choices[0].text for c in client.completions.create(model="specsched", prompt="import os", max_tokens=6, stream=True, extra_body={"deadline_s": 20})]
-    assert len(pieces) >= 2 and "".join(pieces)
+
+def test_openai_client_chat_sync(server):
+    client = _client(server)
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+    plain = client.chat.completions.create(model="specsched", messages=msgs, max_tokens=10)
+    assert plain.choices[0].message.role == "assistant" and plain.usage.completion_tokens == 10
+    stream = client.chat.completions.create(model="specsched", messages=msgs, max_tokens=10, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == plain.choices[0].message.content
+
+
+def test_openai_client_async_and_models(server):
+    from openai import AsyncOpenAI
+
+    async def go():
+        client = AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+        models = await client.models.list()
+        plain, stream = await asyncio.gather(
+            client.completions.create(model="specsched", prompt="class A:", max_tokens=8),
+            client.chat.completions.create(model="specsched", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True))
+        pieces = [c async for c in stream]
+        return models, plain, pieces
+
+    models, plain, pieces = asyncio.run(go())
+    assert [m.id for m in models.data] == ["specsched"]
+    assert plain.usage.completion_tokens == 8
+    assert pieces[-1].choices[0].finish_reason == "length"
+
+
+def test_stop_sequence_ends_with_stop(server):
+    ref = httpx.post(f"{server}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 24}, timeout=60).json()["choices"][0]["text"]
+    stop = ref[3:5]
+    assert stop and stop in ref
+    want = ref[: ref.index(stop)]
+    plain = httpx.post(f"{server}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 24, "stop": [stop]}, timeout=60).json()
+    assert plain["choices"][0]["text"] == want and plain["choices"][0]["finish_reason"] == "stop"
+    chunks = list(_client(server).completions.create(model="specsched", prompt="def f(x):", max_tokens=24, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_rejected_request_gets_429_with_outcome(server):
+    r = httpx.post(f"{server}/v1/completions", json={"prompt": "def g():", "max_tokens": 64, "deadline_s": 0.01}, timeout=60)
+    assert r.status_code == 429
+    body = r.json()
+    assert body["error"]["type"] == "rate_limit_error" and body["error"]["code"] == "rejected"
+    assert body["specsched"]["outcome"] == "rejected" and body["specsched"]["reason"].startswith("deadline")
+    # streamed: the outcome is in the final chunk
+    r = httpx.post(f"{server}/v1/completions", json={"prompt": "def g():", "max_tokens": 64, "deadline_s": 0.01, "stream": True}, timeout=60)
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert events[-1]["specsched"]["outcome"] == "rejected" and events[-1]["choices"][0]["finish_reason"] == "rejected"
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"prompt": "x", "max_tokens": 2, "user": ' + b"[" * depth + b"]" * depth + b"}"
 
 
 @pytest.mark.parametrize(
-    "payload,status,words",
+    "payload,status,param,words",
     [
-        (b"{not json", 400, "JSON"),
-        (json.dumps({"max_tokens": 4}).encode(), 400, "prompt"),
-        (json.dumps({"prompt": "x", "max_tokens": 10_000}).encode(), 400, "max_tokens"),
-        (json.dumps({"prompt": "x", "max_tokens": 4, "deadline_s": -1}).encode(), 400, "deadline_s"),
-        (json.dumps({"prompt": "x" * 1000, "max_tokens": 4}).encode(), 413, "limit"),
+        (b"{not json", 400, None, "JSON"),
+        (b"[1, 2]", 400, None, "object"),
+        (json.dumps({"max_tokens": 4}).encode(), 400, "prompt", "required"),
+        (json.dumps({"prompt": "x", "max_tokens": 10_000}).encode(), 400, "max_tokens", "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": 4, "deadline_s": -1}).encode(), 400, "deadline_s", "greater than 0"),
+        (json.dumps({"prompt": "x" * 300, "max_tokens": 4}).encode(), 400, "prompt", "limit"),
+        (b'{"prompt": "\\ud800", "max_tokens": 2}', 400, None, ""),  # a lone surrogate
+        (b'{"prompt": "x", "max_tokens": ' + b"9" * 400 + b"}", 400, "max_tokens", "max_tokens"),
+        (b'{"prompt": "x", "deadline_s": ' + b"9" * 400 + b"}", 400, "deadline_s", "finite"),
+        (_nested(2000), 400, None, ""),
+        (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n", "not supported"),
+        (json.dumps({"prompt": "x", "logprobs": 3}).encode(), 400, "logprobs", "not supported"),
+        (json.dumps({"prompt": "x", "echo": True}).encode(), 400, "echo", "not supported"),
+        (json.dumps({"prompt": "x", "temperature": 0.7}).encode(), 400, "temperature", "temperature"),
+        (json.dumps({"prompt": "x", "frobnicate": 1}).encode(), 400, "frobnicate", "unknown parameter"),
+        (json.dumps({"prompt": "x", "model": "gpt-9"}).encode(), 404, "model", "does not exist"),
     ],
 )
-def test_bad_requests_get_4xx_and_server_keeps_serving(server, payload, status, words):
+def test_bad_requests_get_openai_errors_and_server_keeps_serving(server, payload, status, param, words):
     r = httpx.post(f"{server}/v1/completions", content=payload, headers={"content-type": "application/json"}, timeout=30)
-    assert r.status_code == status and words in r.json()["error"]["message"]
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and words in err["message"]
     ok = httpx.post(f"{server}/v1/completions", json={"prompt": "x = 1", "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200
 
 
-def test_overload_rejects_by_admission(server):
-    """Deadlines no batch can meet are rejected up front, not served late."""
-    import asyncio
-
-    async def burst():
-        async with httpx.AsyncClient(timeout=60) as c:
-            reqs = [c.post(f"{server}/v1/completions", json={"prompt": "def g():", "max_tokens": 64, "deadline_s": 0.25}) for _ in range(6)]
-            return await asyncio.gather(*reqs)
-
-    outcomes = [r.json()["specsched"]["outcome"] for r in asyncio.run(burst())]
-    assert outcomes.count("rejected") >= 1
-    assert all(o in ("served", "late", "rejected") for o in outcomes)
-    m = httpx.get(f"{server}/metrics", timeout=10).json()
-    assert m["rejected"] >= 1 and m["requests"] >= 6 and m["rounds"] >= 1
+def test_404_and_405_use_the_openai_shape(server):
+    for r, status in ((httpx.get(f"{server}/nope"), 404), (httpx.get(f"{server}/v1/completions"), 405)):
+        assert r.status_code == status
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_loadgen_against_the_server(server, tmp_path):
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    from runtime.loadgen import run
-
-    env = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parent.parent / "conf" / "env" / "paper.yaml"))
-    out = tmp_path / "run.csv"
-    df, summary = run({"env": env, "url": server, "rounds": 2, "users": 4, "seed": 0, "time_scale": 1.0, "token_scale": 0.1, "max_tokens_cap": 16, "round_gap_s": 0.0, "output": str(out), "timeout_s": 120})
-    assert len(df) == 8 and out.exists()
-    for col in ("prompt_tokens", "max_tokens", "deadline_s", "mode", "outcome", "ttft_s", "latency_s"):
-        assert col in df.columns
-    assert set(df.outcome) <= {"served", "late", "rejected"}
-    assert {"served_frac", "latency_p50_s", "latency_p99_s", "tokens_per_s"} <= set(summary.columns)
+def _raw(url: str, data: bytes, wait_s: float = 5.0) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait_s) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+        return out
 
 
-def test_sim_vs_real_end_to_end(pair, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    res = subprocess.run(cwd=Path(__file__).resolve().parent.parent, args=[sys.executable, "-m", "experiments.sim_vs_real", "--schedulers", "balance", "--rounds", "1", "--users", "3", "--token-scale", "0.05", "--pair", str(pair.path), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    text = (tmp_path / "sim_vs_real.md").read_text()
-    assert "served (sim)" in text and "By mode" in text
-
-
-def test_overload_end_to_end(pair, tmp_path):
-    """More requests per round than the server can carry: the excess is rejected, not served late."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import pandas as pd
-
-    res = subprocess.run(cwd=Path(__file__).resolve().parent.parent, args=[sys.executable, "-m", "experiments.overload", "--users", "2,24", "--rounds", "1", "--token-scale", "0.2",
-                                                                           "--time-scale", "0.1", "--pair", str(pair.path), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    df = pd.read_csv(tmp_path / "overload.csv")
-    assert set(df.outcome) <= {"served", "late", "rejected"}
-    big = df[df.users_per_round == 24]
-    assert (big.outcome == "rejected").sum() >= 1
-    assert len(big) == 24 and big.reason[big.outcome == "rejected"].str.startswith("admission").all()
-    assert "# Overload" in (tmp_path / "overload.md").read_text()
+def test_oversized_body_is_refused_before_it_is_read(server):
+    # the headers announce 100 MB; none of it is sent: the 413 must come from the header alone
+    start = time.monotonic()
+    out = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 413") and b'"error"' in out
+    assert time.monotonic() - start < 4.0
+    # a chunked body is cut off as soon as it passes the limit
+    r = httpx.post(f"{server}/v1/completions", content=iter([b'{"prompt": "' + b"x" * 3000, b"x" * 3000 + b'"}']), timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
-def test_run_parallel_runs_both_batches_at_once(pair):
-    import copy
-
-    from runtime.engines import ad_steps, generate_ad, generate_sd, sd_steps
-    from runtime.serve import run_parallel
-
-    tok = pair.tokenizer
-    prompts = [tok.encode("def f(x):"), tok.encode("import sys")]
-    steps: dict[str, list[float]] = {"ad": [], "sd": []}
-    current = {}
-
-    def after_step():
-        steps[current[threading.get_ident()]].append(time.perf_counter())
-
-    def tagged(name, gen):
-        current[threading.get_ident()] = name
-        return (yield from gen)
-
-    other = copy.deepcopy(pair.target)
-    jobs = {"ad": tagged("ad", ad_steps(other, prompts, 24, pad_id=tok.pad_id)),
-            "sd": tagged("sd", sd_steps(pair.target, pair.draft, prompts, 3, 24, pad_id=tok.pad_id))}
-    out = run_parallel(jobs, after_step)
-    # lossless greedy: each device's result is what the engine gives alone
-    assert out["ad"].tokens == generate_ad(pair.target, prompts, 24, pad_id=tok.pad_id).tokens
-    assert out["sd"].tokens == generate_sd(pair.target, pair.draft, prompts, 3, 24, pad_id=tok.pad_id).tokens
-    # both ran at once: each one's steps began before the other's ended
-    assert steps["ad"] and steps["sd"]
-    assert steps["ad"][0] < steps["sd"][-1] and steps["sd"][0] < steps["ad"][-1]
+def test_half_sent_body_and_headers_are_dropped(server):
+    out = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+    assert out.startswith(b"HTTP/1.1 408")
+    start = time.monotonic()
+    out = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+    assert out == b"" and time.monotonic() - start < 4.0  # closed by the server, well before the client's 5 s
 
 
-def test_two_devices_serve_the_same_text(pair, server):
-    srv, thread, url = _start(pair, devices=["cpu", "cpu"], scheduler="random")
-    try:
-        prompts = ["def f(x):", "import os", "class A:", "for i in", "return x", "while True:"]
-        got, ref = {}, {}
+def test_prometheus_metrics_and_health(server):
+    from prometheus_client.parser import text_string_to_metric_families
 
-        def call(p, base, box):
-            box[p] = httpx.post(f"{base}/v1/completions", json={"prompt": p, "max_tokens": 12, "deadline_s": 30}, timeout=60).json()
-
-        for base, box in ((url, got), (server, ref)):
-            threads = [threading.Thread(target=call, args=(p, base, box)) for p in prompts]
-            [t.start() for t in threads]
-            [t.join(timeout=60) for t in threads]
-        modes = {b["specsched"]["mode"] for b in got.values()}
-        assert modes <= {"ad", "sd", "-"}
-        for p in prompts:
-            if got[p]["specsched"]["outcome"] != "rejected" and ref[p]["specsched"]["outcome"] != "rejected":
-                assert got[p]["choices"][0]["text"] == ref[p]["choices"][0]["text"]
-        assert sum(b["specsched"]["outcome"] == "served" for b in got.values()) >= 1
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-    with pytest.raises(ValueError, match="devices"):
-        ServeConfig(devices=["cuda:0"]).validate()
-
-
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
-def test_two_devices_on_cuda(pair):
-    import copy
-
-    import torch
-
-    from runtime.pair import ModelPair
-    from runtime.serve import RoundServer
-
-    devices = ["cuda:0", f"cuda:{min(1, torch.cuda.device_count() - 1)}"]
-    gpu_pair = ModelPair(copy.deepcopy(pair.target), copy.deepcopy(pair.draft), pair.tokenizer, pair.path)
-    server = RoundServer(ServeConfig(devices=devices, port=0), gpu_pair)
-    assert str(next(server.ad_target.parameters()).device) == devices[0]
-    assert str(next(gpu_pair.draft.parameters()).device) == devices[1]
+    httpx.get(f"{server}/nope")
+    text = httpx.get(f"{server}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("specsched_requests", "specsched_http_responses", "specsched_request_latency_seconds", "specsched_time_to_first_token_seconds",
+                 "specsched_inter_token_latency_seconds", "specsched_queue_depth", "specsched_calibration_factor", "specsched_round_faults"):
+        assert name in families, name
+    statuses = {s.labels["status"]: s.value for s in families["specsched_http_responses"].samples if s.name.endswith("_total")}
+    assert statuses.get("404", 0) >= 1 and statuses.get("200", 0) >= 1
+    modes = {s.labels["mode"] for s in families["specsched_calibration_factor"].samples}
+    assert modes == {"ad", "sd"}
+    h = httpx.get(f"{server}/health").json()
+    assert h["status"] == "ok" and h["faults"] == 0
+    assert httpx.get(f"{server}/stats").json()["served"] >= 1

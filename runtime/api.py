@@ -1,0 +1,313 @@
+"""The HTTP surface: OpenAI-compatible completions and chat completions, models, health, metrics.
+
+``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming and not; schemas in
+:mod:`runtime.openai_schemas`), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
+(Prometheus text), ``GET /stats`` (JSON). A served or late request gets 200 (``finish_reason``
+``stop`` at a stop sequence or end of sequence, ``length`` otherwise; ``usage`` always, and in
+the last stream chunk when ``stream_options.include_usage``); a rejected one gets 429 and one whose
+round failed 500, both with OpenAI's error body plus the ``specsched`` summary; a stream always
+ends with its outcome in the final chunk. 503 while shutting down or when the queue is full.
+
+Limits (:class:`BodyLimits`, outermost, so every response is counted by status): a body over
+``max_body_bytes`` gets 413 before it is read whole (from ``Content-Length``, or as soon as a
+chunked body passes the limit); a body not complete after ``body_timeout_s`` gets 408; a
+connection without complete headers after ``header_timeout_s`` is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
+from pydantic import ValidationError
+
+from runtime.live_request import LiveRequest
+from runtime.metrics import ServeMetrics
+from runtime.openai_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    UnsupportedParameter,
+    Usage,
+    error_body,
+    plain_chat_prompt,
+)
+from runtime.pair import ModelPair
+from runtime.rounds import Refused, RoundServer
+from runtime.serve_config import ServeConfig
+from runtime.textstream import TextStream
+
+MODEL_ID = "specsched"
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+async def _send_json(send, status: int, body: dict, close: bool = False) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+class BodyLimits:
+    """ASGI middleware: body size and read-time limits, every response counted by status."""
+
+    def __init__(self, app, cfg: ServeConfig, metrics: ServeMetrics):
+        self.app, self.cfg, self.metrics = app, cfg, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(msg):
+            if msg["type"] == "http.response.start":
+                self.metrics.status(msg["status"])
+            await send(msg)
+
+        limit = self.cfg.max_body_bytes
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await _send_json(counted, 413, error_body(413, f"request body over the limit of {limit} bytes (max_body_bytes)", code="body_too_large"), close=True)
+        if scope.get("method") not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, counted)
+        # read the body here, bounded in size and time, then hand it to the app in one piece
+        chunks, size = [], 0
+        deadline = time.monotonic() + self.cfg.body_timeout_s
+        while True:
+            try:
+                msg = await asyncio.wait_for(receive(), timeout=max(deadline - time.monotonic(), 0.001))
+            except TimeoutError:
+                return await _send_json(counted, 408, error_body(408, f"request body not complete within body_timeout_s={self.cfg.body_timeout_s}", code="body_timeout"), close=True)
+            if msg["type"] == "http.disconnect":
+                return
+            size += len(msg.get("body", b""))
+            if size > limit:
+                return await _send_json(counted, 413, error_body(413, f"request body over the limit of {limit} bytes (max_body_bytes)", code="body_too_large"), close=True)
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                break
+        body, given = b"".join(chunks), False
+
+        async def replay():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # then the client's disconnect, if any
+
+        await self.app(scope, replay, counted)
+
+
+def _validation_message(err: ValidationError) -> tuple[str, str | None]:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
+    if first.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {first.get('msg')}", None
+    if first.get("type") == "model_type" and not first.get("loc"):
+        return "request body must be a JSON object", None
+    return (f"'{loc}': {first.get('msg')}" if loc else str(first.get("msg"))), loc
+
+
+def chat_prompt(tokenizer, messages: list[tuple[str, str]]) -> str:
+    """The pair's chat template where its tokenizer has one, the documented plain template otherwise."""
+    hf = getattr(tokenizer, "tok", None)
+    if hf is not None and getattr(hf, "chat_template", None):
+        return hf.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True)
+    return plain_chat_prompt(messages)
+
+
+class ServeApp:
+    """The ASGI app (limits around FastAPI) and the round server behind it."""
+
+    def __init__(self, cfg: ServeConfig, pair: ModelPair):
+        from fastapi import FastAPI
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse, Response, StreamingResponse
+        from starlette.exceptions import HTTPException
+
+        self.cfg, self.pair = cfg, pair
+        self.metrics = ServeMetrics()
+        self.rounds = RoundServer(cfg, pair, self.metrics)
+        rounds, tokenizer = self.rounds, pair.tokenizer
+        created = int(time.time())
+
+        @asynccontextmanager
+        async def lifespan(app):
+            task = asyncio.create_task(rounds.run())
+            yield
+            await rounds.shutdown()
+            task.cancel()
+
+        app = FastAPI(title="SpecSched", lifespan=lifespan)
+
+        def error(status: int, message: str, param: str | None = None, code: str | None = None, summary: dict | None = None) -> JSONResponse:
+            return JSONResponse(error_body(status, message, param, code, summary), status_code=status)
+
+        @app.exception_handler(HTTPException)
+        async def http_error(request, exc):
+            return error(exc.status_code, str(exc.detail))
+
+        @app.exception_handler(RequestValidationError)
+        async def validation_error(request, exc):
+            return error(400, str(exc.errors()[0].get("msg")))
+
+        @app.exception_handler(Exception)
+        async def crash(request, exc):
+            return error(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+        def parse(schema, body: bytes):
+            try:
+                req = schema.model_validate_json(body)
+                req.check_supported()
+            except ValidationError as err:
+                message, param = _validation_message(err)
+                raise BadRequest(400, message, param) from None
+            except UnsupportedParameter as err:
+                raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
+            if req.model not in (None, MODEL_ID):
+                raise BadRequest(404, f"model {req.model!r} does not exist; this server serves {MODEL_ID!r}", "model", "model_not_found")
+            return req
+
+        def encode(text: str, param: str) -> list[int]:
+            try:
+                text.encode("utf-8")  # lone surrogates cannot be tokenised
+            except UnicodeEncodeError:
+                raise BadRequest(400, f"'{param}' is not valid Unicode text (lone surrogate)", param) from None
+            ids = tokenizer.encode(text)
+            if not ids:
+                raise BadRequest(400, f"'{param}' encodes to no tokens", param)
+            if len(ids) > cfg.max_prompt_tokens:
+                raise BadRequest(400, f"'{param}' has {len(ids)} tokens; the limit is {cfg.max_prompt_tokens} (max_prompt_tokens)", param, "context_length_exceeded")
+            return ids
+
+        def admit(req, ids: list[int], max_tokens: int) -> LiveRequest:
+            if not 1 <= max_tokens <= cfg.max_tokens_limit:
+                raise BadRequest(400, f"'max_tokens' must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens}", "max_tokens")
+            live = LiveRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens,
+                               deadline_s=float(req.deadline_s if req.deadline_s is not None else cfg.default_deadline_s),
+                               text=TextStream(tokenizer.decode, req.stop_list()), stream=req.stream, queue=asyncio.Queue() if req.stream else None)
+            rounds.submit(live)
+            return live
+
+        async def handle(request: HTTPRequest, chat: bool):
+            try:
+                body = await request.body()
+                if chat:
+                    req = parse(ChatCompletionRequest, body)
+                    try:
+                        messages = [(m.role, m.text()) for m in req.messages]
+                    except UnsupportedParameter as err:
+                        raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
+                    ids = encode(chat_prompt(tokenizer, messages), "messages")
+                    live = admit(req, ids, req.token_limit())
+                else:
+                    req = parse(CompletionRequest, body)
+                    live = admit(req, encode(req.prompt, "prompt"), req.max_tokens)
+            except BadRequest as err:
+                return error(err.status, str(err), err.param, err.code)
+            except Refused as err:
+                return error(err.status, str(err), code="overloaded" if "queue" in str(err) else "shutting_down")
+            usage = lambda: Usage(prompt_tokens=len(live.prompt_ids), completion_tokens=live.completion_tokens,  # noqa: E731
+                                  total_tokens=len(live.prompt_ids) + live.completion_tokens).model_dump()
+            finish = lambda: live.finish_reason if live.outcome in ("served", "late") else live.outcome  # noqa: E731
+            if not req.stream:
+                await live.done.wait()
+                if live.outcome == "rejected":
+                    return error(429, f"rejected: {live.reason}", code="rejected", summary=live.summary())
+                if live.outcome == "error":
+                    return error(500, live.reason, code="engine_fault" if live.reason.startswith("engine") else "shutdown", summary=live.summary())
+                text = live.text.text
+                choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text, "logprobs": None}
+                return JSONResponse({"id": live.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": MODEL_ID,
+                                     "choices": [{**choice, "finish_reason": finish()}], "usage": usage(), "specsched": live.summary()})
+            started = int(time.time())
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+            def chunk(text: str | None, finish_reason: str | None, extra: dict[str, Any] | None = None) -> str:
+                if chat:
+                    delta = {"content": text} if text is not None else {}
+                    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+                    body = {"id": live.id, "object": "chat.completion.chunk", "created": started, "model": MODEL_ID, "choices": [choice]}
+                else:
+                    body = {"id": live.id, "object": "text_completion", "created": started, "model": MODEL_ID,
+                            "choices": [{"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}]}
+                if extra:
+                    body.update(extra)
+                return f"data: {json.dumps(body)}\n\n"
+
+            async def events():
+                if chat:
+                    yield f"data: {json.dumps({'id': live.id, 'object': 'chat.completion.chunk', 'created': started, 'model': MODEL_ID, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
+                while True:
+                    piece = await live.queue.get()
+                    if piece is None:
+                        break
+                    yield chunk(piece, None)
+                await live.done.wait()
+                yield chunk(None if chat else "", finish(), {"specsched": live.summary()})
+                if include_usage:
+                    kind = "chat.completion.chunk" if chat else "text_completion"
+                    yield f"data: {json.dumps({'id': live.id, 'object': kind, 'created': started, 'model': MODEL_ID, 'choices': [], 'usage': usage()})}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        @app.post("/v1/completions")
+        async def completions(request: HTTPRequest):
+            return await handle(request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: HTTPRequest):
+            return await handle(request, chat=True)
+
+        @app.get("/v1/models")
+        async def models():
+            return ModelList(data=[ModelCard(id=MODEL_ID, created=created)]).model_dump()
+
+        @app.get("/health")
+        async def health():
+            body = rounds.health()
+            return JSONResponse(body, status_code=503 if body["status"] == "closing" else 200)
+
+        @app.get("/metrics")
+        async def metrics():
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            return Response(self.metrics.prometheus(), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/stats")
+        async def stats():
+            return {**self.metrics.snapshot(), "queued": len(rounds.pending), "alpha_estimate": rounds.alpha,
+                    "calibration": dict(rounds.calibration.factor), "scheduler": cfg.scheduler}
+
+        self.fastapi = app
+        self.asgi = BodyLimits(app, cfg, self.metrics)
+
+    async def __call__(self, scope, receive, send):
+        await self.asgi(scope, receive, send)
+
+
+def create_app(cfg: ServeConfig, pair: ModelPair | None = None) -> ServeApp:
+    """The ASGI app; the whole config is validated first, then the pair is loaded (unless given)."""
+    cfg.validate()
+    if pair is None:
+        from runtime.pair import build_pair, load_pair
+
+        device = cfg.devices[1] if cfg.devices else cfg.device
+        if cfg.target:
+            pair = load_pair(cfg.target, cfg.draft, device=device, dtype=cfg.dtype)
+        else:
+            pair = load_pair(cfg.pair or build_pair(recipe=cfg.pair_preset), device=device, dtype=cfg.dtype)
+    return ServeApp(cfg, pair)

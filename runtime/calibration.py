@@ -1,0 +1,69 @@
+"""Online calibration of the profile to the host's real speed, per mode.
+
+The profile was measured on an idle machine; under CPU contention or on another device the real
+step times differ. After every batch the server compares the device time the batch really used
+with what the profile predicts for the same batch (its realised output lengths and SD iterations)
+and keeps, per mode, a smoothed and bounded factor ``real / predicted``. Planning and the queue's
+deadline check use the profile's times multiplied by that factor
+(:class:`CalibratedCostModel`), so a slower host produces rejections instead of late answers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from envs.feasibility import CostModel
+
+MODES = ("ad", "sd")
+
+
+class StepCalibration:
+    """Per-mode factor ``real / predicted`` step time: an EMA of measured ratios, kept in bounds."""
+
+    def __init__(self, weight: float = 0.3, bounds: tuple[float, float] = (0.5, 20.0)):
+        lo, hi = bounds
+        if not 0 < weight <= 1:
+            raise ValueError(f"calibration weight must be in (0, 1], got {weight}")
+        if not 0 < lo <= 1 <= hi < math.inf:
+            raise ValueError(f"calibration bounds must satisfy 0 < low <= 1 <= high, got {bounds}")
+        self.weight, self.lo, self.hi = float(weight), float(lo), float(hi)
+        self.factor = dict.fromkeys(MODES, 1.0)
+        self.samples = dict.fromkeys(MODES, 0)
+        self._lock = threading.Lock()  # two devices: two engine threads may report at once
+
+    def update(self, mode: str, real_s: float, predicted_s: float) -> float | None:
+        """Fold one batch's measurement in; returns the new factor (None if the sample is unusable)."""
+        if mode not in self.factor:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not (real_s > 0 and predicted_s > 0 and math.isfinite(real_s) and math.isfinite(predicted_s)):
+            return None
+        ratio = min(max(real_s / predicted_s, self.lo), self.hi)  # one wild sample cannot swing the factor past the bounds
+        with self._lock:
+            f = self.factor[mode]
+            # the first sample replaces the prior: the profile may be far from this host
+            f = ratio if self.samples[mode] == 0 else (1 - self.weight) * f + self.weight * ratio
+            self.factor[mode] = min(max(f, self.lo), self.hi)
+            self.samples[mode] += 1
+            return self.factor[mode]
+
+
+class CalibratedCostModel(CostModel):
+    """A :class:`CostModel` whose batch times are the profile's times x the live calibration factor
+    of their mode. Memory is not scaled (it does not depend on speed)."""
+
+    def __init__(self, base: CostModel, calibration: StepCalibration):
+        super().__init__(base.profile, base.kv_memory)  # same profile and memory model; only the times are scaled
+        self.calibration = calibration
+
+    def ad_time(self, b, s_max, n_max):
+        return super().ad_time(b, s_max, n_max) * self.calibration.factor["ad"]
+
+    def sd_time(self, b, s_max, n_max, j_max, gamma):
+        return super().sd_time(b, s_max, n_max, j_max, gamma) * self.calibration.factor["sd"]
+
+    def ad_time1(self, b: int, s_max: int, n_max: int) -> float:
+        return super().ad_time1(b, s_max, n_max) * self.calibration.factor["ad"]
+
+    def sd_time1(self, b: int, s_max: int, n_max: int, j_max: int, gamma: int) -> float:
+        return super().sd_time1(b, s_max, n_max, j_max, gamma) * self.calibration.factor["sd"]

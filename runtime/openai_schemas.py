@@ -1,0 +1,235 @@
+"""OpenAI-compatible request and response bodies (vLLM's server is the reference), as pydantic models.
+
+Supported request fields: ``model``, ``prompt`` / ``messages``, ``max_tokens`` (chat:
+``max_completion_tokens`` too), ``stream``, ``stream_options.include_usage``, ``temperature``
+(0 = greedy, the only value the batched engines take today), ``top_p`` (1 only), ``seed``,
+``stop``, ``user`` and SpecSched's ``deadline_s`` (seconds from arrival). Parameters the server
+does not implement (``n > 1``, ``logprobs``, ``echo``, ``suffix``, penalties, ``logit_bias``,
+``best_of``, tools) get a 400 naming the parameter; any other unknown field too.
+
+Every error has OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: fields OpenAI defines that the server refuses unless they hold their neutral value
+UNSUPPORTED: dict[str, Any] = {
+    "n": 1, "best_of": 1, "logprobs": None, "top_logprobs": None, "echo": False, "suffix": None, "presence_penalty": 0.0,
+    "frequency_penalty": 0.0, "logit_bias": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
+    "response_format": None, "parallel_tool_calls": None,
+}
+
+
+class UnsupportedParameter(ValueError):
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="allow")  # extras are checked by name in check_supported (a 400 naming them)
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    stop: str | list[str] | None = None
+    user: str | None = Field(None, max_length=256)
+    deadline_s: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        if isinstance(v, list) and (len(v) > 4 or any(not s for s in v)):
+            raise ValueError("at most 4 non-empty stop sequences")
+        if isinstance(v, str) and not v:
+            raise ValueError("a stop sequence must not be empty")
+        return v
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def check_supported(self) -> None:
+        """Raise :class:`UnsupportedParameter` for any field the server does not implement."""
+        for name, value in (self.model_extra or {}).items():
+            neutral = UNSUPPORTED.get(name, object())
+            if value is None or value == neutral:
+                continue
+            if name in UNSUPPORTED:
+                raise UnsupportedParameter(name, f"'{name}' = {value!r} is not supported by this server (only {neutral!r})")
+            raise UnsupportedParameter(name, f"unknown parameter '{name}'")
+        if self.temperature != 0.0:
+            raise UnsupportedParameter("temperature", "only temperature 0 (greedy) is supported: the batched engines sample one temperature per batch")
+        if self.top_p != 1.0:
+            raise UnsupportedParameter("top_p", "only top_p 1 is supported")
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+    max_tokens: int = Field(16, ge=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError("exactly one prompt per request (a list of one string is accepted)")
+            v = v[0]
+        if not v:
+            raise ValueError("the prompt must be a non-empty string")
+        return v
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # content parts: text only
+            parts = []
+            for part in self.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise UnsupportedParameter("messages", "only text content parts are supported")
+                parts.append(part["text"])
+            return "".join(parts)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def token_limit(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 16
+
+
+# ----------------------------------------------------------------------------------- responses
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    specsched: dict[str, Any] | None = None  #: SpecSched's extension: outcome, reason, mode, timings
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    specsched: dict[str, Any] | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    specsched: dict[str, Any] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specsched"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+    specsched: dict[str, Any] | None = None
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error type for an HTTP status."""
+    return {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
+            413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None, specsched: dict | None = None) -> dict:
+    body = ErrorResponse(error=ErrorInfo(message=message, type=error_type(status), param=param, code=code or str(status)), specsched=specsched).model_dump()
+    if specsched is None:
+        del body["specsched"]
+    return body
+
+
+PLAIN_CHAT_TEMPLATE = "{role}: {content}\n"  #: pairs without a chat template: one line per message, then "assistant: "
+
+
+def plain_chat_prompt(messages: list[tuple[str, str]]) -> str:
+    """The documented plain template: ``role: content`` per line, then ``assistant: ``."""
+    return "".join(PLAIN_CHAT_TEMPLATE.format(role=r, content=c) for r, c in messages) + "assistant: "

@@ -1,0 +1,308 @@
+"""Rounds: the queue, deadline-aware admission, planning, and running each plan on the model pair.
+
+Requests wait in a FIFO queue; a round takes up to ``max_round`` of them (the rest carry over to
+the next round) once the oldest has waited ``window_s``. The scheduler plans the round on the
+profile scaled by the online calibration (:mod:`runtime.calibration`); rejected requests are
+answered at once and the AD / SD batches run on the engines (:mod:`runtime.executor`).
+
+**Deadlines under a burst.** While a round runs, the queue is swept every ``window_s / 2``: a
+request that can no longer make its deadline -- waited so far, plus the time until the running
+round is expected to end, plus its minimal service time (alone on the device, in its faster mode,
+calibrated) exceeds the deadline -- is rejected at once with that reason, instead of being
+rejected (or served late) after its deadline when its round is finally planned.
+
+**Faults.** An exception in a round (planning or an engine) ends every request of that round that
+has no outcome yet with outcome ``error`` and the reason; the failure is logged once with its
+traceback, counted and shown by ``/health``; the loop carries on with the next round.
+
+**Shutdown.** :meth:`RoundServer.shutdown` stops admitting (503), rejects every queued request
+(reason ``shutdown``), gives the running round ``shutdown_timeout_s``, then cancels it and ends its
+remaining requests with outcome ``error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from agents.registry import make_scheduler
+from envs.config import EnvConfig
+from envs.feasibility import CostModel, sd_iterations1
+from envs.plan import AD, SD
+from envs.profile import load_profile
+from envs.workload import Round
+from runtime.calibration import CalibratedCostModel, StepCalibration
+from runtime.engines import ad_steps, sd_steps
+from runtime.executor import BatchRun, Cancelled, Outbox, batch_callbacks, run_parallel, run_shared
+from runtime.live_request import LiveRequest
+from runtime.metrics import ServeMetrics
+from runtime.pair import ModelPair
+from runtime.serve_config import ServeConfig, check_profile_matches_pair, policy_profile_warning
+
+log = logging.getLogger("specsched.serve")
+
+
+class Refused(Exception):
+    """A request the server does not take (HTTP status and message)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class RoundServer:
+    """Rounds of requests, planned by a scheduler and run on a model pair."""
+
+    def __init__(self, cfg: ServeConfig, pair: ModelPair, metrics: ServeMetrics | None = None):
+        self.cfg = cfg.validate()
+        self.pair = pair
+        profile = load_profile(cfg.profile)
+        check_profile_matches_pair(profile, getattr(pair.target, "config", None), getattr(pair.draft, "config", None))
+        warning = policy_profile_warning(cfg.policy_path if cfg.scheduler == "policy" else None, profile)
+        if warning:
+            log.warning(warning)
+        # with two devices the SD pair lives on the second and AD gets its own target on the first
+        self.ad_target = pair.target
+        if cfg.devices:
+            self.ad_target = copy.deepcopy(pair.target).to(cfg.devices[0])
+            pair.target.to(cfg.devices[1])
+            pair.draft.to(cfg.devices[1])
+        self.calibration = StepCalibration(cfg.calibration_weight, tuple(cfg.calibration_bounds))
+        self.base_cost = CostModel(profile)
+        self.cost = CalibratedCostModel(self.base_cost, self.calibration)
+        # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
+        self.env_cfg = EnvConfig(num_users=1, profile=cfg.profile, input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
+        self.scheduler = make_scheduler(cfg.scheduler, self.cost, self.env_cfg, gamma=cfg.gamma, seed=0, policy_path=cfg.policy_path)
+        self.alpha = cfg.alpha_init
+        self.metrics = metrics or ServeMetrics()
+        self.metrics.alpha.set(self.alpha)
+        self.pending: list[LiveRequest] = []
+        self.running: list[LiveRequest] = []
+        self.busy_until = 0.0  #: monotonic time the running round is expected to end
+        self.closing = False
+        self.cancel = threading.Event()
+        self.last_fault: dict[str, Any] | None = None
+        self.wakeup: asyncio.Event | None = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specsched-round")  # one round on the device at a time
+
+    # ----------------------------------------------------------------------------- requests
+    def submit(self, req: LiveRequest) -> None:
+        """Queue a request (event loop); raises :class:`Refused` (503) when closing or full."""
+        if self.closing:
+            raise Refused(503, "server is shutting down")
+        if len(self.pending) >= self.cfg.max_queue:
+            raise Refused(503, f"too many queued requests (max_queue={self.cfg.max_queue})")
+        self.pending.append(req)
+        self.metrics.queue.set(len(self.pending))
+        self._expire(time.monotonic(), [req])  # hopeless from the start: answered now
+        if self.wakeup is not None:
+            self.wakeup.set()
+
+    def finish(self, req: LiveRequest, outcome: str, reason: str = "") -> None:
+        """End a request with its one outcome (event loop; later calls are ignored)."""
+        if req.outcome is not None:
+            return
+        req.outcome, req.reason = outcome, reason
+        if req.completed_at is None:
+            req.completed_at = time.monotonic()
+        latency = req.completed_at - req.arrival
+        self.metrics.outcome(outcome, reason, latency)
+        if req.queue is not None:
+            req.queue.put_nowait(None)
+        req.done.set()
+
+    def deliver(self, texts: list[tuple[LiveRequest, str]], ends: list[LiveRequest]) -> None:
+        """Event loop: hand streamed text to the waiting responses, then end finished requests."""
+        for r, piece in texts:
+            if r.queue is not None and r.outcome is None:
+                r.queue.put_nowait(piece)
+        for r in ends:
+            on_time = r.completed_at - r.arrival <= r.deadline_s
+            self.finish(r, "served" if on_time else "late", "" if on_time else "deadline missed")
+
+    # ----------------------------------------------------------------------------- admission
+    def min_service_s(self, req: LiveRequest) -> float:
+        """The fastest ``req`` could be served: alone on the device, in its faster mode (calibrated)."""
+        s, n, g = len(req.prompt_ids), req.max_tokens, self.cfg.gamma
+        ad = self.cost.ad_time1(1, s, n)
+        sd = self.cost.sd_time1(1, s, n, sd_iterations1(n, self.alpha, g), g)
+        return min(ad, sd)
+
+    def _expire(self, now: float, which: list[LiveRequest] | None = None) -> None:
+        """Reject queued requests that can no longer meet their deadline (see the module docstring)."""
+        start = max(now, self.busy_until)
+        hopeless = []
+        for r in self.pending if which is None else which:
+            need = self.min_service_s(r)
+            if (start - r.arrival) + need > r.deadline_s:
+                hopeless.append((r, start - r.arrival, need))
+        if not hopeless:
+            return
+        gone = {id(r) for r, _, _ in hopeless}
+        self.pending = [r for r in self.pending if id(r) not in gone]
+        self.metrics.queue.set(len(self.pending))
+        for r, waited, need in hopeless:
+            self.finish(r, "rejected", f"deadline: waited {waited:.2f} s (incl. the running round) + minimal service {need:.2f} s > deadline {r.deadline_s:.2f} s")
+
+    async def _sweep(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(self.cfg.window_s / 2)
+            if self.pending:
+                self._expire(time.monotonic())
+
+    # ----------------------------------------------------------------------------- rounds
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.wakeup = asyncio.Event()
+        if self.pending:
+            self.wakeup.set()
+        sweeper = asyncio.create_task(self._sweep())
+        try:
+            while not self.closing:
+                await self.wakeup.wait()
+                self.wakeup.clear()
+                if not self.pending:
+                    continue
+                # a round collects requests for window_s from its oldest one (a backlog has waited already)
+                await asyncio.sleep(max(0.0, self.cfg.window_s - (time.monotonic() - self.pending[0].arrival)))
+                if self.closing:
+                    break
+                self._expire(time.monotonic())
+                batch, self.pending = self.pending[: self.cfg.max_round], self.pending[self.cfg.max_round :]
+                self.metrics.queue.set(len(self.pending))
+                if self.pending:
+                    self.wakeup.set()
+                if not batch:
+                    continue
+                self.running = batch
+                try:
+                    await loop.run_in_executor(self.pool, self.run_round, batch, loop)
+                except Exception as err:  # noqa: BLE001 - any failure of a round ends its requests, not the server
+                    self._fault(batch, err)
+                finally:
+                    self.running = []
+                    self.busy_until = time.monotonic()
+        finally:
+            sweeper.cancel()
+
+    def _fault(self, batch: list[LiveRequest], err: BaseException) -> None:
+        if isinstance(err, Cancelled):  # shutdown ended these requests already
+            return
+        log.error("round of %d request(s) failed; its unfinished requests end with outcome 'error'", len(batch), exc_info=err)
+        self.metrics.fault()
+        self.last_fault = {"at_unix_s": time.time(), "error": f"{type(err).__name__}: {err}", "requests": len(batch)}
+        for r in batch:
+            self.finish(r, "error", f"engine fault: {type(err).__name__}: {err}")
+
+    def _round(self, batch: list[LiveRequest], now: float) -> Round:
+        n = len(batch)
+        return Round.from_arrays(
+            self.env_cfg,
+            input_tokens=[len(r.prompt_ids) for r in batch],
+            output_tokens=[r.max_tokens for r in batch],
+            deadline_s=[max(r.deadline_s - (now - r.arrival), 1e-6) for r in batch],
+            alpha=np.full(n, self.alpha),
+            distance_m=np.full(n, self.env_cfg.min_distance_m),  # loopback: the shortest link
+        )
+
+    def _predicted_s(self, cost: CostModel, mode: str, members: list[LiveRequest], gamma: int, outputs: list[int] | None = None,
+                     iterations: list[int] | None = None) -> float:
+        """A batch's time in the cost model (predicted outputs, or the realised ones when given)."""
+        s = max(len(r.prompt_ids) for r in members)
+        out = outputs or [r.max_tokens for r in members]
+        if mode == "ad":
+            return cost.ad_time1(len(members), s, max(out))
+        j = max(iterations) if iterations else max(sd_iterations1(n, self.alpha, gamma) for n in out)
+        return cost.sd_time1(len(members), s, max(out), j, gamma)
+
+    def run_round(self, batch: list[LiveRequest], loop) -> None:
+        """Plan and run one round (a worker thread; exceptions propagate to :meth:`run`)."""
+        began = time.monotonic()
+        plan = self.scheduler.plan(self._round(batch, began))
+        decided = time.monotonic()
+        self.metrics.round_done()
+        alpha_planned = self.alpha
+        groups: dict[str, list[LiveRequest]] = {}
+        for r, m in zip(batch, plan.modes, strict=True):
+            r.alpha_planned, r.round_start, r.planned_at = alpha_planned, began, decided
+            if m in (AD, SD):
+                r.mode = "ad" if m == AD else "sd"
+                groups.setdefault(r.mode, []).append(r)
+            else:
+                r.completed_at = decided
+                loop.call_soon_threadsafe(self.finish, r, "rejected", "admission: the plan cannot meet this deadline")
+        if not groups:
+            return
+        predicted = {m: self._predicted_s(self.cost, m, g, plan.gamma) for m, g in groups.items()}
+        self.busy_until = decided + (max(predicted.values()) if self.cfg.devices else sum(predicted.values()))
+        tok = self.pair.tokenizer
+        outbox = Outbox(loop, self.deliver, self.cfg.stream_interval_s, self.metrics)
+        jobs = {}
+        for mode, members in groups.items():
+            common = dict(max_new_tokens=[r.max_tokens for r in members], eos_id=tok.eos_id, pad_id=tok.pad_id, **batch_callbacks(members, outbox))
+            prompts = [r.prompt_ids for r in members]
+            if mode == "ad":
+                jobs[mode] = (ad_steps(self.ad_target, prompts, **common), max(plan.z, 1e-6))
+            else:
+                jobs[mode] = (sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common), max(1.0 - plan.z, 1e-6))
+        try:
+            if self.cfg.devices and len(jobs) > 1:
+                runs = run_parallel({name: gen for name, (gen, _) in jobs.items()}, outbox.flush, self.cancel)
+            else:
+                runs = run_shared(jobs, outbox.flush, self.cancel)
+        finally:
+            outbox.flush(force=True)  # what finished before a fault is answered as served / late
+        self._learn(groups, runs, plan.gamma)
+        for members in groups.values():
+            for r in members:
+                outbox.finish_row(r, None)  # a row that ended without its engine reporting it (none expected)
+        outbox.flush(force=True)
+
+    def _learn(self, groups: dict[str, list[LiveRequest]], runs: dict[str, BatchRun], gamma: int) -> None:
+        """Calibration (real / predicted device time per batch) and the acceptance EMA, from the engines' results."""
+        for mode, run in runs.items():
+            res = run.result
+            outputs = [max(len(t), 1) for t in res.tokens]
+            predicted = self._predicted_s(self.base_cost, mode, groups[mode], gamma, outputs, res.iterations or None)
+            factor = self.calibration.update(mode, run.device_s, predicted)
+            if factor is not None:
+                self.metrics.calibration.labels(mode).set(factor)
+        if "sd" in runs and np.isfinite(runs["sd"].result.alpha_hat):
+            self.alpha = float(np.clip(0.7 * self.alpha + 0.3 * runs["sd"].result.alpha_hat, 0.05, 0.99))
+            self.metrics.alpha.set(self.alpha)
+
+    # ----------------------------------------------------------------------------- shutdown, health
+    async def shutdown(self) -> None:
+        """Stop admitting, reject the queue, give the running round ``shutdown_timeout_s``, then end it."""
+        if self.closing:
+            return
+        self.closing = True
+        if self.wakeup is not None:
+            self.wakeup.set()
+        queued, self.pending = self.pending, []
+        self.metrics.queue.set(0)
+        for r in queued:
+            self.finish(r, "rejected", "shutdown: the server is shutting down")
+        deadline = time.monotonic() + self.cfg.shutdown_timeout_s
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.running:
+            self.cancel.set()  # the engine stops at its next step
+            for r in list(self.running):
+                self.finish(r, "error", f"shutdown: the round did not finish within shutdown_timeout_s={self.cfg.shutdown_timeout_s}")
+        self.pool.shutdown(wait=False)
+
+    def health(self) -> dict[str, Any]:
+        recent = self.last_fault is not None and time.time() - self.last_fault["at_unix_s"] < 60
+        return {
+            "status": "closing" if self.closing else ("degraded" if recent else "ok"),
+            "queued": len(self.pending), "running": len(self.running), "faults": self.metrics.counts["faults"], "last_fault": self.last_fault,
+            "calibration": dict(self.calibration.factor), "alpha_estimate": self.alpha, "scheduler": self.cfg.scheduler,
+        }

@@ -1,0 +1,137 @@
+"""The live server's configuration: every field, checked in full before anything is built or loaded.
+
+``ServeConfig.validate`` checks ranges, that the scheduler name exists, that the profile loads and
+that every path (pair, target, draft, policy) is there -- in well under a second, so
+``scheduler=nosuch`` fails before the model pair is built for minutes. Once the pair is loaded,
+:func:`check_profile_matches_pair` refuses a profile measured for other model dimensions, and
+:func:`policy_profile_warning` says when a learned policy was trained on another profile than the
+one planning.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envs.profile import Profile, load_profile
+
+
+@dataclass
+class ServeConfig:
+    scheduler: str = "balance"
+    host: str = "127.0.0.1"
+    port: int = 8011
+    pair: str | None = None  #: a built pair folder (target/ + draft/); None = the project's own (built and cached)
+    target: str | None = None  #: any local Hugging Face causal LM folder (with ``draft``; overrides ``pair``)
+    draft: str | None = None  #: the draft model's folder (shares the target's tokenizer)
+    pair_preset: str = "full"
+    device: str = "cpu"
+    devices: list[str] | None = None  #: two devices: AD batches on the first, SD on the second (overrides ``device``)
+    dtype: str = "float32"
+    threads: int | None = None  #: torch CPU threads (None = torch's default); plan with a profile measured at the same count
+    profile: str = "cpu_specsched-pair"  #: the cost model the scheduler plans with: a name in conf/profile/ or a .yaml path
+    window_s: float = 0.5  #: how long a round collects requests
+    max_round: int = 64  #: most requests in one round (the rest carry over to the next round)
+    max_queue: int = 512  #: requests waiting beyond this are refused (503)
+    stream_interval_s: float = 0.05  #: a stream sends new text at most this often (the first at once)
+    max_tokens_limit: int = 512
+    max_prompt_tokens: int = 2048
+    default_deadline_s: float = 30.0
+    gamma: int = 4
+    alpha_init: float = 0.8  #: acceptance estimate before any SD has run (then an EMA of the engine's measurements)
+    policy_path: str | None = None
+    shutdown_timeout_s: float = 30.0  #: SIGTERM: running rounds get this long, then every remaining stream is ended
+    max_body_bytes: int = 1 << 20  #: larger request bodies get 413 before they are read whole
+    body_timeout_s: float = 10.0  #: a request body not complete after this long is dropped (408)
+    header_timeout_s: float = 10.0  #: a connection that has not sent complete request headers after this long is closed
+    calibration_weight: float = 0.3  #: EMA weight of each round's measured real / predicted step time
+    calibration_bounds: list[float] = field(default_factory=lambda: [0.5, 20.0])  #: the calibration factor stays in [low, high]
+
+    def validate(self) -> ServeConfig:
+        """Check every field (and that scheduler, profile and paths exist); raises ``ValueError``
+        naming the field and what it may be. Loads nothing heavy."""
+
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"serve config '{name}' must be {allowed}, got {getattr(self, name)!r}")
+
+        def integer(name: str, lo: int, hi: int | None = None) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+            need(ok, name, f"an integer in [{lo}, {hi if hi is not None else 'inf'}]")
+
+        def positive(name: str, allow_zero: bool = False) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and (v >= 0 if allow_zero else v > 0) and v < float("inf")
+            need(ok, name, ">= 0" if allow_zero else "a finite number > 0")
+
+        integer("port", 0, 65535)
+        for name in ("window_s", "default_deadline_s", "shutdown_timeout_s", "body_timeout_s", "header_timeout_s"):
+            positive(name)
+        positive("stream_interval_s", allow_zero=True)
+        need(self.threads is None or (isinstance(self.threads, int) and not isinstance(self.threads, bool) and self.threads >= 1), "threads", "null or an integer >= 1")
+        integer("max_round", 1, 64)  # the environment's observation is sized for at most 64 users
+        integer("max_queue", 1)
+        integer("max_tokens_limit", 1)
+        integer("max_prompt_tokens", 1)
+        integer("max_body_bytes", 1024)
+        integer("gamma", 1, 8)
+        need(isinstance(self.alpha_init, int | float) and 0 < self.alpha_init < 1, "alpha_init", "in (0, 1)")
+        need(isinstance(self.calibration_weight, int | float) and 0 < self.calibration_weight <= 1, "calibration_weight", "in (0, 1]")
+        b = self.calibration_bounds
+        need(isinstance(b, list | tuple) and len(b) == 2 and all(isinstance(x, int | float) for x in b) and 0 < b[0] <= 1 <= b[1] < float("inf"),
+             "calibration_bounds", "[low, high] with 0 < low <= 1 <= high")
+        need(self.devices is None or (isinstance(self.devices, list | tuple) and len(self.devices) == 2 and all(isinstance(d, str) and d for d in self.devices)),
+             "devices", "null or a list of two device names, e.g. [cuda:0, cuda:1]")
+        need(isinstance(self.dtype, str) and self.dtype in ("float32", "float16", "bfloat16"), "dtype", "one of float32, float16, bfloat16")
+        need((self.target is None) == (self.draft is None), "draft", "given together with 'target' (both or neither)")
+        for name in ("pair", "target", "draft"):
+            path = getattr(self, name)
+            need(path is None or Path(path).is_dir(), name, "null or an existing folder")
+        self._check_scheduler()
+        try:
+            load_profile(self.profile)
+        except ValueError as err:
+            raise ValueError(f"serve config 'profile': {err}") from None
+        return self
+
+    def _check_scheduler(self) -> None:
+        from agents.registry import SCHEDULERS
+
+        known = sorted(SCHEDULERS) + ["policy"]
+        if self.scheduler not in known:
+            raise ValueError(f"serve config 'scheduler' must be one of {known}, got {self.scheduler!r}")
+        if self.scheduler == "policy":
+            if not self.policy_path or not Path(self.policy_path).exists():
+                raise ValueError(f"serve config 'policy_path' must be an existing policy folder or model.zip for scheduler=policy, got {self.policy_path!r}")
+
+
+def check_profile_matches_pair(profile: Profile, target_config, draft_config) -> None:
+    """Refuse a profile whose model dimensions or vocabulary differ from the loaded pair's
+    (``*_config``: the Hugging Face configs); planning with it would time another model."""
+    fields = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "vocab": "vocab_size"}
+    wrong = []
+    for role, spec, cfg in (("llm", profile.llm, target_config), ("slm", profile.slm, draft_config)):
+        for ours, theirs in fields.items():
+            have = getattr(cfg, theirs, None)
+            if ours == "kv_heads" and have is None:
+                have = getattr(cfg, "num_attention_heads", None)  # no GQA field: one KV head per head
+            if have is not None and int(have) != int(getattr(spec, ours)):
+                wrong.append(f"{role}.{ours}: profile {getattr(spec, ours)}, model {have}")
+    if wrong:
+        raise ValueError(f"profile {profile.name!r} does not describe the served pair ({'; '.join(wrong)}); measure one with runtime.profile or pass profile=PATH")
+
+
+def policy_profile_warning(policy_path: str | None, profile: Profile) -> str | None:
+    """A warning when a learned policy was trained on another profile than the one planning."""
+    if not policy_path:
+        return None
+    folder = Path(policy_path)
+    meta = (folder if folder.is_dir() else folder.parent) / "policy.json"
+    if not meta.is_file():
+        return None
+    trained = json.loads(meta.read_text()).get("env", {}).get("profile")
+    if trained and trained != profile.name:
+        return f"the policy at {policy_path} was trained on profile {trained!r}, but the server plans with {profile.name!r}"
+    return None
