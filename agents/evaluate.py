@@ -5,8 +5,10 @@
 Writes one row per (scheduler, round) -- ``scheduler, round, num_users, served, admitted_ad,
 admitted_sd, gamma, z, lam, decision_s`` (+ ``upper_bound``, ``gap`` for the optimum) -- and prints
 and saves a summary: mean served fraction with its 95 % confidence interval, the ratio to BALANCE
-and to the optimum where it is known, and decision times. Round ``r`` is drawn from the seed
-sequence ``(seed, r)``, so every scheduler sees the same rounds whatever their number.
+and to the optimum where it is known, the **paired** difference to BALANCE on the same rounds
+(bootstrap 95 % CI, Wilcoxon signed-rank test), and decision times. Rounds are round ``0..n-1`` of
+the ``split`` stream from ``seed`` (``envs.workload``; default ``test``, the reported stream), so
+every scheduler sees the same rounds whatever their number.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import pandas as pd
 from scipy import stats
 from tqdm import tqdm
 
+from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.paired_stats import paired_difference
 from agents.registry import make_scheduler
+from agents.threads import limit_threads
 from envs.config import EnvConfig
 from envs.feasibility import CostModel, check_plan
 from envs.outcome import evaluate_plan
@@ -80,10 +85,17 @@ def _ci95(x: np.ndarray) -> float:
 
 
 def summarize(df: pd.DataFrame, reference: str = "balance") -> pd.DataFrame:
-    """Per scheduler: served fraction (mean, 95 % CI), ratios to BALANCE and the optimum, timing."""
+    """Per scheduler: served fraction (mean, 95 % CI), ratios to BALANCE and the optimum, timing.
+
+    With the ``reference`` scheduler present, also the paired comparison on the shared rounds
+    (``agents.paired_stats``): ``diff_vs_<reference>`` -- mean per-round difference in served
+    fraction (scheduler - reference) -- its bootstrap 95 % CI ``diff_ci95_low/high`` and the
+    Wilcoxon signed-rank p-value ``p_wilcoxon``.
+    """
     frac = df["served"] / df["num_users"]
     df = df.assign(served_frac=frac)
     ref = df[df.scheduler == reference].set_index("round")["served"] if reference in set(df.scheduler) else None
+    ref_frac = df[df.scheduler == reference].set_index("round")["served_frac"] if ref is not None else None
     opt_name = next((n for n in OPTIMA if n in set(df.scheduler)), None)
     opt = df[df.scheduler == opt_name].set_index("round") if opt_name else None
     out = []
@@ -98,6 +110,13 @@ def summarize(df: pd.DataFrame, reference: str = "balance") -> pd.DataFrame:
         }
         if ref is not None:
             row["ratio_to_balance"] = g.served.sum() / max(ref.loc[g.index].sum(), 1)
+            # the same rounds for both: the per-round difference, not two overlapping CIs, decides
+            if name != reference:
+                both = g.index.intersection(ref_frac.index)
+                pd_ = paired_difference(g.served_frac.loc[both].to_numpy(), ref_frac.loc[both].to_numpy())
+                row.update({f"diff_vs_{reference}": pd_.mean, "diff_ci95_low": pd_.ci_low, "diff_ci95_high": pd_.ci_high, "p_wilcoxon": pd_.p_value})
+            else:
+                row.update({f"diff_vs_{reference}": np.nan, "diff_ci95_low": np.nan, "diff_ci95_high": np.nan, "p_wilcoxon": np.nan})
         if opt is not None:
             certified = opt.index[opt.gap.fillna(0) == 0].intersection(g.index)
             row["ratio_to_optimum"] = g.served.loc[certified].sum() / max(opt.served.loc[certified].sum(), 1) if len(certified) else np.nan
@@ -116,7 +135,7 @@ def format_summary(summary: pd.DataFrame) -> str:
 def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The evaluation as the Hydra app runs it, from a plain dict config."""
     cfg = {k: v for k, v in cfg.items() if k != "profile"}  # the profile group's data; env.profile names it
-    known = {"env", "schedulers", "rounds", "seed", "gamma", "grid_step", "time_limit_s", "policy_path", "output", "progress"}
+    known = {"env", "schedulers", "rounds", "seed", "split", "gamma", "grid_step", "time_limit_s", "policy_path", "output", "progress", "threads"}
     unknown = sorted(set(cfg) - known)
     if unknown:
         raise ValueError(f"unknown evaluate config key(s) {unknown}; known: {sorted(known)}")
@@ -127,11 +146,19 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     rounds = int(cfg["rounds"])
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    split = cfg.get("split", "test")
+    if split not in ("validation", "test"):
+        raise ValueError(f"split must be 'validation' or 'test' (training rounds are never evaluated on), got {split!r}")
+    seed = cfg["seed"]
+    if not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    limit_threads(int(cfg.get("threads", 1)))  # before any policy's torch work (agents/threads.py)
     df = evaluate_schedulers(
         env_cfg,
         names,
         rounds=rounds,
-        seed=int(cfg["seed"]),
+        seed=seed,
+        split=split,
         gamma=int(cfg["gamma"]),
         progress=bool(cfg.get("progress", True)),
         grid_step=cfg.get("grid_step"),
@@ -142,12 +169,9 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     output = cfg.get("output")
     if output:
         path = Path(output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        df.to_csv(tmp, index=False)
-        tmp.replace(path)  # never leave a half-written CSV behind
-        summary.to_csv(path.with_name(path.stem + "_summary.csv"), index=False)
-        path.with_name(path.stem + "_summary.md").write_text(format_summary(summary) + "\n")
+        write_csv_atomic(df, path)  # never leave a half-written CSV behind
+        write_csv_atomic(summary, path.with_name(path.stem + "_summary.csv"))
+        write_text_atomic(path.with_name(path.stem + "_summary.md"), format_summary(summary) + "\n")
     return df, summary
 
 
