@@ -1,0 +1,57 @@
+"""experiments.aggregate: a multirun of seeds becomes one table (per seed + mean) and one plot."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from experiments.aggregate import aggregate, find_runs, group_labels
+
+
+def _fake_run(folder: Path, seed: int, algo: str, gain: float, rounds: int = 40) -> Path:
+    """A run folder as agents.train leaves it: policy.json, eval.csv (test rounds), progress.csv, overrides."""
+    folder.mkdir(parents=True)
+    (folder / "model.zip").write_bytes(b"PK")
+    (folder / "policy.json").write_text(json.dumps({"algo": algo, "env": {}, "seed": seed}))
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"seed={seed}", f"agent={algo}", "total_timesteps=1000"]))
+    rng = np.random.default_rng(seed)
+    base = rng.integers(10, 40, size=rounds)
+    rows = [{"scheduler": "balance", "round": r, "num_users": 50, "served": int(b), "decision_s": 0.01} for r, b in enumerate(base)]
+    rows += [{"scheduler": "policy", "round": r, "num_users": 50, "served": int(b + (rng.random() < gain)), "decision_s": 0.001} for r, b in enumerate(base)]
+    pd.DataFrame(rows).to_csv(folder / "eval.csv", index=False)
+    prog = pd.DataFrame({"time/total_timesteps": [256, 256, 512, 512], "time/fps": [1.0, np.nan, 1.0, np.nan], "eval/ratio_to_balance": [np.nan, 0.9, np.nan, 0.95 + seed / 100]})
+    prog.to_csv(folder / "progress.csv", index=False)
+    return folder
+
+
+def test_aggregate_seeds_and_groups(tmp_path):
+    for i, (seed, algo, gain) in enumerate([(0, "ppo", 0.0), (1, "ppo", 0.1), (0, "mppo", 0.5), (1, "mppo", 0.6), (2, "mppo", 0.4)]):
+        _fake_run(tmp_path / f"{i}_{algo}_seed{seed}", seed, algo, gain)
+    rows, means = aggregate(tmp_path)
+    assert len(rows) == 5 and set(rows.group) == {"agent=ppo", "agent=mppo"}
+    m = means.set_index("group")
+    assert m.loc["agent=mppo", "seeds"] == 3 and m.loc["agent=ppo", "seeds"] == 2
+    assert m.loc["agent=mppo", "ratio_to_balance"] > 1.0 and np.isfinite(m.loc["agent=mppo", "ratio_to_balance_ci95"])
+    assert m.loc["agent=mppo", "seeds_above_balance"] == 3  # each seed's paired CI is above zero
+    assert (rows.loc[rows.group == "agent=ppo", "seed"] == [0, 1]).all()
+    table = pd.read_csv(tmp_path / "aggregate.csv")
+    assert (table.run == "mean").sum() == 2 and {"diff_vs_balance", "diff_ci95_low", "p_wilcoxon"} <= set(table.columns)
+    assert (tmp_path / "aggregate.png").stat().st_size > 0 and "total_timesteps=1000" in (tmp_path / "aggregate.md").read_text()
+    assert rows.best_validation_ratio.notna().all() and (rows.timesteps == 512).all()
+
+
+def test_group_labels_only_name_what_varies(tmp_path):
+    runs = [_fake_run(tmp_path / f"r{s}", s, "ppo", 0.1) for s in range(3)]
+    labels, common = group_labels(runs)
+    assert labels == ["all"] * 3 and common == {"agent": "ppo", "total_timesteps": "1000"}
+
+
+def test_missing_folder_is_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        find_runs(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="no training runs"):
+        find_runs(tmp_path)
