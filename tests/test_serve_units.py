@@ -1,0 +1,154 @@
+"""Serving parts without a server: incremental text, calibration, schemas, configuration."""
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.calibration import CalibratedCostModel, StepCalibration
+from runtime.openai_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    UnsupportedParameter,
+    error_body,
+    plain_chat_prompt,
+)
+from runtime.serve_config import ServeConfig, check_profile_matches_pair
+from runtime.textstream import REPLACEMENT, TextStream
+from runtime.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+
+
+def _stream_all(text: str, cuts: list[int], stops=()) -> tuple[list[str], TextStream]:
+    ids = TOK.encode(text)
+    ts = TextStream(TOK.decode, stops)
+    pieces, at = [], 0
+    for cut in sorted(set(c % (len(ids) + 1) for c in cuts)) + [len(ids)]:
+        ts.feed(ids[at:cut])
+        at = cut
+        pieces.append(ts.take())
+    pieces.append(ts.take(final=True))
+    return pieces, ts
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=40), st.lists(st.integers(0, 200), max_size=12))
+def test_streamed_pieces_join_to_the_text_and_never_split_a_character(text, cuts):
+    pieces, _ = _stream_all(text, cuts)
+    assert "".join(pieces) == text
+    assert not any(REPLACEMENT in p for p in pieces) or REPLACEMENT in text
+
+
+def test_multibyte_characters_split_across_tokens_stay_whole():
+    text = "héllo → 世界 🙂 done"
+    pieces, _ = _stream_all(text, list(range(len(text.encode()))))  # one byte per token
+    assert "".join(pieces) == text and all(REPLACEMENT not in p for p in pieces)
+    assert TOK.decode(TOK.encode("🙂")[:2]) == REPLACEMENT  # what a naive per-token decode would send
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="abc→", min_size=1, max_size=30), st.text(alphabet="abc→", min_size=1, max_size=3), st.lists(st.integers(0, 100), max_size=8))
+def test_stop_sequences_match_the_reference_cut(text, stop, cuts):
+    pieces, ts = _stream_all(text, cuts, [stop])
+    want = text[: text.index(stop)] if stop in text else text
+    assert "".join(pieces) == want
+    assert ts.stopped == (stop in text)
+
+
+def test_stop_prefix_is_held_back_until_settled():
+    ts = TextStream(TOK.decode, ["END"])
+    ts.feed(TOK.encode("abcE"))
+    assert ts.take() == "abc"  # "E" may start "END"
+    ts.feed(TOK.encode("x"))
+    assert ts.take() == "Ex"
+    ts.feed(TOK.encode("EN"))
+    assert ts.take() == ""
+    ts.feed(TOK.encode("D tail"))
+    assert ts.stopped and ts.take() == "" and ts.text == "abcEx"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(1e-6, 1e3), st.floats(1e-6, 1e3)), min_size=1, max_size=30))
+def test_calibration_stays_in_bounds(samples):
+    cal = StepCalibration(0.3, (0.5, 20.0))
+    for real, predicted in samples:
+        f = cal.update("ad", real, predicted)
+        assert 0.5 <= f <= 20.0
+    assert cal.factor["sd"] == 1.0  # per mode
+
+
+def test_calibration_tracks_a_slower_host_and_ignores_bad_samples():
+    cal = StepCalibration(0.3, (0.5, 20.0))
+    for _ in range(20):
+        cal.update("sd", 4.0, 1.0)
+    assert cal.factor["sd"] == pytest.approx(4.0)
+    assert cal.update("sd", float("nan"), 1.0) is None and cal.update("sd", 1.0, 0.0) is None
+    assert cal.factor["sd"] == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="mode"):
+        cal.update("xd", 1.0, 1.0)
+    with pytest.raises(ValueError, match="bounds"):
+        StepCalibration(0.3, (2.0, 3.0))
+
+
+def test_calibrated_cost_model_scales_times_not_memory():
+    from envs.feasibility import CostModel
+    from envs.profile import load_profile
+
+    base = CostModel(load_profile("cpu1_specsched-pair"))
+    cal = StepCalibration()
+    cost = CalibratedCostModel(base, cal)
+    cal.factor.update(ad=3.0, sd=0.5)
+    assert cost.ad_time1(2, 50, 20) == pytest.approx(3.0 * base.ad_time1(2, 50, 20))
+    assert cost.sd_time1(2, 50, 20, 6, 4) == pytest.approx(0.5 * base.sd_time1(2, 50, 20, 6, 4))
+    assert float(cost.ad_time(2, 50, 20)) == pytest.approx(3.0 * float(base.ad_time(2, 50, 20)))
+    assert cost.ad_memory1(2, 50, 20, 30) == base.ad_memory1(2, 50, 20, 30)
+
+
+@pytest.mark.parametrize("field,value", [("n", 2), ("best_of", 3), ("logprobs", 1), ("echo", True), ("suffix", "x"), ("presence_penalty", 0.5),
+                                         ("logit_bias", {"1": 2}), ("temperature", 0.9), ("top_p", 0.5), ("made_up", 1)])
+def test_unsupported_parameters_are_named(field, value):
+    req = CompletionRequest.model_validate({"prompt": "x", field: value})
+    with pytest.raises(UnsupportedParameter) as err:
+        req.check_supported()
+    assert err.value.param == field
+
+
+def test_supported_parameters_pass():
+    req = CompletionRequest.model_validate({"prompt": ["x"], "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0,
+                                            "top_p": 1, "seed": 3, "stop": ["\n"], "user": "u", "deadline_s": 2.5, "n": 1, "echo": False})
+    req.check_supported()
+    assert req.prompt == "x" and req.stop_list() == ["\n"]
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_completion_tokens": 5})
+    assert chat.token_limit() == 5 and chat.messages[0].text() == "hi"
+    assert plain_chat_prompt([("user", "hi")]) == "user: hi\nassistant: "
+    body = error_body(429, "no", code="rejected")
+    assert body == {"error": {"message": "no", "type": "rate_limit_error", "param": None, "code": "rejected"}}
+
+
+def test_bad_config_fails_fast_before_any_model_is_loaded():
+    start = time.monotonic()
+    for overrides, field in (({"scheduler": "nosuch"}, "scheduler"), ({"profile": "nosuch"}, "profile"), ({"window_s": 0}, "window_s"),
+                             ({"pair": "/nonexistent"}, "pair"), ({"target": "/nonexistent", "draft": "/nonexistent"}, "target"),
+                             ({"target": "."}, "draft"), ({"scheduler": "policy", "policy_path": None}, "policy_path"),
+                             ({"calibration_bounds": [2.0, 3.0]}, "calibration_bounds"), ({"max_round": 65}, "max_round"), ({"dtype": "int7"}, "dtype")):
+        with pytest.raises(ValueError, match=field):
+            ServeConfig(**overrides).validate()
+    assert time.monotonic() - start < 10.0
+
+
+def test_profile_of_other_dimensions_is_refused():
+    from types import SimpleNamespace
+
+    from envs.profile import load_profile
+
+    prof = load_profile("cpu1_specsched-pair")
+    same = SimpleNamespace(num_hidden_layers=prof.llm.layers, hidden_size=prof.llm.hidden, num_attention_heads=prof.llm.heads,
+                           num_key_value_heads=prof.llm.kv_heads, vocab_size=prof.llm.vocab)
+    draft = SimpleNamespace(num_hidden_layers=prof.slm.layers, hidden_size=prof.slm.hidden, num_attention_heads=prof.slm.heads,
+                            num_key_value_heads=prof.slm.kv_heads, vocab_size=prof.slm.vocab)
+    check_profile_matches_pair(prof, same, draft)
+    other = SimpleNamespace(**{**vars(same), "vocab_size": 32000})
+    with pytest.raises(ValueError, match="llm.vocab"):
+        check_profile_matches_pair(prof, other, draft)
