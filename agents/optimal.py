@@ -18,14 +18,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from agents.balance import grid, split_search
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
+from agents.plan_repair import repair
+from agents.round_milp import RoundMILP
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, PlanBuilder
+from envs.feasibility import CostModel, PlanBuilder, check_plans
 from envs.plan import AD, SD, Plan
 from envs.workload import Round
 
@@ -105,8 +108,6 @@ class Exhaustive(Scheduler):
 
 
 def _plan_from_modes(cost: CostModel, rnd: Round, modes, gamma: int, extra: dict) -> Plan:
-    from envs.feasibility import check_plans
-
     if modes is None:
         return Plan(np.zeros(rnd.num_users, dtype=np.int8), gamma=gamma, z=1.0, lam=1.0, extra=extra)
     rep = check_plans(cost, rnd, modes, gamma)
@@ -149,29 +150,101 @@ def split_upper_bound(cost: CostModel, rnd: Round, gamma: int, step: float = 0.0
 
 
 class Optimal(Scheduler):
-    """Optimum or certified bound under a time limit (``plan.extra``: upper_bound, gap, optimal)."""
+    """The optimum, or the best plan found with a proven upper bound, under a time limit.
+
+    Anytime search (:func:`certify`), each stage only while the bound exceeds the best plan:
+
+    1. incumbents: BALANCE (grid step ``incumbent_step``) and any ``warm`` plans (:meth:`solve`);
+    2. the split bound (:func:`split_upper_bound`);
+    3. the exhaustive search (warm-started, exact) for ``exhaustive_share`` of the time left;
+    4. the MILP relaxation of :mod:`agents.round_milp`, solved again and again with cuts until
+       its optimum passes the exact check (certified) or time runs out; its plans are repaired
+       into incumbents (:mod:`agents.plan_repair`).
+
+    ``plan.extra``: ``upper_bound``, ``gap``, ``optimal`` and ``certified`` (both ``gap == 0``),
+    ``trace`` (``[{"t_s", "lower", "upper", "event"}]``: the best plan and the proven bound after
+    every stage or MILP solve, seconds since the start), ``milp_solves`` and ``cuts``.
+    """
 
     name = "optimal"
 
-    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05):
+    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05, exhaustive_share: float = 0.5):
         super().__init__(cost, cfg, gamma, seed)
-        self.time_limit_s = time_limit_s
+        if not time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
+        if not 0 <= exhaustive_share <= 1:
+            raise ValueError(f"exhaustive_share must be in [0, 1], got {exhaustive_share}")
+        self.time_limit_s = float(time_limit_s)
         self.bound_step = bound_step
         self.incumbent_step = incumbent_step
+        self.exhaustive_share = exhaustive_share
 
     def decide(self, rnd: Round) -> Plan:
+        return self.solve(rnd)
+
+    def solve(self, rnd: Round, warm: Sequence[Plan] = ()) -> Plan:
+        """:meth:`decide` with extra warm-start plans (e.g. a learned policy's on this round)."""
         start = time.perf_counter()
         g = grid(self.incumbent_step)
-        inc_plan = split_search(self.cost, rnd, self.gamma, g, g)
-        lb = inc_plan.admitted
-        ub = split_upper_bound(self.cost, rnd, self.gamma, self.bound_step, incumbent=lb)
-        plan = inc_plan
-        if ub > lb:
-            left = max(self.time_limit_s - (time.perf_counter() - start), 0.0)
-            modes, complete, search_ub = exhaustive_search(self.cost, rnd, self.gamma, self.cfg.max_gamma, incumbent=lb, time_limit_s=left)
-            if modes is not None:
-                plan = _plan_from_modes(self.cost, rnd, modes, self.gamma, {})
-                lb = plan.admitted
-            ub = lb if complete else min(ub, max(search_ub, lb))
-        plan.extra.update({"upper_bound": int(ub), "gap": int(ub - lb), "optimal": bool(ub == lb)})
-        return plan
+        plans = [split_search(self.cost, rnd, self.gamma, g, g), *warm]
+        return certify(self.cost, rnd, self.gamma, self.cfg.max_gamma, self.time_limit_s, plans, start, self.bound_step, self.exhaustive_share)
+
+
+def certify(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, time_limit_s: float, warm: Sequence[Plan] = (), start: float | None = None, bound_step: float = 0.02, exhaustive_share: float = 0.5) -> Plan:
+    """Best plan with draft depth ``gamma`` and a proven upper bound (see :class:`Optimal`).
+
+    Why the bound is valid: it is the minimum of proven bounds -- the split bound; the exhaustive
+    search's (no unexplored node can exceed it); and the value (or HiGHS's dual bound) of the MILP
+    relaxation constrained to beat the incumbent (``>= lower + 1``), so the optimum is at most
+    ``max(lower, bound)``. Cuts never remove a feasible plan (:mod:`agents.round_milp`).
+    """
+    start = time.perf_counter() if start is None else start
+    k = rnd.num_users
+    trace: list[dict] = []
+    state = {"best": np.zeros(k, dtype=np.int8), "lower": 0, "upper": k}
+
+    def left() -> float:
+        return time_limit_s - (time.perf_counter() - start)
+
+    def offer(modes, event: str | None = None, upper: int | None = None) -> None:
+        if modes is not None and np.count_nonzero(modes) > state["lower"] and check_plans(cost, rnd, modes, gamma).feasible:
+            state["best"], state["lower"] = np.asarray(modes, dtype=np.int8).copy(), int(np.count_nonzero(modes))
+        if upper is not None:
+            state["upper"] = min(state["upper"], max(int(upper), state["lower"]))
+        if event:
+            trace.append({"t_s": round(time.perf_counter() - start, 4), "lower": state["lower"], "upper": state["upper"], "event": event})
+
+    def done() -> bool:
+        return state["lower"] >= state["upper"] or left() <= 0
+
+    for p in warm:  # a warm plan counts only if feasible at this depth (AD-only plans are at any)
+        offer(p.modes)
+    offer(None, "warm start")
+    if not done():
+        offer(None, "split bound", split_upper_bound(cost, rnd, gamma, bound_step, incumbent=state["lower"]))
+    if not done() and exhaustive_share > 0:
+        modes, complete, search_ub = exhaustive_search(cost, rnd, gamma, max_gamma, incumbent=state["lower"], time_limit_s=left() * exhaustive_share)
+        offer(modes)
+        offer(None, "exhaustive search " + ("complete" if complete else "stopped"), state["lower"] if complete else search_ub)
+    solves, cuts = 0, 0
+    if not done():
+        milp = RoundMILP(cost, rnd, gamma)
+        while not done():
+            status, modes, bound = milp.solve(left(), at_least=state["lower"] + 1, at_most=state["upper"])
+            solves += 1
+            if status == "infeasible":
+                offer(None, "relaxation cannot beat the incumbent", state["lower"])
+                break
+            if modes is not None and not check_plans(cost, rnd, modes, gamma).feasible:
+                offer(repair(cost, rnd, modes, gamma))
+                if status == "optimal":
+                    milp.cuts_for(modes)
+            else:
+                offer(modes)
+            offer(None, f"MILP {status}", bound)
+            if status == "limit":
+                break
+        cuts = milp.num_cuts
+    lower, upper = state["lower"], max(state["upper"], state["lower"])
+    extra = {"upper_bound": int(upper), "gap": int(upper - lower), "optimal": bool(upper == lower), "certified": bool(upper == lower), "trace": trace, "milp_solves": solves, "cuts": cuts}
+    return _plan_from_modes(cost, rnd, state["best"], gamma, extra)

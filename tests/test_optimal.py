@@ -1,0 +1,161 @@
+"""The certified optimum: MILP relaxation, cuts, envelopes, repair and the anytime driver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agents.cost_envelope import CostEnvelope
+from agents.optimal import Exhaustive, Optimal, certify
+from agents.plan_repair import repair
+from agents.registry import make_scheduler
+from agents.round_milp import RoundMILP
+from envs import CostModel, EnvConfig, sample_round
+from envs.feasibility import BatchStats, check_plans
+from envs.plan import AD, SD, Plan
+
+SETTINGS = {
+    "paper": {},
+    "padded": {"kv_memory": "padded"},
+    "cpu": {"profile": "cpu_specsched-pair"},  # a measured table: costs are not monotone
+    "a100": {"profile": "a100-40gb_llama2-13b_llama2-7b"},
+    "noisy": {"alpha_cv": 0.3, "output_cv": 0.5},
+}
+_COSTS: dict = {}
+
+
+def _setup(name: str, k: int, seed: int, tight: bool = False):
+    cfg = EnvConfig(num_users=k, **SETTINGS[name])
+    if tight:  # long outputs and short deadlines: few users fit, compute binds
+        cfg = cfg.replace(output_tokens=[100, 400], deadline_s=[0.5, 6.0])
+    key = (name, cfg.kv_memory, cfg.profile)
+    if key not in _COSTS:
+        _COSTS[key] = CostModel.from_config(cfg)
+    return cfg, _COSTS[key], sample_round(np.random.default_rng(seed), cfg)
+
+
+def _random_modes(rng: np.random.Generator, k: int, fill: float) -> np.ndarray:
+    return np.where(rng.random(k) < fill, rng.integers(1, 3, size=k), 0).astype(np.int8)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), k=st.integers(1, 12))
+def test_envelope_bounds_every_batch_cost(seed, name, k):
+    cfg, cost, rnd = _setup(name, k, seed)
+    env = CostEnvelope(cost, rnd, 4)
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        modes = _random_modes(rng, k, rng.random())
+        rep = check_plans(cost, rnd, modes, 4)
+        for m, c_true in ((AD, rep.ad_time_s), (SD, rep.sd_time_s)):
+            members = np.flatnonzero(modes == m)
+            if len(members):
+                lv = env.plan_levels(m, members)
+                assert env.cost_lb(m, len(members), lv) <= float(c_true) * (1 + 1e-12) + 1e-15
+                stats = BatchStats.of(rnd, modes == m, 4)
+                assert env.budget(lv["slack"], lv["uplink"]) == pytest.approx(float(stats.slack_min - stats.u_max))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), tight=st.booleans())
+def test_cuts_never_remove_a_feasible_plan(seed, name, tight):
+    """Cuts from many infeasible plans; every feasible plan still satisfies every row."""
+    cfg, cost, rnd = _setup(name, 10, seed, tight)
+    milp = RoundMILP(cost, rnd, 4)
+    rng = np.random.default_rng(seed)
+    plans = [_random_modes(rng, 10, f) for f in np.linspace(0.2, 1.0, 30)]
+    feasible = check_plans(cost, rnd, np.array(plans), 4).feasible
+    for modes, ok in zip(plans, feasible, strict=True):
+        if not ok:
+            milp.cuts_for(modes)
+    for modes, ok in zip(plans, feasible, strict=True):
+        if ok:
+            assert len(milp.violated_rows(milp.encode(modes))) == 0
+        else:  # the cuts (or a no-good) exclude the infeasible plan itself
+            assert len(milp.violated_rows(milp.encode(modes))) > 0
+
+
+def test_cut_check_can_fail():
+    """The validity check above is not vacuous: a plan above the memory budget violates a row."""
+    cfg, cost, rnd = _setup("paper", 10, 0)
+    milp = RoundMILP(cost, rnd, 4)
+    tiny = CostModel(cost.profile.with_memory(cost.w_l + cost.reserve_bytes + cost.kv_l * 5), "per_user")
+    small = RoundMILP(tiny, rnd, 4)
+    everyone = np.full(10, AD, dtype=np.int8)
+    assert len(small.violated_rows(small.encode(everyone))) > 0
+    assert milp.encode(everyone).shape == small.encode(everyone).shape
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), k=st.integers(2, 8), tight=st.booleans())
+def test_milp_alone_equals_brute_force(seed, name, k, tight):
+    """No warm start, no exhaustive stage: the MILP path alone must reach the exact optimum."""
+    cfg, cost, rnd = _setup(name, k, seed, tight)
+    brute = Exhaustive(cost, cfg, warm_start=False).plan(rnd)
+    plan = certify(cost, rnd, 4, cfg.max_gamma, 60.0, warm=(), exhaustive_share=0.0)
+    assert plan.extra["certified"], plan.extra["trace"]
+    assert plan.admitted == brute.admitted == plan.extra["upper_bound"]
+    assert check_plans(cost, rnd, plan.modes, 4).feasible
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), tight=st.booleans())
+def test_optimal_equals_brute_force(seed, name, tight):
+    cfg, cost, rnd = _setup(name, 9, seed, tight)
+    brute = Exhaustive(cost, cfg, warm_start=False).plan(rnd)
+    plan = Optimal(cost, cfg, time_limit_s=60).plan(rnd)
+    assert plan.extra["certified"] and plan.extra["optimal"] and plan.extra["gap"] == 0
+    assert plan.admitted == brute.admitted
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_bound_covers_every_scheduler(name):
+    """A short limit leaves gaps at K = 30; the bound must still cover every scheduler's plan."""
+    for seed in range(2):
+        cfg, cost, rnd = _setup(name, 30, seed)
+        plan = Optimal(cost, cfg, time_limit_s=1.5, bound_step=0.05).plan(rnd)
+        ub = plan.extra["upper_bound"]
+        assert plan.extra["gap"] == ub - plan.admitted >= 0
+        assert check_plans(cost, rnd, plan.modes, plan.gamma).feasible
+        for other in ("balance", "greedy", "sd_only", "ad_only"):
+            assert make_scheduler(other, cost, cfg, seed=0).plan(rnd).admitted <= ub
+
+
+def test_trace_is_anytime_and_consistent():
+    cfg, cost, rnd = _setup("paper", 40, 3)
+    plan = Optimal(cost, cfg, time_limit_s=3.0, bound_step=0.05).plan(rnd)
+    tr = plan.extra["trace"]
+    assert tr and tr[0]["event"] == "warm start"
+    assert all(a["t_s"] <= b["t_s"] and a["lower"] <= b["lower"] and a["upper"] >= b["upper"] for a, b in zip(tr, tr[1:]))
+    assert tr[-1]["lower"] == plan.admitted and tr[-1]["upper"] == plan.extra["upper_bound"]
+    assert plan.decision_s < 3.0 + 5.0  # a stage may overrun the limit only by one solve
+
+
+def test_warm_plan_is_used():
+    """A given plan better than BALANCE's is the starting incumbent (e.g. a learned policy's)."""
+    cfg, cost, rnd = _setup("paper", 12, 5, tight=True)
+    best = Exhaustive(cost, cfg).plan(rnd)
+    plan = Optimal(cost, cfg, time_limit_s=0.01).solve(rnd, warm=[best])
+    assert plan.extra["trace"][0]["lower"] >= best.admitted
+    bad = Plan(np.full(12, SD, dtype=np.int8), gamma=4)  # infeasible: ignored, not trusted
+    assert Optimal(cost, cfg, time_limit_s=0.01).solve(rnd, warm=[bad]).admitted <= best.admitted
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), fill=st.floats(0.0, 1.0))
+def test_repair_always_feasible(seed, fill):
+    cfg, cost, rnd = _setup("paper", 15, seed)
+    modes = _random_modes(np.random.default_rng(seed), 15, fill)
+    fixed = repair(cost, rnd, modes, 4)
+    assert check_plans(cost, rnd, fixed, 4).feasible
+    if check_plans(cost, rnd, modes, 4).feasible:  # a feasible plan is only extended
+        assert np.all(fixed[modes != 0] == modes[modes != 0])
+
+
+@pytest.mark.parametrize("field,value", [("time_limit_s", 0.0), ("exhaustive_share", 1.5)])
+def test_bad_options_named(field, value):
+    cfg = EnvConfig(num_users=5)
+    with pytest.raises(ValueError, match=field):
+        Optimal(CostModel.from_config(cfg), cfg, **{field: value})
