@@ -53,22 +53,28 @@ def free_port() -> int:
 
 
 def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, profile: str, threads: int, devices: str | None = None):
+    """Start ``runtime.serve`` on loopback; returns (process, url) once ``/health`` answers."""
+    import tempfile
+
     cmd = [sys.executable, "-m", "runtime.serve", f"scheduler={scheduler}", f"port={port}", f"pair={pair}", f"window_s={window_s}", f"alpha_init={alpha}",
-           "max_tokens_limit=512", f"profile={profile}", f"threads={threads}"]
+           "max_tokens_limit=512", f"profile={profile}", f"threads={threads}", "max_queue=4096"]
     if devices:
         cmd.append(f"devices=[{devices}]")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the server's log goes to a file: a pipe nobody reads would block it once full
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    for _ in range(1200):
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"server exited: {log.read()[-2000:]}")
         try:
-            if httpx.get(f"{url}/metrics", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.terminate()
-    raise RuntimeError("server did not start within 60 s")
+    raise RuntimeError("server did not start within 120 s")
 
 
 def measured_alpha(g: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:

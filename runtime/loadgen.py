@@ -2,21 +2,31 @@
 
     python -m runtime.loadgen url=http://127.0.0.1:8011 rounds=5 output=run.csv
     python -m runtime.loadgen env=small users=20 time_scale=0.5 output=run.csv
+    python -m runtime.loadgen rounds=10 users=64 wait_rounds=false output=burst.csv   # a burst: every round at once
 
 Round ``r`` draws users from the env config exactly as the simulator does (seed sequence
-``(seed, r)``); each user becomes one streamed request, all of a round's requests sent together:
-a prompt of the user's input length (cut from the standard library's source), ``max_tokens`` =
-its output length x ``token_scale``, ``deadline_s`` = its deadline x ``time_scale`` (scale both to
-the speed of the pair being served). One CSV row per request: prompt tokens, output tokens,
-deadline, mode, outcome, TTFT, latency (and the acceptance estimate the round was planned with,
-and each SD request's iterations, accepted drafts and rejections). The summary (served fraction, p50/p99 latency, tokens/s)
-is printed and written beside the CSV.
+``(seed, r)``); each user becomes one request (streamed unless ``stream=false``), all of a round's
+requests sent together: a prompt of the user's input length (cut from the standard library's
+source), ``max_tokens`` = its output length x ``token_scale``, ``deadline_s`` = its deadline x
+``time_scale`` (scale both to the speed of the pair being served). With ``wait_rounds=true`` a
+round starts when the previous one is answered (plus ``round_gap_s``); with ``false`` round ``r``
+starts at ``r x round_gap_s`` whatever is still running (0: a burst of every round at once).
+
+One CSV row per request, **written and flushed as soon as it is answered**: prompt tokens, output
+tokens, deadline, mode, outcome, reason, TTFT, latency, the server's timings, the acceptance
+estimate its round was planned with and, for SD, the engine's iterations, accepted drafts and
+rejections. Ctrl-C or SIGTERM stops sending, keeps every answered row and writes the summary of
+those (served fraction, p50/p99 latency, tokens/s) beside the CSV. The command exits non-zero when
+every request failed (outcome ``error``: the server unreachable, or 5xx).
 """
 
 from __future__ import annotations
 
 import asyncio
+import csv
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +34,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agents.evaluate import round_rng
 from envs.config import EnvConfig
-from envs.workload import sample_round
+from envs.workload import round_rng, sample_round
 
-KNOWN = {"env", "url", "rounds", "users", "seed", "time_scale", "token_scale", "max_tokens_cap", "round_gap_s", "output", "timeout_s", "stream"}
+KNOWN = {"env", "url", "rounds", "users", "seed", "time_scale", "token_scale", "max_tokens_cap", "round_gap_s", "output", "timeout_s", "stream", "wait_rounds"}
+COLUMNS = ["round", "user", "prompt_tokens", "max_tokens", "deadline_s", "status", "mode", "outcome", "reason", "ttft_s", "latency_s", "output_tokens",
+           "server_latency_s", "wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections"]
+SUMMARY_KEYS = ("wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections")
 
 
 def prompt_text(n_bytes: int, rng: np.random.Generator, corpus: bytes) -> str:
@@ -36,15 +48,24 @@ def prompt_text(n_bytes: int, rng: np.random.Generator, corpus: bytes) -> str:
     return corpus[start : start + n_bytes].decode("utf-8", errors="ignore") or "x"
 
 
+def _row(row: dict, start: float, status: int | None, final: dict, ttft: float | None, reason: str = "") -> dict:
+    out = {**row, "status": status, "mode": final.get("mode"), "outcome": final.get("outcome") or "error", "reason": final.get("reason") or reason,
+           "ttft_s": ttft, "latency_s": time.monotonic() - start, "output_tokens": final.get("completion_tokens", 0), "server_latency_s": final.get("latency_s")}
+    out.update({key: final.get(key) for key in SUMMARY_KEYS})
+    return out
+
+
 async def one_request(client, url: str, payload: dict, row: dict) -> dict:
+    """Send one request; the row always has an outcome (``error`` when no server outcome came back)."""
     start = time.monotonic()
     ttft = None
     final: dict[str, Any] = {}
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=payload) as resp:
-            if resp.status_code != 200:
+            if resp.status_code != 200:  # 429 rejected / 500 error carry the server's outcome; 4xx / 503 do not
                 body = json.loads(await resp.aread())
-                return {**row, "outcome": "error", "reason": body.get("error", {}).get("message", str(resp.status_code)), "latency_s": time.monotonic() - start}
+                message = body.get("error", {}).get("message", str(resp.status_code))
+                return _row(row, start, resp.status_code, body.get("specsched") or {}, None, f"HTTP {resp.status_code}: {message}")
             if not payload.get("stream"):
                 final = json.loads(await resp.aread()).get("specsched", {})
             else:
@@ -52,74 +73,134 @@ async def one_request(client, url: str, payload: dict, row: dict) -> dict:
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[6:])
-                    if event["choices"][0]["text"] and ttft is None:
+                    if event["choices"] and event["choices"][0].get("text") and ttft is None:
                         ttft = time.monotonic() - start
                     final = event.get("specsched", final)
+            return _row(row, start, resp.status_code, final, ttft, "" if final else "stream ended without an outcome")
     except Exception as err:  # a dead server is a result too: record it, keep going
-        return {**row, "outcome": "error", "reason": repr(err), "latency_s": time.monotonic() - start}
-    tokens = final.get("completion_tokens", 0)
-    extra = {key: final.get(key) for key in ("wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections")}
-    return {**row, "mode": final.get("mode"), "outcome": final.get("outcome"), "reason": final.get("reason", ""), "ttft_s": ttft, "latency_s": time.monotonic() - start, "output_tokens": tokens, "server_latency_s": final.get("latency_s"), **extra}
+        return _row(row, start, None, {}, ttft, repr(err))
 
 
-async def replay(cfg: dict) -> pd.DataFrame:
+class RowWriter:
+    """The CSV, one flushed row per answered request (a killed run keeps what it had)."""
+
+    def __init__(self, path: str | Path | None):
+        self.rows: list[dict] = []
+        self.path = Path(path) if path else None
+        self._fh = None
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("w", newline="")
+            self._csv = csv.DictWriter(self._fh, fieldnames=COLUMNS, extrasaction="ignore")
+            self._csv.writeheader()
+            self._fh.flush()
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if self._fh:
+            self._csv.writerow(row)
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh:
+            self._fh.close()
+            self._fh = None
+
+
+async def replay(cfg: dict, writer: RowWriter) -> None:
     import httpx
 
     from runtime.pair import corpus
 
     env = EnvConfig.from_kwargs(**{**cfg["env"], "num_users": int(cfg["users"])})
     text, _ = corpus(max_files=200)
-    rows = []
-    async with httpx.AsyncClient(timeout=float(cfg["timeout_s"])) as client:
-        for r in range(int(cfg["rounds"])):
-            rnd = sample_round(round_rng(int(cfg["seed"]), r), env)
-            rng = round_rng(int(cfg["seed"]), r, 2)
-            tasks = []
-            for k in range(rnd.num_users):
-                max_tokens = int(np.clip(round(rnd.output_tokens[k] * cfg["token_scale"]), 1, cfg["max_tokens_cap"]))
-                deadline = float(rnd.deadline_s[k] * cfg["time_scale"])
-                prompt = prompt_text(int(rnd.input_tokens[k]), rng, text)
-                row = {"round": r, "user": k, "prompt_tokens": len(prompt.encode()), "max_tokens": max_tokens, "deadline_s": deadline}
-                tasks.append(one_request(client, cfg["url"], {"prompt": prompt, "max_tokens": max_tokens, "deadline_s": deadline, "stream": bool(cfg.get("stream", True))}, row))
-            rows += await asyncio.gather(*tasks)
-            if cfg["round_gap_s"] > 0:
-                await asyncio.sleep(cfg["round_gap_s"])
-    return pd.DataFrame(rows)
+    wait = bool(cfg.get("wait_rounds", True))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+
+    async def send(client, r: int) -> None:
+        rnd = sample_round(round_rng(int(cfg["seed"]), r), env)
+        rng = round_rng(int(cfg["seed"]), r, 2)
+        tasks = []
+        for k in range(rnd.num_users):
+            max_tokens = int(np.clip(round(rnd.output_tokens[k] * cfg["token_scale"]), 1, cfg["max_tokens_cap"]))
+            deadline = float(rnd.deadline_s[k] * cfg["time_scale"])
+            prompt = prompt_text(int(rnd.input_tokens[k]), rng, text)
+            row = {"round": r, "user": k, "prompt_tokens": len(prompt.encode()), "max_tokens": max_tokens, "deadline_s": deadline}
+            payload = {"prompt": prompt, "max_tokens": max_tokens, "deadline_s": deadline, "stream": bool(cfg.get("stream", True))}
+            tasks.append(asyncio.ensure_future(one_request(client, cfg["url"], payload, row)))
+        for done in asyncio.as_completed(tasks):
+            writer.add(await done)
+
+    async with httpx.AsyncClient(timeout=float(cfg["timeout_s"]), limits=limits) as client:
+        if wait:
+            for r in range(int(cfg["rounds"])):
+                await send(client, r)
+                if cfg["round_gap_s"] > 0:
+                    await asyncio.sleep(cfg["round_gap_s"])
+        else:
+            async def later(r: int) -> None:
+                await asyncio.sleep(r * cfg["round_gap_s"])
+                await send(client, r)
+
+            await asyncio.gather(*[later(r) for r in range(int(cfg["rounds"]))])
 
 
 def summarize(df: pd.DataFrame, wall_s: float) -> pd.DataFrame:
+    if df.empty:
+        df = pd.DataFrame(columns=COLUMNS)
     lat = df.latency_s[df.outcome.isin(["served", "late"])]
+    ttft = pd.to_numeric(df.ttft_s, errors="coerce").dropna()
     return pd.DataFrame([{
         "requests": len(df),
-        "served_frac": float((df.outcome == "served").mean()),
+        "served_frac": float((df.outcome == "served").mean()) if len(df) else np.nan,
         "late": int((df.outcome == "late").sum()),
         "rejected": int((df.outcome == "rejected").sum()),
         "errors": int((df.outcome == "error").sum()),
         "latency_p50_s": float(lat.quantile(0.5)) if len(lat) else np.nan,
         "latency_p99_s": float(lat.quantile(0.99)) if len(lat) else np.nan,
-        "ttft_p50_s": float(df.ttft_s.dropna().quantile(0.5)) if "ttft_s" in df and df.ttft_s.notna().any() else np.nan,
-        "tokens_per_s": float(df.get("output_tokens", pd.Series(dtype=float)).fillna(0).sum() / max(wall_s, 1e-9)),
+        "ttft_p50_s": float(ttft.quantile(0.5)) if len(ttft) else np.nan,
+        "tokens_per_s": float(pd.to_numeric(df.output_tokens, errors="coerce").fillna(0).sum() / max(wall_s, 1e-9)),
     }])
 
 
-def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+def validate(cfg: dict) -> None:
     unknown = sorted(set(cfg) - KNOWN - {"profile"})
     if unknown:
         raise ValueError(f"unknown loadgen config key(s) {unknown}; known: {sorted(KNOWN)}")
-    for key, lo in (("rounds", 1), ("users", 1)):
-        if not isinstance(cfg[key], int) or cfg[key] < lo:
-            raise ValueError(f"loadgen '{key}' must be an integer >= {lo}, got {cfg[key]!r}")
-    for key in ("time_scale", "token_scale"):
-        if not cfg[key] > 0:
-            raise ValueError(f"loadgen '{key}' must be > 0, got {cfg[key]!r}")
+    for key, lo in (("rounds", 1), ("users", 1), ("max_tokens_cap", 1)):
+        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] < lo:
+            raise ValueError(f"loadgen '{key}' must be an integer >= {lo}, got {cfg.get(key)!r}")
+    for key in ("time_scale", "token_scale", "timeout_s"):
+        if not isinstance(cfg.get(key), int | float) or not cfg[key] > 0:
+            raise ValueError(f"loadgen '{key}' must be a number > 0, got {cfg.get(key)!r}")
+    if not isinstance(cfg.get("round_gap_s"), int | float) or cfg["round_gap_s"] < 0:
+        raise ValueError(f"loadgen 'round_gap_s' must be a number >= 0, got {cfg.get('round_gap_s')!r}")
+
+
+def _write_summary(path: Path, summary: pd.DataFrame) -> None:
+    out = path.with_name(path.stem + "_summary.csv")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    summary.to_csv(tmp, index=False)
+    tmp.replace(out)  # atomic: a reader never sees half a summary
+
+
+def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Replay the workload; returns (rows, summary). Interrupted (Ctrl-C / SIGTERM), it keeps the
+    answered rows and summarises those; ``summary.interrupted`` says so."""
+    validate(cfg)
+    writer = RowWriter(cfg.get("output"))
     start = time.monotonic()
-    df = asyncio.run(replay(cfg))
-    summary = summarize(df, time.monotonic() - start)
+    interrupted = False
+    try:
+        asyncio.run(replay(cfg, writer))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        writer.close()
+    df = pd.DataFrame(writer.rows, columns=COLUMNS) if writer.rows else pd.DataFrame(columns=COLUMNS)
+    summary = summarize(df, time.monotonic() - start).assign(interrupted=interrupted)
     if cfg.get("output"):
-        out = Path(cfg["output"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out, index=False)
-        summary.to_csv(out.with_name(out.stem + "_summary.csv"), index=False)
+        _write_summary(Path(cfg["output"]), summary)
     return df, summary
 
 
@@ -131,8 +212,16 @@ def main() -> None:
     def app(raw) -> None:
         cfg = OmegaConf.to_container(raw, resolve=True)
         cfg.pop("profile", None)
+
+        def on_term(signum, frame):  # SIGTERM ends the run like Ctrl-C: answered rows are kept
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, on_term)
         _, summary = run(cfg)
         print(summary.to_markdown(index=False, floatfmt=".3g"))
+        s = summary.iloc[0]
+        if s.requests == 0 or s.errors == s.requests:
+            raise SystemExit(f"every request failed ({int(s.errors)} of {int(s.requests)})")
 
     app()
 
