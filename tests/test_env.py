@@ -64,33 +64,58 @@ def test_masks_exact_along_episodes():
 
 
 def test_episode_returns_served_and_info_keys():
-    traj, total, info = _run(make(), 3, 0)
-    for key in ("served", "admitted_ad", "admitted_sd", "gamma", "z", "lam"):
-        assert key in info
+    env = make()
+    traj, total, info = _run(env, 3, 0)
     assert total == info["served"] == info["admitted_ad"] + info["admitted_sd"]
+    assert info["admitted_ad"] + info["admitted_sd"] + info["rejected"] == 12 and info["late"] == 0
+    modes = info["modes"]
+    assert np.count_nonzero(modes == AD) == info["admitted_ad"] and np.count_nonzero(modes == SD) == info["admitted_sd"]
+    assert (info["gamma"] > 0) == (info["admitted_sd"] > 0)
+    assert 0.0 <= info["z"] <= 1.0 and 0.0 <= info["lam"] <= 1.0
+    assert info["admitted_sd"] > 0 or info["z"] == 1.0
     assert len(traj) == 13
+    assert all(env.observation_space.contains(o) for o in traj)
+    # the final plan passes the exact check with the shares the env reports
+    from envs import Plan
+    from envs.feasibility import shares_respected
+
+    plan = Plan(modes, gamma=max(info["gamma"], 1), z=info["z"], lam=info["lam"])
+    assert bool(check_plans(env.unwrapped.cost, env.unwrapped.round, modes, plan.gamma).feasible)
+    assert shares_respected(env.unwrapped.cost, env.unwrapped.round, plan)
+
+
+def test_episode_end_reward_timing_pays_once():
+    env = make(reward_timing="episode_end")
+    rewards = []
+    env.reset(seed=5)
+    for _ in range(12):
+        _, r, term, _, info = env.step(int(np.flatnonzero(env.unwrapped.action_masks())[-1]))
+        rewards.append(r)
+    assert term and rewards[:-1] == [0.0] * 11 and rewards[-1] == info["served"] > 0
 
 
 def test_invalid_action_is_reject_and_flagged():
     env = make(num_users=40, deadline_s=[0.5, 0.6])  # almost nothing fits
     env.reset(seed=0)
     u = env.unwrapped
-    for _ in range(40):
+    flagged = 0
+    for t in range(40):
         mask = u.action_masks()
         bad = np.flatnonzero(~mask)
-        if bad.size:
-            _, r, term, _, info = env.step(int(bad[0]))
-            assert info["invalid_action"] and r == 0.0
-            return
-        env.step(0)
-    pytest.fail("no invalid action found")
+        _, r, _, _, info = env.step(int(bad[0]) if bad.size else 0)
+        assert info["invalid_action"] == bool(bad.size) and r == 0.0
+        assert u._modes[t] == 0
+        flagged += bool(bad.size)
+    assert flagged >= 30  # the config really makes most actions infeasible
+    assert info["served"] == 0 and info["rejected"] == 40
 
 
-def test_out_of_range_action_is_reject():
+@pytest.mark.parametrize("bad", [-1, 10, 99, 1.5])
+def test_out_of_range_action_is_reject(bad):
     env = make()
     env.reset(seed=0)
-    _, r, _, _, info = env.step(99)
-    assert info["invalid_action"] and r == 0.0
+    _, r, _, _, info = env.step(bad)
+    assert info["invalid_action"] and r == 0.0 and env.unwrapped._modes[0] == 0
 
 
 def test_seeded_runs_repeat():
@@ -133,13 +158,21 @@ def test_reset_with_given_round():
     env.reset(seed=0)
     rnd = env.unwrapped.round
     env2 = make()
-    env2.reset(seed=123, options={"round": rnd})
-    assert np.array_equal(env2.unwrapped.round.input_tokens, rnd.input_tokens)
-    with pytest.raises(ValueError):
+    obs2, _ = env2.reset(seed=123, options={"round": rnd})
+    assert env2.unwrapped.round is rnd
+    obs1, _ = make().reset(seed=0)
+    assert np.array_equal(obs1, obs2)  # same round, same first observation whatever the seed
+    with pytest.raises(ValueError, match="num_users=5"):
         make(num_users=5).reset(options={"round": rnd})
 
 
 def test_render_ansi():
-    env = make(render_mode="ansi")
+    env = make(render_mode="ansi", deadline_s=[12.0, 13.0])
     env.reset(seed=0)
-    assert "AD:" in env.render()
+    assert "AD: 0 users" in env.render() and "user 0/12" in env.render()
+    env.step(1)
+    text = env.render()
+    assert "AD: 1 users" in text and "SD: 0 users" in text and "user 1/12" in text
+    assert make().unwrapped.render() is None  # no render mode: nothing to render
+    with pytest.raises(ValueError, match="render_mode"):
+        make(render_mode="human")
