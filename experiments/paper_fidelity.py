@@ -1,0 +1,393 @@
+"""Where the model and the BALANCE paper part ways: which single modelling choice reproduces its gains?
+
+    python -m experiments.paper_fidelity                 # every candidate, 50 test rounds per point
+    python -m experiments.paper_fidelity --rounds 20 --only baseline,draft_kv_target
+
+The paper reports BALANCE +37.9 % over AD-only and +33.4 % over SD-only on the K sweep (K = 70:
+70.4 % served, AD-only and SD-only both ~54 %); the first-principles model gives much less over
+SD-only because SD nearly dominates. Each candidate is ONE documented choice (a switch of
+``envs.config.EnvConfig``, see ``envs/model_choices.py``), every other value at the paper
+setting. For each candidate this writes:
+
+* the paper's single-request check (Fig. 1: 500 input tokens, here 256 output tokens, alpha
+  0.8, gamma 4): SD vs AD compute latency and GPU memory (weights + KV + the modelled overheads),
+  against the paper's -39.1 % / +18.3 %;
+* the K sweep (K = 20..70, or the candidate's own K values): BALANCE, AD-only and SD-only served
+  fraction on the same test-stream rounds, BALANCE's average relative gain over each (the
+  paper's "X % higher" read as relative; a 95 % bootstrap interval over rounds) and K = 70.
+
+Outputs ``results/paper_fidelity.{csv,md,png}`` (written to a temporary file, then renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from agents.evaluate import evaluate_schedulers  # noqa: E402
+from envs.config import EnvConfig  # noqa: E402
+from envs.feasibility import CostModel, sd_iterations  # noqa: E402
+from envs.workload import make_rounds  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+SCHEDULERS = ["balance", "ad_only", "sd_only"]
+K_VALUES = [20, 30, 40, 50, 60, 70]
+#: the paper's reported numbers (shared/reference/balance.md §1.4, §4)
+PAPER = {"latency_pct": -39.1, "memory_pct": 18.3, "gain_ad_pct": 37.9, "gain_sd_pct": 33.4, "k70_balance": 0.704, "k70_gain_ad_pct": 30.4, "k70_gain_sd_pct": 30.2}
+FIG1_TOLERANCE_PP = 3.0  #: a candidate "is consistent with Fig. 1" within this many points on both numbers
+FIG1 = {"input": 500, "output": 256, "alpha": 0.8, "gamma": 4}  #: the paper gives input 500; output and acceptance are our headline choice (results/calibration.md)
+
+
+def single_request(cost: CostModel, inp: int = FIG1["input"], out: int = FIG1["output"], alpha: float = FIG1["alpha"], gamma: int = FIG1["gamma"]) -> tuple[float, float]:
+    """SD vs AD for one request, in %: (compute latency change, GPU memory change).
+
+    Memory is what the request makes the GPU hold: weights (SD: both models and the SD-mode
+    overhead) plus its KV and, under ``sd_user_workspace_bytes``, its workspace. The device
+    reserve is a budget, not a measured use, so it is left out (results/calibration.md shows both).
+    """
+    ad = float(cost.ad_time(1, inp, out))
+    sd = float(cost.sd_time(1, inp, out, sd_iterations(out, alpha, gamma), gamma))
+    mem_ad = cost.w_l + float(cost.ad_memory(1, inp, out, out))
+    mem_sd = cost.w_l + cost.w_s + float(cost.sd_memory(1, inp, out, out, gamma))
+    return (sd / ad - 1.0) * 100.0, (mem_sd / mem_ad - 1.0) * 100.0
+
+
+def fig1_gap_bytes(cfg: EnvConfig | None = None) -> float:
+    """Bytes the first-principles model is short of the paper's +18.3 % for the Fig. 1 request."""
+    cost = CostModel.from_config(cfg or EnvConfig())
+    _, mem_pct = single_request(cost)
+    mem_ad = cost.w_l + float(cost.ad_memory(1, FIG1["input"], FIG1["output"], FIG1["output"]))
+    return (PAPER["memory_pct"] - mem_pct) / 100.0 * mem_ad
+
+
+@dataclass
+class Candidate:
+    name: str
+    choice: str  #: what the modelling choice is, in words
+    env: dict  #: EnvConfig overrides
+    k_values: list = field(default_factory=lambda: list(K_VALUES))
+
+
+def fitted_gap_bytes() -> float:
+    """The Fig. 1 memory gap to 1 MB (the fit is no more precise than the paper's 0.1 %): what the gap candidates charge."""
+    return round(fig1_gap_bytes(), -6)
+
+
+def candidates() -> list[Candidate]:
+    gap = fitted_gap_bytes()
+    return [
+        Candidate("baseline", "first-principles model (the default)", {}),
+        Candidate("draft_kv_target", "the draft's KV at the target's size per token (SD KV = 2 kv_L)", {"draft_kv": "target"}),
+        Candidate("verify_compute_0.6", "verify pass also pays its b(gamma+1) tokens' compute at 0.6 x peak, not overlapped", {"verify_flops_efficiency": 0.6}),
+        Candidate("verify_compute_0.3", "as above at 0.3 x peak (small-M GEMMs in eager PyTorch)", {"verify_flops_efficiency": 0.3}),
+        Candidate("verify_compute_0.15", "as above at 0.15 x peak (a scan: how far this choice can go)", {"verify_flops_efficiency": 0.15}),
+        Candidate("sd_user_workspace", f"each SD user holds {gap / 1e9:.2f} GB of verify workspace (the Fig. 1 memory gap, per user)", {"sd_user_workspace_bytes": gap}),
+        Candidate("sd_overhead", f"the SD mode holds {gap / 1e9:.2f} GB once beyond the SLM weights (the Fig. 1 memory gap, once)", {"sd_overhead_bytes": gap}),
+        Candidate("kv_padded", "KV padded to the batch's longest output (existing switch kv_memory=padded)", {"kv_memory": "padded"}),
+        Candidate("paper_lengths", "the paper's 1..1000-token inputs and outputs, K scaled by 1/5 (4..14)", {"input_tokens": [1, 1000], "output_tokens": [1, 1000]}, [4, 6, 8, 10, 12, 14]),
+    ]
+
+
+def run_candidate(cand: Candidate, rounds: int, seed: int, progress: bool = True) -> pd.DataFrame | str:
+    """One row per (K, scheduler, round) on the test stream's rounds ``0 .. rounds-1``.
+
+    Returns the reason instead when a scheduler cannot plan exactly under the candidate (its plan
+    fails the exact check): a per-mode solver that does not price the choice yet.
+    """
+    frames = []
+    for k in tqdm(cand.k_values, desc=f"{cand.name:>20}", disable=not progress, leave=False):
+        cfg = EnvConfig.from_kwargs(**{**cand.env, "num_users": k})
+        rnds = make_rounds(cfg, rounds, seed, split="test")
+        try:
+            frames.append(evaluate_schedulers(cfg, SCHEDULERS, rounds=rnds, seed=seed).assign(candidate=cand.name, k=k))
+        except AssertionError as err:  # evaluate_schedulers refuses infeasible plans
+            return f"not evaluated: {err} at K = {k} (the per-mode solver does not price this choice yet)"
+    return pd.concat(frames, ignore_index=True)
+
+
+def eligible(row) -> bool:
+    """Whether a candidate may be chosen as ``env=paper_fit``: a cost-model choice on the paper's
+    own K sweep, consistent with Fig. 1 (both single-request numbers within FIG1_TOLERANCE_PP)."""
+    return (row.k_top == max(K_VALUES) and abs(row.latency_pct - PAPER["latency_pct"]) <= FIG1_TOLERANCE_PP
+            and abs(row.memory_pct - PAPER["memory_pct"]) <= FIG1_TOLERANCE_PP)
+
+
+def sweep_gains(served: pd.DataFrame) -> dict:
+    """BALANCE's mean relative gain (%) over AD-only and SD-only across the K values.
+
+    ``served`` is indexed by (k, round) with one column per scheduler (served fraction).
+    """
+    table = served.groupby(level="k").mean()
+    out = {}
+    for base in ("ad_only", "sd_only"):
+        out[f"gain_{base[:2]}_pct"] = float((((table["balance"] - table[base]) / table[base].where(table[base] > 0)).mean()) * 100)
+    return out
+
+
+def bootstrap_gains(served: pd.DataFrame, resamples: int = 1000, seed: int = 0) -> dict:
+    """95 % percentile intervals of :func:`sweep_gains`, resampling rounds within each K (paired)."""
+    rng = np.random.default_rng(seed)
+    per_k = {k: g.to_numpy() for k, g in served.groupby(level="k")}
+    cols = list(served.columns)
+    ib, ia, is_ = cols.index("balance"), cols.index("ad_only"), cols.index("sd_only")
+    draws = {"ad": [], "sd": []}
+    for _ in range(resamples):
+        means = np.array([a[rng.integers(0, len(a), len(a))].mean(axis=0) for a in per_k.values()])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            draws["ad"].append(np.nanmean((means[:, ib] - means[:, ia]) / np.where(means[:, ia] > 0, means[:, ia], np.nan)) * 100)
+            draws["sd"].append(np.nanmean((means[:, ib] - means[:, is_]) / np.where(means[:, is_] > 0, means[:, is_], np.nan)) * 100)
+    return {f"gain_{m}_ci": tuple(np.percentile(v, [2.5, 97.5])) for m, v in draws.items()}
+
+
+def summarize(df: pd.DataFrame, cands: list[Candidate]) -> pd.DataFrame:
+    rows = []
+    for cand in cands:
+        d = df[df.candidate == cand.name]
+        if d.empty:
+            continue
+        served = d.assign(frac=d.served / d.num_users).pivot_table(index=["k", "round"], columns="scheduler", values="frac")
+        lat, mem = single_request(CostModel.from_config(EnvConfig.from_kwargs(**cand.env)))
+        top = served.xs(max(cand.k_values), level="k").mean()
+        g, ci = sweep_gains(served), bootstrap_gains(served)
+        rows.append({
+            "candidate": cand.name, "choice": cand.choice, "latency_pct": lat, "memory_pct": mem,
+            "gain_ad_pct": g["gain_ad_pct"], "gain_ad_lo": ci["gain_ad_ci"][0], "gain_ad_hi": ci["gain_ad_ci"][1],
+            "gain_sd_pct": g["gain_sd_pct"], "gain_sd_lo": ci["gain_sd_ci"][0], "gain_sd_hi": ci["gain_sd_ci"][1],
+            "k_top": max(cand.k_values), "top_balance": top["balance"], "top_ad_only": top["ad_only"], "top_sd_only": top["sd_only"],
+            # distance to the paper's two sweep gains (percentage points, root of the summed squares)
+            "miss_pp": float(np.hypot(g["gain_ad_pct"] - PAPER["gain_ad_pct"], g["gain_sd_pct"] - PAPER["gain_sd_pct"])),
+        })
+    return pd.DataFrame(rows)
+
+
+def kv_floor_gb(k: int = 70, served: float = 0.70, max_tokens: int = 1000, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """GB of Llama-2-7B KV that ``served * k`` users must hold at the paper's lengths (mean, 1st percentile).
+
+    A lower bound whatever the schedule: each user holds at least its own input and output (padding
+    only adds), and the cheapest users are those with the smallest input + output.
+    """
+    kv = CostModel.from_config(EnvConfig()).kv_l
+    rng = np.random.default_rng(seed)
+    n = round(served * k)
+    totals = np.sort(rng.integers(1, max_tokens + 1, (draws, k)) + rng.integers(1, max_tokens + 1, (draws, k)), axis=1)[:, :n].sum(axis=1) * kv / 1e9
+    return float(totals.mean()), float(np.percentile(totals, 1))
+
+
+def _findings(summary: pd.DataFrame) -> list[str]:
+    """The study's conclusions, with the numbers of this run."""
+    by = summary.set_index("candidate")
+    if "baseline" not in by.index:
+        return ["(run the baseline to get the findings)"]
+    base_ad = by.loc["baseline", "gain_ad_pct"]
+    sd_side = [c for c in by.index if c not in ("baseline", "paper_lengths", "kv_padded") and by.loc[c, "k_top"] == max(K_VALUES)]
+    ad_list = ", ".join(f"`{c}` {by.loc[c, 'gain_ad_pct']:+.1f} %" for c in sd_side)
+    sd_list = ", ".join(f"`{c}` {by.loc[c, 'gain_sd_pct']:+.1f} %" for c in sd_side)
+    lines = [
+        f"- **BALANCE's gain over AD-only cannot reach the paper's through any SD-side choice.** Every cost-model choice "
+        "studied here only makes SD dearer (time or memory) and leaves AD unchanged, so every plan feasible under it is "
+        "feasible under the default: AD-only serves the same, the optimum at most as many, and so does BALANCE (AD chosen "
+        "as before at every grid point, SD optimally from a smaller family). The baseline's gain over AD-only "
+        f"({base_ad:+.1f} %) is therefore an upper bound for all of them "
+        f"({ad_list}), and their distance to the paper is at "
+        f"least {PAPER['gain_ad_pct'] - base_ad:.0f} points on that axis alone.",
+        "- **SD-side choices can raise the gain over SD-only**, by making SD-only run out of memory or compute at large K: "
+        + sd_list
+        + f" (paper +33.4 %, baseline {by.loc['baseline', 'gain_sd_pct']:+.1f} %); the Fig. 1 latency each gives: "
+        + ", ".join(f"`{c}` {by.loc[c, 'latency_pct']:+.1f} %" for c in sd_side) + " (paper -39.1 %).",
+    ]
+    if "sd_overhead" in by.index:
+        r = by.loc["sd_overhead"]
+        lines.append(
+            f"- **The Fig. 1 memory gap charged once to the SD mode** (`sd_overhead`, {fitted_gap_bytes() / 1e9:.2f} GB off an SD "
+            f"budget of ~8.6 GB) gives BALANCE {r.gain_ad_pct:+.1f} % / {r.gain_sd_pct:+.1f} % (baseline "
+            f"{base_ad:+.1f} % / {by.loc['baseline', 'gain_sd_pct']:+.1f} %). Charged to every SD user (`sd_user_workspace`) "
+            f"it would be {fitted_gap_bytes() / CostModel.from_config(EnvConfig()).kv_sd:.0f} KV tokens' worth per user, several "
+            "times an SD user's own KV at 1..160-token lengths, so SD-only would run out of memory early; like every SD-side "
+            "choice it cannot raise the gain over AD-only (first finding).")
+    if "paper_lengths" in by.index:
+        r = by.loc["paper_lengths"]
+        floor = kv_floor_gb()
+        budget_gb = float(CostModel.from_config(EnvConfig()).memory_budget(True)) / 1e9
+        lines.append(
+            f"- **The paper's 1..1000-token lengths move the gain over AD-only** ({r.gain_ad_pct:+.1f} %: AD cannot meet "
+            f"deadlines with long outputs) **but not over SD-only** ({r.gain_sd_pct:+.1f} %), and even at K = {int(r.k_top)} BALANCE "
+            f"serves only {r.top_balance:.0%}. The paper's 70 % of K = 70 at these lengths is out of reach of Llama-2-7B's KV "
+            "on this card whatever the timing: each served user holds at least its own input and output in KV (0.5 MB per "
+            f"token), and the 49 users of a round with the smallest input + output hold {floor[0]:.1f} GB of it on average "
+            f"({floor[1]:.1f} GB in the 1st percentile of rounds), against {budget_gb:.1f} GB left after both models' weights.")
+    lines.append(
+        "- In short: the paper's simultaneous ~+35 % over both single modes needs AD to be deadline-bound and SD to be "
+        "memory-bound on the same rounds, at K = 70 and 70 % served. No single choice studied here produces that regime; "
+        "the first-principles model stays the default and `env=paper_fit` is offered only as the closest single choice.")
+    return lines
+
+
+def best_match(summary: pd.DataFrame) -> str | None:
+    """The eligible candidate (see :func:`eligible`) closest to the paper's two sweep gains."""
+    ok = summary[np.array([eligible(r) for r in summary.itertuples()], dtype=bool) & (summary.candidate != "baseline").to_numpy()]
+    return None if ok.empty else str(ok.loc[ok.miss_pp.idxmin(), "candidate"])
+
+
+def report(summary: pd.DataFrame, df: pd.DataFrame, skipped: dict[str, str], cands: list[Candidate], rounds: int, seed: int, elapsed_s: float) -> str:
+    pm = lambda v, lo, hi: f"{v:+.1f} % [{lo:+.1f}, {hi:+.1f}]"  # noqa: E731
+    table = pd.DataFrame({
+        "candidate": summary.candidate,
+        "SD vs AD latency (Fig. 1)": summary.latency_pct.map(lambda v: f"{v:+.1f} %"),
+        "SD vs AD memory (Fig. 1)": summary.memory_pct.map(lambda v: f"{v:+.1f} %"),
+        "BALANCE vs AD-only (K sweep)": [pm(r.gain_ad_pct, r.gain_ad_lo, r.gain_ad_hi) for r in summary.itertuples()],
+        "BALANCE vs SD-only (K sweep)": [pm(r.gain_sd_pct, r.gain_sd_lo, r.gain_sd_hi) for r in summary.itertuples()],
+        "largest K": summary.k_top,
+        "served there: BALANCE / AD / SD": [f"{r.top_balance:.3f} / {r.top_ad_only:.3f} / {r.top_sd_only:.3f}" for r in summary.itertuples()],
+        "miss (pp)": summary.miss_pp.map(lambda v: f"{v:.1f}"),
+    })
+    paper = {"candidate": "**paper**", "SD vs AD latency (Fig. 1)": "-39.1 %", "SD vs AD memory (Fig. 1)": "+18.3 %",
+             "BALANCE vs AD-only (K sweep)": "+37.9 %", "BALANCE vs SD-only (K sweep)": "+33.4 %", "largest K": 70,
+             "served there: BALANCE / AD / SD": "0.704 / ~0.540 / ~0.541", "miss (pp)": "0"}
+    table = pd.concat([pd.DataFrame([paper]), table], ignore_index=True)
+    fig1_only = [c for c in cands if c.name in skipped]
+    for c in fig1_only:  # still show what the choice does to the single request
+        lat, mem = single_request(CostModel.from_config(EnvConfig.from_kwargs(**c.env)))
+        table.loc[len(table)] = [c.name, f"{lat:+.1f} %", f"{mem:+.1f} %", "not evaluated", "not evaluated", max(c.k_values), "", ""]
+    choices = "\n".join(f"- `{c.name}`: {c.choice}." + (f" **{skipped[c.name]}**" if c.name in skipped else "") for c in cands)
+    best = best_match(summary)
+    if best is None:
+        verdict = "No candidate other than the baseline is consistent with Fig. 1 on the paper's K sweep."
+    else:
+        r = summary.set_index("candidate").loc[best]
+        verdict = (f"Best match (smallest miss among cost-model choices on the paper's K sweep that keep both Fig. 1 numbers within "
+                   f"{FIG1_TOLERANCE_PP:g} points of the paper's): **`{best}`**, BALANCE {r.gain_ad_pct:+.1f} % vs AD-only and "
+                   f"{r.gain_sd_pct:+.1f} % vs SD-only (paper +37.9 % / +33.4 %), {r.miss_pp:.1f} points away; the baseline is "
+                   f"{summary.set_index('candidate').loc['baseline', 'miss_pp']:.1f} away." if "baseline" in set(summary.candidate) else "")
+    per_k = (df.assign(frac=df.served / df.num_users).pivot_table(index=["candidate", "k"], columns="scheduler", values="frac")[SCHEDULERS]
+             .reindex(summary.candidate, level=0))
+    return "\n".join([
+        "# Paper fidelity: which single modelling choice reproduces BALANCE's gains?",
+        "",
+        "Each candidate changes ONE choice of the cost model or workload (envs/model_choices.py), the rest at the "
+        "paper setting (conf/env/paper.yaml, RTX 4090 + Llama-2-7B / TinyLlama-1.1B). Fig. 1 columns: one request, "
+        f"{FIG1['input']} input and {FIG1['output']} output tokens, alpha {FIG1['alpha']}, gamma {FIG1['gamma']}; memory = "
+        "weights + KV + the modelled overheads. K sweep: served fraction of BALANCE, AD-only and SD-only on the same "
+        f"{rounds} test-stream rounds per K (seed {seed}); gains are BALANCE's mean relative gain over the sweep, with a "
+        "95 % bootstrap interval over rounds (paired: the same rounds for all three). miss = distance in percentage "
+        "points from the paper's two sweep gains.",
+        "",
+        table.to_markdown(index=False),
+        "",
+        choices,
+        "",
+        verdict,
+        "",
+        "## What the study shows",
+        "",
+        *_findings(summary),
+        "",
+        "## Served fraction per K",
+        "",
+        per_k.to_markdown(floatfmt=".3f"),
+        "",
+        f"Reproduce: `python -m experiments.paper_fidelity --rounds {rounds} --seed {seed}` ({elapsed_s:.0f} s here).",
+        "",
+    ])
+
+
+def plot(summary: pd.DataFrame, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for r in summary.itertuples():
+        ax.errorbar(r.gain_ad_pct, r.gain_sd_pct, xerr=[[r.gain_ad_pct - r.gain_ad_lo], [r.gain_ad_hi - r.gain_ad_pct]],
+                    yerr=[[r.gain_sd_pct - r.gain_sd_lo], [r.gain_sd_hi - r.gain_sd_pct]], fmt="o", capsize=3, label=r.candidate)
+    ax.plot(PAPER["gain_ad_pct"], PAPER["gain_sd_pct"], "k*", markersize=14, label="paper")
+    ax.set_xlabel("BALANCE vs AD-only, K sweep (%)")
+    ax.set_ylabel("BALANCE vs SD-only, K sweep (%)")
+    ax.set_title("Which modelling choice reproduces the paper's gains?", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _report_only(out: Path, cands: list[Candidate]) -> None:
+    import re
+
+    df = pd.read_csv(out / "paper_fidelity.csv")
+    present = set(df.candidate)
+    skipped = {c.name: "not evaluated in the CSV's run" for c in cands if c.name not in present}
+    rounds = int(df.groupby(["candidate", "k", "scheduler"]).size().min())
+    old = (out / "paper_fidelity.md").read_text() if (out / "paper_fidelity.md").exists() else ""
+    m = re.search(r"--seed (\d+)` \((\d+) s here\)", old)
+    seed, elapsed = (int(m.group(1)), float(m.group(2))) if m else (0, float("nan"))
+    for c in cands:  # the run's reason, if the old report gives one
+        hit = re.search(rf"- `{re.escape(c.name)}`: .*?\*\*(not evaluated: [^*]*)\*\*", old)
+        if c.name in skipped and hit:
+            skipped[c.name] = hit.group(1)
+    summary = summarize(df, cands)
+    text = report(summary, df, skipped, cands, rounds, seed, elapsed)
+    _write_atomic(out / "paper_fidelity.md", text)
+    plot(summary, out / "paper_fidelity.png")
+    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=50, help="test-stream rounds per K (>= 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--report-only", action="store_true", help="rewrite the .md/.png from the existing CSV")
+    args = ap.parse_args(argv)
+    if args.rounds < 2:
+        raise SystemExit(f"--rounds must be >= 2 (a bootstrap needs rounds to resample), got {args.rounds}")
+    if args.seed < 0:
+        raise SystemExit(f"--seed must be >= 0, got {args.seed}")
+    cands = candidates()
+    names = [n for n in args.only.split(",") if n] or [c.name for c in cands]
+    unknown = sorted(set(names) - {c.name for c in cands})
+    if unknown:
+        raise SystemExit(f"unknown candidate {unknown}; known: {[c.name for c in cands]}")
+    cands = [c for c in cands if c.name in names]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        _report_only(args.out, cands)
+        return
+    start = time.perf_counter()
+    frames, skipped = [], {}
+    for cand in tqdm(cands, desc="candidates"):
+        got = run_candidate(cand, args.rounds, args.seed)
+        if isinstance(got, str):
+            skipped[cand.name] = got
+        else:
+            frames.append(got)
+    if not frames:
+        raise SystemExit(f"no candidate could be evaluated: {skipped}")
+    df = pd.concat(frames, ignore_index=True)
+    summary = summarize(df, cands)
+    text = report(summary, df, skipped, cands, args.rounds, args.seed, time.perf_counter() - start)
+    tmp = args.out / "paper_fidelity.csv.tmp"
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, args.out / "paper_fidelity.csv")
+    _write_atomic(args.out / "paper_fidelity.md", text)
+    plot(summary, args.out / "paper_fidelity.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
