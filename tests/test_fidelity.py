@@ -183,3 +183,21 @@ def test_paper_fit_loads_via_hydra_env_group():
     assert not cfg.model_choices.is_default
     assert EnvConfig.from_kwargs(**paper["env"]).model_choices.is_default
     assert CostModel.from_config(cfg).choices == cfg.model_choices
+
+
+def test_paper_fit_runs_in_the_env_and_the_train_config():
+    import gymnasium as gym
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from agents.train import TrainConfig
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        raw = OmegaConf.to_container(compose(config_name="train", overrides=["env=paper_fit"]), resolve=True)
+    assert not TrainConfig.from_dict(raw).env.model_choices.is_default
+    env = gym.make("EdgeSchedule-v0", num_users=6, draft_kv="target")
+    env.reset(seed=0)
+    assert env.unwrapped.cost.kv_sd == 2 * KV_L
+    for _ in range(6):
+        mask = env.unwrapped.action_masks()
+        env.step(int(np.flatnonzero(mask)[-1]))
