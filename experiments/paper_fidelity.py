@@ -325,20 +325,25 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _report_only(out: Path, cands: list[Candidate]) -> None:
+def _previous_run(out: Path, cands: list[Candidate]) -> tuple[pd.DataFrame, int, int, float, dict[str, str]]:
+    """The CSV of the last run and, from its report, its seed, its time and why candidates were skipped."""
     import re
 
     df = pd.read_csv(out / "paper_fidelity.csv")
-    present = set(df.candidate)
-    skipped = {c.name: "not evaluated in the CSV's run" for c in cands if c.name not in present}
     rounds = int(df.groupby(["candidate", "k", "scheduler"]).size().min())
     old = (out / "paper_fidelity.md").read_text() if (out / "paper_fidelity.md").exists() else ""
     m = re.search(r"--seed (\d+)` \((\d+) s here\)", old)
     seed, elapsed = (int(m.group(1)), float(m.group(2))) if m else (0, float("nan"))
-    for c in cands:  # the run's reason, if the old report gives one
-        hit = re.search(rf"- `{re.escape(c.name)}`: .*?\*\*(not evaluated: [^*]*)\*\*", old)
-        if c.name in skipped and hit:
-            skipped[c.name] = hit.group(1)
+    skipped = {}
+    for c in cands:
+        if c.name not in set(df.candidate):
+            hit = re.search(rf"- `{re.escape(c.name)}`: .*?\*\*(not evaluated: [^*]*)\*\*", old)
+            skipped[c.name] = hit.group(1) if hit else "not evaluated in the CSV's run"
+    return df, rounds, seed, elapsed, skipped
+
+
+def _report_only(out: Path, cands: list[Candidate]) -> None:
+    df, rounds, seed, elapsed, skipped = _previous_run(out, cands)
     summary = summarize(df, cands)
     text = report(summary, df, skipped, cands, rounds, seed, elapsed)
     _write_atomic(out / "paper_fidelity.md", text)
@@ -353,6 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--report-only", action="store_true", help="rewrite the .md/.png from the existing CSV")
+    ap.add_argument("--merge", action="store_true", help="rerun only --only's candidates and keep the others from the existing CSV (same rounds and seed)")
     args = ap.parse_args(argv)
     if args.rounds < 2:
         raise SystemExit(f"--rounds must be >= 2 (a bootstrap needs rounds to resample), got {args.rounds}")
@@ -363,7 +369,13 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(names) - {c.name for c in cands})
     if unknown:
         raise SystemExit(f"unknown candidate {unknown}; known: {[c.name for c in cands]}")
+    all_cands = cands
     cands = [c for c in cands if c.name in names]
+    prev = None
+    if args.merge:
+        prev = _previous_run(args.out, all_cands)
+        if (prev[1], prev[2]) != (args.rounds, args.seed):
+            raise SystemExit(f"--merge needs the existing run's --rounds {prev[1]} --seed {prev[2]}, got --rounds {args.rounds} --seed {args.seed}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         _report_only(args.out, cands)
@@ -376,11 +388,18 @@ def main(argv: list[str] | None = None) -> None:
             skipped[cand.name] = got
         else:
             frames.append(got)
+    elapsed = time.perf_counter() - start
+    if prev is not None:
+        old_df, _, _, old_elapsed, old_skipped = prev
+        frames.insert(0, old_df[~old_df.candidate.isin(names)])
+        skipped = {**{n: r for n, r in old_skipped.items() if n not in names}, **skipped}
+        cands = all_cands
+        elapsed += old_elapsed
     if not frames:
         raise SystemExit(f"no candidate could be evaluated: {skipped}")
     df = pd.concat(frames, ignore_index=True)
     summary = summarize(df, cands)
-    text = report(summary, df, skipped, cands, args.rounds, args.seed, time.perf_counter() - start)
+    text = report(summary, df, skipped, cands, args.rounds, args.seed, elapsed)
     tmp = args.out / "paper_fidelity.csv.tmp"
     df.to_csv(tmp, index=False)
     os.replace(tmp, args.out / "paper_fidelity.csv")
