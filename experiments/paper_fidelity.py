@@ -294,7 +294,7 @@ def report(summary: pd.DataFrame, df: pd.DataFrame, skipped: dict[str, str], can
         "",
         "## Served fraction per K",
         "",
-        per_k.to_markdown(floatfmt=".3f"),
+        per_k.reset_index().rename(columns={"k": "K"}).to_markdown(index=False, floatfmt=".3f"),
         "",
         f"Reproduce: `python -m experiments.paper_fidelity --rounds {rounds} --seed {seed}` ({elapsed_s:.0f} s here).",
         "",
