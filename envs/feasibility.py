@@ -145,12 +145,21 @@ class CostModel:
         g = np.asarray(gamma, dtype=float)
         c = s + np.asarray(n_max, dtype=float) / 2.0
         prefill = self.tau_l.tau(bb, s, s) + self.tau_s.tau(bb, s, s)
-        iteration = g * self.tau_s.tau(bb, 1.0, c) + self.tau_l.tau(bb, g + 1.0, c + g)
+        return np.where(b > 0, prefill + np.asarray(j_max, dtype=float) * self.sd_iteration_time(bb, c, g), 0.0)
+
+    def sd_iteration_time(self, b, c, gamma):
+        """Seconds of one SD iteration on the whole GPU: ``gamma`` draft steps and one verify pass.
+
+        ``b`` sequences (>= 1) at mean context ``c`` (tokens); includes the measured engine overhead
+        and, under ``verify_flops_efficiency``, the verify pass's compute not overlapped.
+        """
+        g = np.asarray(gamma, dtype=float)
+        iteration = g * self.tau_s.tau(b, 1.0, c) + self.tau_l.tau(b, g + 1.0, c + g)
         if self.verify_s_per_flop is not None:
-            iteration = iteration + self.profile.llm.flops(bb, g + 1.0, c + g) * self.verify_s_per_flop
+            iteration = iteration + self.profile.llm.flops(b, g + 1.0, c + g) * self.verify_s_per_flop
         if self.engine is not None:
-            iteration = iteration + self.engine.sd(bb, g)
-        return np.where(b > 0, prefill + np.asarray(j_max, dtype=float) * iteration, 0.0)
+            iteration = iteration + self.engine.sd(b, g)
+        return iteration
 
 
     # ---------------------------------------------------------------- one point, no numpy

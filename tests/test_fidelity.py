@@ -201,3 +201,12 @@ def test_paper_fit_runs_in_the_env_and_the_train_config():
     for _ in range(6):
         mask = env.unwrapped.action_masks()
         env.step(int(np.flatnonzero(mask)[-1]))
+
+
+@pytest.mark.parametrize("choices", [ModelChoices(), *CHOICES])
+def test_sd_time_is_prefills_plus_iterations(choices):
+    """``sd_iteration_time`` is the one place an SD iteration is priced (bounds may reuse it)."""
+    cost = CostModel(PROFILE, choices=choices)
+    b, s, n, j, g = 5, 300, 120, 40, 4
+    prefill = float(PROFILE.tau_llm.tau(b, s, s) + PROFILE.tau_slm.tau(b, s, s))
+    assert float(cost.sd_time(b, s, n, j, g)) == prefill + j * float(cost.sd_iteration_time(b, s + n / 2, g))
