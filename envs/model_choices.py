@@ -20,7 +20,10 @@ gains (``results/paper_fidelity.md``). Every default is today's behaviour, bit f
   *not overlapped* with the weight streaming -- verification priced at compute-bound efficiency.
   For one request the added time is ~0.7 ms per iteration at ``e = 0.6`` (Fig. 1 moves by about
   one point), but a large batch's verification then costs like a prefill, as measured SD
-  speed-ups that vanish at large batch suggest. AD's decode passes keep the roofline.
+  speed-ups that vanish at large batch suggest. AD's decode passes keep the roofline. (The
+  roofline alone already prices verification compute-bound once its ``b (gamma + 1)`` tokens'
+  compute exceeds the weight streaming -- ~125 tokens for Llama-2-7B on the RTX 4090 profile; what
+  this choice adds is that the compute is not hidden below that.)
 * ``sd_user_workspace_bytes`` -- 0 (default). Bytes every SD user holds beyond its KV: the
   activations and workspace of its verify pass (logits over ``gamma + 1`` positions, the
   draft's buffers). The paper's +18.3 % for one request is ~0.3 GB more than weights and KV
