@@ -98,9 +98,18 @@ def make_server(cfg: ServeConfig, pair=None, log_level: str = "warning") -> Spec
     return SpecSchedServer(create_app(cfg, pair), host=cfg.host, port=cfg.port, log_level=log_level)
 
 
+def profile_path_args(argv: list[str]) -> list[str]:
+    """``profile=PATH.yaml`` names a file, not an option of Hydra's ``profile`` group: pass it as
+    ``profile_path`` (Hydra would refuse it as a group choice)."""
+    return [f"profile_path={a.split('=', 1)[1]}" if a.startswith("profile=") and a.endswith((".yaml", ".yml")) else a for a in argv]
+
+
 def config_from_hydra(values: dict) -> ServeConfig:
     if isinstance(values.get("profile"), dict):  # the profile group's data: the server loads it by name
         values["profile"] = values["profile"]["name"]
+    path = values.pop("profile_path", None)
+    if path:
+        values["profile"] = str(path)
     known = set(ServeConfig.__dataclass_fields__)
     unknown = sorted(set(values) - known)
     if unknown:
@@ -109,6 +118,8 @@ def config_from_hydra(values: dict) -> ServeConfig:
 
 
 def main() -> None:
+    import sys
+
     import hydra
     from omegaconf import OmegaConf
 
@@ -128,6 +139,7 @@ def main() -> None:
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # the two "devices" split the cores
         make_server(cfg, log_level="info").run()
 
+    sys.argv = profile_path_args(sys.argv)
     app()
 
 
