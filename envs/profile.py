@@ -9,6 +9,12 @@ small model (SLM), and says where pass times ``tau_M(b, q, c)`` come from:
   linearly and extrapolated linearly at the edges;
 * ``linear`` -- a fitted model ``tau = intercept_s + per_flop_s * FLOPs + per_byte_s * bytes``.
 
+A measured profile also says where it was measured (``measured_on``: CPU model or GPU name, cores,
+threads, torch version, dtype, the pair's recipe hash) and may carry a ``calibration`` section
+(``envs.calibration``) measured later on another machine, which scales ``tau`` for every user of
+the profile. Comparing ``measured_on`` with the running machine is the runtime's job
+(``runtime.fingerprint``): this module only stores it.
+
 Conventions used everywhere: ``b`` is the batch size (sequences), ``q`` the new tokens per
 sequence in the pass, ``c`` the context length attended to *including* the ``q`` new tokens.
 All times are seconds, all sizes bytes.
@@ -17,12 +23,14 @@ All times are seconds, all sizes bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+
+from envs.calibration import Calibration, ScaleCurve, provenance_from_dict
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "conf" / "profile"
 LATENCY_SOURCES = ("roofline", "table", "linear")
@@ -53,6 +61,20 @@ def _positive(d: dict, key: str, where: str, *, integer: bool = False, allow_zer
             raise ProfileError(f"profile field '{where}{key}' must be an integer, got {value!r}")
         return int(num)
     return num
+
+
+def _axis(d: dict, key: str, where: str) -> np.ndarray:
+    """A grid axis: a non-empty, strictly increasing list of positive finite numbers."""
+    value = _require(d, key, where)
+    msg = f"profile field '{where}{key}' must be a non-empty, strictly increasing list of positive finite numbers, got {value!r}"
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ProfileError(msg) from None
+    # NaN compares false with everything, so it must be refused explicitly, not by the order test
+    if arr.ndim != 1 or len(arr) == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0) or np.any(np.diff(arr) <= 0):
+        raise ProfileError(msg)
+    return arr
 
 
 @dataclass(frozen=True)
@@ -258,6 +280,20 @@ class TableLatency(LatencyModel):
         return np.maximum(out, self.tau_s.min() * 0.5)
 
 
+@dataclass
+class CalibratedLatency(LatencyModel):
+    """A latency model scaled by a measured curve over ``q`` (a profile's ``calibration``)."""
+
+    base: LatencyModel
+    curve: ScaleCurve
+
+    def tau(self, b, q, c):
+        return self.base.tau(b, q, c) * self.curve.at(q)
+
+    def tau1(self, b: float, q: float, c: float) -> float:
+        return self.base.tau1(b, q, c) * self.curve.at1(q)
+
+
 @dataclass(frozen=True)
 class EngineOverhead:
     """Host work of the decoding engines beyond the forward passes, per batch size ``b``.
@@ -277,12 +313,15 @@ class EngineOverhead:
     @classmethod
     def from_dict(cls, d: dict) -> EngineOverhead:
         w = "engine."
-        b = np.asarray(_require(d, "b", w), dtype=float)
-        if b.ndim != 1 or len(b) == 0 or np.any(b <= 0) or np.any(np.diff(b) <= 0):
-            raise ProfileError("profile field 'engine.b' must be a non-empty, strictly increasing list of positive numbers")
+        if not isinstance(d, dict):
+            raise ProfileError("profile field 'engine' must be a mapping with b, ad_step_s, sd_iteration_s, sd_draft_step_s")
+        b = _axis(d, "b", w)
         arrays = []
         for key in ("ad_step_s", "sd_iteration_s", "sd_draft_step_s"):
-            a = np.asarray(_require(d, key, w), dtype=float)
+            try:
+                a = np.asarray(_require(d, key, w), dtype=float)
+            except (TypeError, ValueError):
+                a = np.full(0, np.nan)
             if a.shape != b.shape or np.any(~np.isfinite(a)) or np.any(a < 0):
                 raise ProfileError(f"profile field 'engine.{key}' must be {len(b)} finite seconds >= 0 (one per engine.b)")
             arrays.append(a)
@@ -308,6 +347,16 @@ class Profile:
     tau_slm: LatencyModel = field(compare=False)
     notes: str = ""
     engine: EngineOverhead | None = field(default=None, compare=False)  #: measured engine overhead; None = bare passes
+    #: where the latency numbers were measured (``runtime.profile`` writes it; analytic profiles: empty)
+    measured_on: dict = field(default_factory=dict, compare=False)
+    #: scale curves measured later on another (the running) machine; already applied to tau_llm / tau_slm
+    calibration: Calibration | None = field(default=None, compare=False)
+
+    def provenance(self) -> dict:
+        """The machine the profile's times describe: the calibration's if it has one, else the table's."""
+        if self.calibration is not None and self.calibration.measured_on:
+            return dict(self.calibration.measured_on)
+        return dict(self.measured_on)
 
     @property
     def kv_llm_bytes(self) -> float:
@@ -356,6 +405,14 @@ class Profile:
             tau_l, tau_s = lin("llm", llm), lin("slm", slm)
         else:
             tau_l, tau_s = _table("llm", lat), _table("slm", lat)
+        try:
+            measured_on = provenance_from_dict(d.get("measured_on") or {}, "measured_on")
+            calibration = Calibration.from_dict(d["calibration"]) if d.get("calibration") is not None else None
+        except ValueError as exc:
+            raise ProfileError(str(exc)) from None
+        if calibration is not None:
+            tau_l = CalibratedLatency(tau_l, calibration.llm) if calibration.llm is not None else tau_l
+            tau_s = CalibratedLatency(tau_s, calibration.slm) if calibration.slm is not None else tau_s
         return cls(
             name=name or str(d.get("name", "")),
             device=device,
@@ -366,6 +423,8 @@ class Profile:
             tau_slm=tau_s,
             notes=str(d.get("notes", "")),
             engine=EngineOverhead.from_dict(d["engine"]) if d.get("engine") is not None else None,
+            measured_on=measured_on,
+            calibration=calibration,
         )
 
     def with_memory(self, memory_bytes: float) -> Profile:
@@ -373,19 +432,17 @@ class Profile:
         if not memory_bytes > 0:
             raise ProfileError(f"memory_bytes must be > 0, got {memory_bytes}")
         dev = DeviceSpec(**{**self.device.__dict__, "memory_bytes": float(memory_bytes)})
-        return Profile(self.name, dev, self.llm, self.slm, self.latency_source, self.tau_llm, self.tau_slm, self.notes, self.engine)
+        return replace(self, device=dev)
 
 
 def _table(key: str, lat: dict) -> TableLatency:
     sub = _require(lat, key, "latency.")
     w = f"latency.{key}."
-    axes = []
-    for ax in ("b", "q", "c"):
-        arr = np.asarray(_require(sub, ax, w), dtype=float)
-        if arr.ndim != 1 or len(arr) == 0 or np.any(arr <= 0) or np.any(np.diff(arr) <= 0):
-            raise ProfileError(f"profile field '{w}{ax}' must be a non-empty, strictly increasing list of positive numbers")
-        axes.append(arr)
-    tau = np.asarray(_require(sub, "tau_s", w), dtype=float)
+    axes = [_axis(sub, ax, w) for ax in ("b", "q", "c")]
+    try:
+        tau = np.asarray(_require(sub, "tau_s", w), dtype=float)
+    except (TypeError, ValueError):
+        raise ProfileError(f"profile field '{w}tau_s' must be a (b, q, c) grid of seconds") from None
     shape = tuple(len(a) for a in axes)
     if tau.shape != shape:
         raise ProfileError(f"profile field '{w}tau_s' must have shape {shape} (b, q, c), got {tau.shape}")

@@ -15,12 +15,28 @@ length (left padding, per-row output limits, as when serving) and records what t
 exceeds the table's prediction by -- per AD step and per SD iteration (with a per-draft-step part
 from two draft depths) -- as the profile's ``engine`` section (``envs.profile.EngineOverhead``).
 ``--engine-only`` adds or refreshes just that section of an existing ``--out`` profile.
+
+Every profile written records where it was measured (``measured_on``: CPU model or GPU name,
+cores, threads, torch version, dtype, the pair's recipe hash; see ``runtime.fingerprint``).
+
+``--quick`` calibrates an existing profile to this machine in well under two minutes: it times
+both models at a few points the serving workloads use (``b`` 1 and 8; ``q`` 1, 5 and 64, i.e. a
+decode or draft step, an SD verification at gamma 4, a prefill; ``c`` 128 and 512), divides by
+the profile's prediction and writes the median ratio per model and ``q`` as the profile's
+``calibration`` section (``envs.calibration``), which every user of the profile then applies:
+
+    python -m runtime.profile --pair PATH --quick --base cpu_specsched-pair --out my_machine.yaml
+    python -m runtime.profile --pair PATH --quick --out my_machine.yaml   # re-calibrate in place
+
+The output path is checked (its folder created) before anything is measured, and profiles are
+written to a temporary file and renamed: a killed run leaves the previous file intact.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +45,11 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from runtime.fingerprint import machine_fingerprint
 from runtime.pair import ModelPair, load_pair
+
+#: the quick calibration's points (see the module docstring)
+QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5, 64), (128, 512)
 
 
 def _sync(device) -> None:
@@ -203,6 +223,74 @@ def roofline_fit(profile: dict) -> dict:
     return fits
 
 
+def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK_C, repeats: int = 3, measured_on: dict | None = None, progress: bool = True) -> dict:
+    """A ``calibration`` section for profile dict ``base``: measured / predicted pass time on this machine.
+
+    Per model and per ``q`` the scale is the median ratio over the ``b`` x ``c`` points; the
+    prediction is the base profile's own, without any calibration it already has. The engine
+    overhead section is not re-measured (``--engine-only`` does that, against the calibrated times).
+    """
+    from envs.profile import Profile
+
+    raw = Profile.from_dict({k: v for k, v in base.items() if k != "calibration"}, name=str(base.get("name", "")))
+    for key, model, spec in (("target", pair.target, raw.llm), ("draft", pair.draft, raw.slm)):
+        params = int(sum(p.numel() for p in model.parameters()))
+        if params != int(spec.params) or int(model.config.num_hidden_layers) != spec.layers:
+            raise ValueError(f"the pair's {key} ({params} parameters, {model.config.num_hidden_layers} layers) is not the profile's "
+                             f"{'llm' if key == 'target' else 'slm'} ({int(spec.params)} parameters, {spec.layers} layers): calibrate a profile of this pair")
+    start = time.perf_counter()
+    section: dict = {"measured_on": dict(measured_on or {})}
+    spread = []
+    points = [(bb, qq, cc) for qq in q for bb in b for cc in c]
+    for key, model, tau in (("llm", pair.target, raw.tau_llm), ("slm", pair.draft, raw.tau_slm)):
+        ratios: dict[int, list[float]] = {qq: [] for qq in q}
+        for bb, qq, cc in tqdm(points, desc=f"calibrating {key}", disable=not progress):
+            cc = max(cc, qq)
+            ratios[qq].append(time_pass(model, bb, qq, cc, repeats) / float(tau.tau(bb, qq, cc)))
+        section[key] = {"q": [int(v) for v in q], "scale": [float(np.median(ratios[qq])) for qq in q]}
+        spread += [v for r in ratios.values() for v in r]
+    section["notes"] = (f"runtime.profile --quick on {time.strftime('%Y-%m-%d')}: measured / profile-predicted pass time at b {list(b)}, q {list(q)}, "
+                        f"c {list(c)} ({repeats} repeats, median), median per model and q; point ratios {min(spread):.2f}-{max(spread):.2f}; "
+                        f"{time.perf_counter() - start:.0f} s; engine overhead not re-measured")
+    return section
+
+
+def check_out_path(path: Path) -> None:
+    """Fail now, not after minutes of measuring: the folder is created and proven writable."""
+    if path.suffix not in (".yaml", ".yml"):
+        raise SystemExit(f"--out must be a .yaml file path (profiles are loaded by that suffix), got {path}")
+    if path.is_dir():
+        raise SystemExit(f"--out {path} is a folder; give a .yaml file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise SystemExit(f"--out {path}: cannot write a file there ({exc.strerror or exc})") from None
+
+
+def write_profile(profile: dict, out: Path) -> None:
+    """Write atomically: a temporary file beside ``out``, flushed to disk, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(yaml.safe_dump(profile, sort_keys=False, width=200))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _profile_path(name_or_path: str | Path) -> Path:
+    from envs.profile import PROFILE_DIR
+
+    path = Path(name_or_path)
+    return path if path.suffix in (".yaml", ".yml") else PROFILE_DIR / f"{name_or_path}.yaml"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", type=Path, help="a built pair folder (target/ + draft/)")
@@ -215,13 +303,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--c", default="16,64,256,512,1024")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (a server must run with the same number)")
-    ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=True, help="also measure the engines' overhead (the profile's engine section)")
+    ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None, help="also measure the engines' overhead (the profile's engine section; default on, off with --quick)")
     ap.add_argument("--engine-only", action="store_true", help="measure only the engine section and write it into the existing --out profile")
+    ap.add_argument("--quick", action="store_true", help="calibrate an existing profile (--base, else --out) to this machine: a calibration section, < 2 min")
+    ap.add_argument("--base", default=None, help="with --quick: the profile to calibrate, a name in conf/profile/ or a .yaml path (default: --out)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.pair is None and (args.target is None or args.draft is None):
         raise SystemExit("give --pair PATH, or both --target and --draft")
+    if args.quick and (args.engine_only or args.engine):
+        raise SystemExit("--quick does not measure the engine section; run --engine-only afterwards to refresh it")
+    if args.base is not None and not args.quick:
+        raise SystemExit("--base only goes with --quick")
     grids = []
     for name in ("b", "q", "c"):
         try:
@@ -237,11 +331,23 @@ def main(argv: list[str] | None = None) -> None:
         if args.threads < 1:
             raise SystemExit("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    check_out_path(args.out)
+    base_path = _profile_path(args.base) if args.base is not None else args.out
+    if (args.quick or args.engine_only) and not base_path.is_file():
+        raise SystemExit(f"--{'quick' if args.quick else 'engine-only'} needs an existing profile at {'--base' if args.base else '--out'}, {base_path} is missing")
     pair = load_pair(args.pair, device=args.device, dtype=args.dtype) if args.pair else load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     name = args.name or args.out.stem
-    if args.engine_only:
-        if not args.out.is_file():
-            raise SystemExit(f"--engine-only needs an existing profile at --out, {args.out} is missing")
+    fingerprint = machine_fingerprint(args.device, args.dtype, torch.get_num_threads(), pair)
+    if args.quick:
+        profile = yaml.safe_load(base_path.read_text())
+        try:
+            profile["calibration"] = quick_calibration(pair, profile, repeats=args.repeats, measured_on=fingerprint)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        if base_path.resolve() != args.out.resolve():
+            profile["name"] = name
+        args.engine = False
+    elif args.engine_only:
         profile = yaml.safe_load(args.out.read_text())
         if profile.get("latency", {}).get("source") != "table":
             raise SystemExit(f"--engine-only needs a measured (table) profile; {args.out} has latency.source {profile.get('latency', {}).get('source')!r}")
@@ -249,26 +355,32 @@ def main(argv: list[str] | None = None) -> None:
         profile = {
             "name": name,
             "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} torch thread(s), {args.repeats} repeats (median)",
+            "measured_on": fingerprint,
             "device": device_spec(args.device),
             "llm": model_spec(pair.target, "target"),
             "slm": model_spec(pair.draft, "draft"),
             "latency": {"source": "table", **measure(pair, *grids, args.repeats)},
         }
         profile["fit"] = roofline_fit(profile)
+    if args.engine is None:
+        args.engine = True
     if args.engine or args.engine_only:
         profile["engine"] = measure_engine(pair, profile, grids[0], args.repeats)
     from envs.profile import Profile
 
     Profile.from_dict(profile, name=name)  # validate before writing
-    tmp = args.out.with_suffix(".yaml.tmp")
-    tmp.write_text(yaml.safe_dump(profile, sort_keys=False, width=200))
-    tmp.replace(args.out)
+    write_profile(profile, args.out)
     print(f"wrote {args.out}")
-    if "engine" in profile:
+    if "calibration" in profile and args.quick:
+        cal = profile["calibration"]
+        for key in ("llm", "slm"):
+            print(f"{key}: scale " + ", ".join(f"{s:.2f} at q {q}" for q, s in zip(cal[key]["q"], cal[key]["scale"], strict=True)))
+        print(cal["notes"])
+    if args.engine or args.engine_only:
         e = profile["engine"]
         print("engine overhead per b " + str(e["b"]) + ": AD step " + ", ".join(f"{x * 1e3:.2f}" for x in e["ad_step_s"]) + " ms; SD iteration "
               + ", ".join(f"{x * 1e3:.2f}" for x in e["sd_iteration_s"]) + " ms + gamma x " + ", ".join(f"{x * 1e3:.2f}" for x in e["sd_draft_step_s"]) + " ms")
-    for key, fit in profile["fit"].items():
+    for key, fit in (profile["fit"] if not (args.quick or args.engine_only) else {}).items():
         print(f"{key}: tau = {fit['intercept_s'] * 1e3:.3f} ms + FLOPs / {fit['implied_flop_s'] or float('inf'):.3g} FLOP/s + {fit['per_byte_s']:.3g} s/byte  (median error {fit['median_rel_error'] * 100:.1f} %, max {fit['max_rel_error'] * 100:.1f} %)")
 
 

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envs import ConfigError, EnvConfig, ProfileError, available_profiles, load_profile
 from envs.channel import link_rates_bps, path_loss_db
@@ -176,3 +178,66 @@ def test_measured_profiles_carry_engine_overhead():
     for name in ("cpu_specsched-pair", "cpu1_specsched-pair"):
         p = load_profile(name)
         assert p.engine is not None and p.latency_source == "table"
+
+
+# ---------------------------------------------------------------- grid axes: NaN, inf, order
+def _table_dict(axes=None):
+    """A valid table profile on a 2 x 2 x 2 grid, with ``axes`` overriding latency.llm's axes."""
+    d = _raw("cpu1_specsched-pair")
+    grid = {"b": [1, 4], "q": [1, 8], "c": [64, 256]}
+    d["latency"] = {"source": "table", **{key: {**grid, "tau_s": np.full((2, 2, 2), 0.01).tolist()} for key in ("llm", "slm")}}
+    d["latency"]["llm"].update(axes or {})
+    d.pop("engine", None)
+    return d
+
+
+@pytest.mark.parametrize("axis", ["b", "q", "c"])
+@pytest.mark.parametrize("bad", [[float("nan"), 4], [1, float("nan")], [1, float("inf")], [float("-inf"), 4], [4, 1], [2, 2], [0, 4], [], ["x", 4], [[1, 2], [3, 4]]])
+def test_bad_table_axis_refused_with_field_named(axis, bad):
+    with pytest.raises(ProfileError, match=f"latency.llm.{axis}'.*strictly increasing"):
+        Profile.from_dict(_table_dict({axis: bad}))
+
+
+def test_nan_in_llm_b_from_yaml_is_refused(tmp_path):
+    """The reported case: ``.nan`` in latency.llm.b was accepted and every user silently failed."""
+    path = tmp_path / "nan.yaml"
+    path.write_text(yaml.safe_dump(_table_dict({"b": [float("nan"), 4.0]})))
+    assert ".nan" in path.read_text()
+    with pytest.raises(ProfileError, match="latency.llm.b"):
+        load_profile(path)
+
+
+finite = st.floats(0.5, 5000, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=6), st.sampled_from([None, float("nan"), float("inf"), float("-inf"), "dup", "swap"]), st.integers(0, 5))
+def test_table_axis_property(values, poison, where):
+    """Any strictly increasing positive finite axis loads; any poisoned one is refused."""
+    axis = sorted(set(values))
+    if poison is None:
+        pass
+    elif poison == "dup":
+        axis = axis + [axis[-1]]
+    elif poison == "swap":
+        if len(axis) < 2:
+            axis = axis + [axis[0] / 2]
+        else:
+            axis[0], axis[1] = axis[1], axis[0]
+    else:
+        axis = list(axis)
+        axis[where % len(axis)] = poison
+    d = _table_dict({"c": axis})
+    d["latency"]["llm"]["tau_s"] = np.full((2, 2, len(axis)), 0.01).tolist()
+    if poison is None:
+        assert list(Profile.from_dict(d).tau_llm.c_grid) == axis
+    else:
+        with pytest.raises(ProfileError, match="latency.llm.c"):
+            Profile.from_dict(d)
+
+
+@pytest.mark.parametrize("bad", [[float("nan"), 4, 16], [1, 4, float("inf")]])
+def test_engine_axis_nan_refused(bad):
+    d = {**_raw("cpu_specsched-pair"), "engine": {**ENGINE, "b": bad}}
+    with pytest.raises(ProfileError, match="engine.b"):
+        Profile.from_dict(d)

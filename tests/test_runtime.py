@@ -154,6 +154,19 @@ def test_profiler_writes_a_profile_the_env_runs_on(built_pair, tmp_path):
     assert out.read_text().split("engine:")[0] == table and list(load_profile(out).engine.b) == [1, 3]
     res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--engine-only", "--out", str(tmp_path / "none.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode != 0 and "needs an existing profile" in res.stderr
+    # it says where it was measured, and --quick writes a calibrated copy that says where it was calibrated
+    import json
+
+    recipe = json.loads((built_pair / "pair.json").read_text())["recipe_digest"]
+    on = load_profile(out).measured_on
+    assert on["pair_recipe"] == recipe and on["dtype"] == "float32" and on["cores"] >= 1 and on["torch"] == torch.__version__
+    quick = tmp_path / "quick" / "here.yaml"
+    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--quick", "--base", str(out), "--repeats", "1", "--threads", "1", "--out", str(quick)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    cal = load_profile(quick)
+    assert cal.calibration is not None and cal.provenance()["threads"] == 1 and cal.name == "here"
+    assert cal.latency_source == "table" and list(cal.tau_llm.base.b_grid) == [1, 2]  # the table itself is kept
+    assert not list(quick.parent.glob(".*"))  # no temporary file left beside it
 
 
 def test_generate_cli_streams(built_pair):
@@ -168,3 +181,101 @@ def test_cuda_greedy_equivalence(models):
     t, d = copy.deepcopy(target).to("cuda").float(), copy.deepcopy(close).to("cuda").float()
     prompts = [[1, 2, 3], [4, 5]]
     assert generate_sd(t, d, prompts, 3, 10).tokens == generate_ad(t, prompts, 10).tokens
+
+
+# ---------------------------------------------------------------- the pair: steps, determinism, quality, atomic cache
+def micro_recipe(**changes):
+    """Seconds to build: for the properties of the build itself, not for decoding quality."""
+    from runtime.pair import ModelShape, PairRecipe
+
+    base = dict(target=ModelShape(32, 1, 2, 1, 64), draft=ModelShape(16, 1, 2, 1, 32), seq_len=64, batch=4, target_steps=6, draft_steps=4, max_files=6)
+    return PairRecipe(**{**base, **changes})
+
+
+def test_same_recipe_builds_bitwise_identical_weights(tmp_path):
+    import json
+
+    from runtime.pair import build_pair, load_pair
+
+    torch.manual_seed(1234)
+    caller_state = torch.random.get_rng_state()
+    a = load_pair(build_pair(tmp_path / "a", micro_recipe(), progress=False))
+    assert torch.equal(torch.random.get_rng_state(), caller_state)  # the build does not disturb the caller's RNG
+    b = load_pair(build_pair(tmp_path / "b", micro_recipe(), progress=False))
+    for name in ("target", "draft"):
+        sa, sb = getattr(a, name).state_dict(), getattr(b, name).state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), name
+    meta = json.loads((tmp_path / "a" / "pair.json").read_text())
+    assert meta["target_steps"] == 6 and meta["draft_steps"] == 4 and meta["recipe"]["threads"] == 1
+    # and a different seed is a different pair: the comparison above can fail
+    c = load_pair(build_pair(tmp_path / "c", micro_recipe(seed=1), progress=False))
+    assert not torch.equal(a.target.state_dict()["model.embed_tokens.weight"], c.target.state_dict()["model.embed_tokens.weight"])
+
+
+def test_cache_key_is_the_step_bounded_recipe():
+    from runtime.pair import PRESETS
+
+    r = micro_recipe()
+    assert micro_recipe(target_steps=7).digest() != r.digest() and micro_recipe(draft_steps=5).digest() != r.digest()
+    assert micro_recipe(threads=2).digest() != r.digest() and micro_recipe(seed=3).digest() != r.digest()
+    assert micro_recipe(max_target_bits_per_byte=3.0).digest() == r.digest()  # the bound does not change the weights
+    assert PRESETS["full"].target_steps >= 300 and "target_seconds" not in PRESETS["full"].__dataclass_fields__
+
+
+@pytest.mark.parametrize(("field", "value"), [("target_steps", 0), ("draft_steps", -1), ("threads", 0), ("batch", 2.5), ("target_lr", 0.0), ("max_draft_bits_per_byte", float("nan")), ("max_files", 1)])
+def test_bad_recipe_named(field, value):
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        micro_recipe(**{field: value})
+
+
+def test_pair_missing_its_bound_is_refused_not_cached(tmp_path):
+    from runtime.pair import PairQualityError, build_pair
+
+    out = tmp_path / "cache" / "pair-x"
+    with pytest.raises(PairQualityError, match=r"target .* bits/byte > bound 0.5.*nothing was cached"):
+        build_pair(out, micro_recipe(max_target_bits_per_byte=0.5), progress=False)
+    assert not out.exists() and list((tmp_path / "cache").iterdir()) == []
+
+
+def test_failed_build_leaves_nothing_and_stale_partials_are_swept(tmp_path, monkeypatch):
+    from runtime import pair as pair_mod
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    out = cache / "pair-y"
+    stale = cache / f".{out.name}.999999999.partial"  # a killed build's leftovers (no such pid)
+    (stale / "target").mkdir(parents=True)
+
+    def broken_save(self, folder):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pair_mod.ByteTokenizer, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        pair_mod.build_pair(out, micro_recipe(), progress=False)
+    assert list(cache.iterdir()) == []  # neither the pair nor any partial folder
+
+
+def test_cached_pair_is_rechecked_against_a_tightened_bound(tmp_path):
+    import json
+
+    from runtime.pair import PairQualityError, build_pair
+
+    out = build_pair(tmp_path / "p", micro_recipe(), progress=False)
+    bits = json.loads((out / "pair.json").read_text())["bits_per_byte"]["draft"]
+    assert build_pair(out, micro_recipe(max_draft_bits_per_byte=bits + 0.01), progress=False) == out  # cached, within bound
+    with pytest.raises(PairQualityError, match="cached pair"):
+        build_pair(out, micro_recipe(max_draft_bits_per_byte=bits - 0.01), progress=False)
+
+
+def test_profile_out_is_checked_before_measuring(tmp_path):
+    """A bad --out fails at once, before the pair is even loaded (the pair path here does not exist)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for out, match in ((blocker / "sub" / "p.yaml", "--out"), (tmp_path / "p.txt", ".yaml"), (tmp_path, ".yaml")):
+        res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(tmp_path / "missing"), "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert res.returncode != 0 and match in res.stderr and "is not a pair folder" not in res.stderr, res.stderr[-1000:]
+    # a folder that does not exist yet is created, then the missing pair is reported
+    fresh = tmp_path / "new" / "deeper" / "p.yaml"
+    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(tmp_path / "missing"), "--out", str(fresh)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode != 0 and "is not a pair folder" in res.stderr
+    assert fresh.parent.is_dir() and not fresh.exists() and list(fresh.parent.iterdir()) == []
