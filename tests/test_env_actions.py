@@ -45,6 +45,15 @@ def test_action_index_keeps_real_actions(good, want):
     assert action_index(good, N_ACTIONS) == want
 
 
+def test_action_indices_shape_and_dtype():
+    got = action_indices(np.array([[1], [2]]), 2, N_ACTIONS)  # a column of actions is fine
+    assert got.shape == (2,) and got.dtype == np.int64 and got.tolist() == [1, 2]
+    got = action_indices(np.array([1.0, 2.5, 9.0]), 3, N_ACTIONS)
+    assert got.dtype == np.int64 and got.tolist() == [1, -1, 9]
+    assert action_indices(np.array([True, False]), 2, N_ACTIONS).tolist() == [1, 0]
+    assert action_indices(np.array(["1", None], dtype=object), 2, N_ACTIONS).tolist() == [-1, -1]
+
+
 def test_action_index_rejects_several_actions_with_a_clear_error():
     with pytest.raises(ValueError, match="one integer"):
         action_index([1, 2], N_ACTIONS)
@@ -255,30 +264,44 @@ def test_vector_env_next_step_autoreset_ignores_any_action():
     assert np.array_equal(obs, second)
 
 
-def test_vector_env_same_step_final_obs_and_info_match_scalar_twins():
+TWIN_CONFIGS = [
+    {"deadline_s": [1.0, 13.0]},
+    {"reward_timing": "episode_end", "user_order": "deadline"},
+    # prediction error: admitted users can be late (reward -late at the end), SD drawn token by token
+    {"output_cv": 0.6, "alpha_cv": 0.4, "simulate_acceptance": True, "user_order": "slack", "deadline_s": [0.5, 4.0]},
+]
+
+
+@pytest.mark.parametrize("kw", TWIN_CONFIGS)
+def test_vector_env_same_step_final_obs_and_info_match_scalar_twins(kw):
     n = 3
-    v = vector(n, autoreset_mode="same_step", deadline_s=[1.0, 13.0])
+    v = vector(n, autoreset_mode="same_step", **kw)
     v.reset(seed=30)
-    twins, _ = _scalar_twins(n, 30, deadline_s=[1.0, 13.0])
+    twins, _ = _scalar_twins(n, 30, **kw)
     rng = np.random.default_rng(0)
-    for _ in range(K):
+    late = 0
+    for _ in range(2 * K):  # two episodes: the second starts from the same-step reset
         masks = v.action_masks()
         acts = np.array([int(rng.choice(np.flatnonzero(m))) for m in masks])
-        obs, r, term, _, info = v.step(acts)
+        obs, r, term, trunc, info = v.step(acts)
+        assert trunc.dtype == bool and not trunc.any() and term.dtype == bool
         for i, e in enumerate(twins):
             o, ri, ti, _, inf_i = e.step(int(acts[i]))
             assert r[i] == ri and term[i] == ti
             if ti:
                 assert np.array_equal(info["final_obs"][i], o)
-                for key in ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma"):
+                for key in ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma", "z", "lam"):
                     assert info[key][i] == inf_i[key], key
                 assert info["_final_obs"][i]
+                late += inf_i["late"]
+                o, _ = e.reset()
             else:
-                assert np.array_equal(obs[i], o)
                 assert "final_obs" not in info
-    # same step: the returned observation is already the next round's first
-    assert np.array_equal(obs, np.stack([e.reset()[0] for e in twins]))
+            # same step: after an end the returned observation is already the next round's first
+            assert np.array_equal(obs[i], o)
     assert v.action_masks()[:, 0].all()
+    if kw.get("output_cv"):
+        assert late > 0  # the reward's end-of-episode correction was exercised
 
 
 def test_vector_env_bad_autoreset_mode_and_num_envs():

@@ -168,6 +168,21 @@ def test_check_golden_three_users():
     assert not bool(check_plans(COST, rnd, [REJECT, REJECT, AD], 2).feasible)
 
 
+def test_builders_shares_of_empty_and_single_mode_plans():
+    """Nothing admitted, or one mode only: that mode gets everything (z = lam = 1 for AD-or-nothing)."""
+    rnd = three_users()
+    user0 = (10, 10, 0.9, 0.01, 1.02)
+    for first, want in ((0, (1.0, 1.0)), (1, (1.0, 1.0)), (3, (0.0, 0.0))):
+        scalar, vec = ScalarPlan(COST, 4), PlanBuilder(COST, 1, 4)
+        scalar.prepare(*user0)
+        vec.prepare(*(np.array([v]) for v in user0))
+        scalar.apply(first)
+        vec.apply(np.array([first]))
+        z, lam = vec.shares()
+        assert scalar.shares() == want and (float(z[0]), float(lam[0])) == want, first
+    assert rnd.num_users == 3
+
+
 def test_incremental_builders_reach_the_golden_state():
     rnd = three_users()
     scalar, vec = ScalarPlan(COST, 4), PlanBuilder(COST, 1, 4)
@@ -190,6 +205,10 @@ def test_incremental_builders_reach_the_golden_state():
         assert got_s == want, k
         assert got_v.tolist() == want, k
         assert scalar.apply(action) and bool(vec.apply(np.array([action]))[0])
+    # proportional shares: z = 0.167 / 0.967, lam = 80_000 / 146_000 (both builders)
+    assert scalar.shares() == (approx(0.167 / 0.967), approx(80_000 / 146_000))
+    z, lam = vec.shares()
+    assert (float(z[0]), float(lam[0])) == (approx(0.167 / 0.967), approx(80_000 / 146_000))
     assert scalar.share[0] == approx(0.167) and scalar.share[1] == approx(0.8)
     assert scalar.mem == [80_000.0, 66_000.0] and vec.mem[:, 0].tolist() == [80_000.0, 66_000.0]
     assert scalar.gamma == 2 and scalar.j_max == 4 and int(vec.j_max[0]) == 4
