@@ -176,3 +176,29 @@ def issue_counterexample(cfg: EnvConfig, cost: CostModel, gamma: int = 4) -> Rou
     other = float(cost.sd_time(1, 100, out[1], max(j), gamma))
     rnd.deadline_s = rnd.uplink_s + rnd.downlink_s + np.array([(own + other) / 2, own / 10])
     return rnd
+
+
+def mixed_round(rng: np.random.Generator, cfg: EnvConfig, cost: CostModel, k: int, gamma: int = 4) -> Round:
+    """A round whose best plan usually needs both modes.
+
+    Half the users draft badly (acceptance near 0: many SD iterations), half draft well. The
+    good drafters' budgets fit their own SD batch on a share ``1 - z`` and the bad drafters' fit
+    their own AD batch on ``z`` (``z`` a point of a 0.1 grid), so the mixed plan serves everyone,
+    while one SD batch holding both runs the bad drafters' iteration count and misses the good
+    drafters' deadlines. BALANCE's grid pruning then decides between points that really differ.
+    """
+    inp = rng.integers(1, 160, size=k)
+    out = rng.integers(20, 160, size=k)
+    good = rng.permutation(k) < max(k // 2, 1)
+    alpha = np.where(good, rng.uniform(0.9, 0.95, size=k), rng.uniform(0.0, 0.2, size=k))
+    dist = np.sqrt(rng.uniform(cfg.min_distance_m**2, cfg.cell_radius_m**2, size=k))
+    rnd = Round.from_arrays(cfg, inp, out, np.ones(k), alpha, dist)
+    z = float(rng.choice([0.3, 0.4, 0.5, 0.6]))
+    st_sd = BatchStats.of(rnd, good, gamma)
+    st_ad = BatchStats.of(rnd, ~good, gamma)
+    c_sd = float(cost.sd_time(st_sd.b, st_sd.s_max, st_sd.n_max, st_sd.j_max, gamma))
+    c_ad = float(cost.ad_time(st_ad.b, st_ad.s_max, st_ad.n_max))
+    # a little head-room (uplinks differ by milliseconds) over the group's own batch
+    budget = np.where(good, c_sd / (1.0 - z), c_ad / z) * rng.uniform(1.02, 1.1, size=k)
+    rnd.deadline_s = rnd.uplink_s + rnd.downlink_s + budget
+    return rnd

@@ -15,6 +15,7 @@ from adversarial_rounds import (
     best_single_mode,
     brute_force_optimum,
     issue_counterexample,
+    mixed_round,
     mode_cost_and_memory,
     subset_masks,
 )
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 
 from agents.balance import Balance, grid, split_search
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
-from agents.optimal import Exhaustive
+from agents.optimal import Exhaustive, split_upper_bound
 from agents.registry import make_scheduler
 from envs import CostModel, EnvConfig, sample_round
 from envs.feasibility import check_plan
@@ -34,15 +35,17 @@ CFG = EnvConfig(num_users=8)
 COSTS = {kv: CostModel(CostModel.from_config(CFG).profile, kv) for kv in ("per_user", "padded")}
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 kv_models = st.sampled_from(["per_user", "padded"])
+kinds = st.sampled_from([False, True, "mixed"])  #: random, adversarial, mixed-plan rounds
 
 
-def _case(seed: int, k: int, kv: str, adversarial: bool, tight: bool):
-    """(round, cost model) -- random paper-setting rounds or adversarial ones, memory tight or not."""
+def _case(seed: int, k: int, kv: str, adversarial: bool | str, tight: bool):
+    """(round, cost model) -- random paper-setting rounds, adversarial ones (True) or ones whose
+    best plan mixes both modes ("mixed"); memory tight at one subset's exact need or not."""
     rng = np.random.default_rng(seed)
-    if adversarial:
+    if adversarial is True:
         case = adversarial_round(rng, CFG, COSTS[kv], k, GAMMA, tight_memory=tight)
         return case.rnd, case.cost
-    rnd = sample_round(rng, CFG, num_users=k)
+    rnd = mixed_round(rng, CFG, COSTS[kv], k, GAMMA) if adversarial == "mixed" else sample_round(rng, CFG, num_users=k)
     cost = COSTS[kv]
     if tight:
         # the KV budget (draft loaded) equals one subset's exact need in one mode
@@ -90,10 +93,12 @@ def test_issue_counterexample_at_the_memory_limit(kv):
 
 # ------------------------------------------------------------------ single-mode schedulers
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 8), kv=kv_models, adversarial=st.booleans(), tight=st.booleans())
-# found by a 1,500-example run against a planted bug (the per-output-threshold rows' KV base
-# without ``+gamma``): padded KV, memory at one subset's exact need
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 8), kv=kv_models, adversarial=kinds, tight=st.booleans())
+# found by long runs against planted bugs: the per-output-threshold rows' KV base without
+# ``+gamma`` (padded KV, memory at one subset's exact need) ...
 @example(seed=425, k=8, kv="padded", adversarial=False, tight=True)
+# ... and against memory pruning that counts one user's output too many (per-user KV)
+@example(seed=201166, k=6, kv="per_user", adversarial="mixed", tight=True)
 def test_ad_only_and_sd_only_equal_brute_force(seed, k, kv, adversarial, tight):
     rnd, cost = _case(seed, k, kv, adversarial, tight)
     want_ad, _ = best_single_mode(cost, rnd, AD, GAMMA, 1.0, float(cost.memory_budget(False)))
@@ -108,7 +113,7 @@ def test_ad_only_and_sd_only_equal_brute_force(seed, k, kv, adversarial, tight):
     seed=st.integers(0, 2**32 - 1),
     k=st.integers(1, 8),
     kv=kv_models,
-    adversarial=st.booleans(),
+    adversarial=kinds,
     mode=st.sampled_from([AD, SD]),
     limit=st.sampled_from(["loose", "exact", "just_below"]),
 )
@@ -169,7 +174,7 @@ def _point_budgets(cost: CostModel, z: float, lam: float):
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), k=st.integers(2, 7), kv=kv_models, adversarial=st.booleans(), tight=st.booleans())
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(2, 7), kv=kv_models, adversarial=kinds, tight=st.booleans())
 def test_balance_and_split_baselines_solve_each_mode_exactly(seed, k, kv, adversarial, tight):
     rnd, cost = _case(seed, k, kv, adversarial, tight)
     opt = brute_force_optimum(cost, rnd, GAMMA)
@@ -201,6 +206,8 @@ def test_adversarial_rounds_balance_half_and_exhaustive_exact(seed, k, kv, tight
     assert check_plan(cost, rnd, ex).feasible
     assert ex.admitted == opt
     assert opt >= _n("balance", cost, rnd) and 2 * _n("balance", cost, rnd) >= opt
+    # the certified bound (optimistic SD tables over a split grid) never undercuts the optimum
+    assert split_upper_bound(cost, rnd, GAMMA) >= opt
 
 
 def _full_scan(cost: CostModel, rnd, zs, lams) -> int:
@@ -219,13 +226,37 @@ def _full_scan(cost: CostModel, rnd, zs, lams) -> int:
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), k=st.integers(2, 8), kv=kv_models, adversarial=st.booleans(), tight=st.booleans())
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(2, 8), kv=kv_models, adversarial=kinds, tight=st.booleans())
 def test_grid_pruning_matches_full_scan(seed, k, kv, adversarial, tight):
     rnd, cost = _case(seed, k, kv, adversarial, tight)
     g = grid(0.1)
     plan = split_search(cost, rnd, GAMMA, g, g)
     assert plan.admitted == _full_scan(cost, rnd, g, g)
     assert Balance(cost, CFG, gamma=GAMMA, grid_step=0.1).plan(rnd).admitted == plan.admitted
+
+
+@pytest.mark.parametrize("kv", ["per_user", "padded"])
+def test_grid_pruning_matches_full_scan_on_mixed_rounds(kv):
+    """On rounds whose best split mixes both modes (memory binding or not) every skipped grid
+    point matters."""
+    g = grid(0.1)
+    mixed = 0
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        k = 4 + seed % 5
+        rnd = mixed_round(rng, CFG, COSTS[kv], k, GAMMA)
+        cost = COSTS[kv]
+        if seed % 2:
+            # memory binds at the exact KV need (SD loaded) of one large subset
+            masks = subset_masks(k)
+            masks = masks[masks.sum(axis=1) > k // 2]
+            need = mode_cost_and_memory(cost, rnd, masks, SD, GAMMA)[2][rng.integers(len(masks))]
+            p = cost.profile
+            cost = CostModel(p.with_memory(need + p.device.reserve_bytes + p.llm.weight_bytes + p.slm.weight_bytes), kv)
+        plan = split_search(cost, rnd, GAMMA, g, g)
+        assert plan.admitted == _full_scan(cost, rnd, g, g), seed
+        mixed += plan.admitted_ad > 0 and plan.admitted_sd > 0
+    assert mixed >= 10  # the sweep does exercise mixed plans
 
 
 @pytest.mark.parametrize("kv", ["per_user", "padded"])
