@@ -11,7 +11,11 @@ For every candidate ``(z, lam)`` on a grid that includes 0 and 1 (``grid_step``,
 Grid points are visited best-first and skipped when a cheap upper bound on AD + SD cannot beat
 the incumbent, so the number served equals a full grid scan's, only faster. The AD-only
 point ``(1, 1)`` and SD-only point ``(0, 0)`` are on the grid, so BALANCE is never below AD-only
-or SD-only, and (the per-mode solves being optimal) never below half the optimum.
+or SD-only. The per-mode solves are exact (``agents.mode_solver``; held to brute force on
+random, adversarial and memory-tight rounds in ``tests/test_mode_solver.py``), so those corners
+are the single-mode optima, and an optimal plan's AD users ``A*`` and SD users ``S*`` each run
+alone at least as well: ``OPT = |A*| + |S*| <= AD-only + SD-only <= 2 BALANCE`` -- never below
+half the optimum.
 
 ``BalanceGammaSearch`` also searches the draft depth per round (every ``gamma`` in ``gammas``).
 """
