@@ -29,10 +29,13 @@ class FaultyForward:
 
     def __init__(self, model, fail_on: set[int]):
         self.model, self.fail_on, self.calls = model, fail_on, 0
+        self.pause_s = 0.0  #: set > 0 to make every pass that much slower (a slow device)
         self.inner = model.forward
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
+        if self.pause_s:
+            time.sleep(self.pause_s)
         if self.calls in self.fail_on:
             raise RuntimeError(f"injected fault on forward call {self.calls}")
         return self.inner(*args, **kwargs)
