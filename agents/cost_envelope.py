@@ -60,6 +60,7 @@ class CostEnvelope:
             "slack": rnd.slack_s.astype(float),
             "uplink": rnd.uplink_s.astype(float),
         }
+        self.user_values = values  #: each user's aggregate values (iterations at this gamma)
         self.levels: dict[str, np.ndarray] = {}
         self.user_level: dict[str, np.ndarray] = {}
         for name, v in values.items():
@@ -73,21 +74,26 @@ class CostEnvelope:
         with np.errstate(invalid="ignore"):
             ad = np.asarray(cost.ad_time(b[:, None, None], s_lv[None, :, None], n_lv[None, None, :]), dtype=float)
         self.ad_env = _suffix_min(ad)
+        monotone = bool(np.array_equal(self.ad_env, ad))
         # SD: prefills over (b, S), one iteration over (b, c) on the half-token grid of c = S + N / 2
         s = np.maximum(s_lv.astype(float), 1.0)
         bb = np.maximum(b, 1)
         pre = cost.tau_l.tau(bb[:, None], s[None, :], s[None, :]) + cost.tau_s.tau(bb[:, None], s[None, :], s[None, :])
         pre = np.where(b[:, None] > 0, pre, 0.0)
         self.sd_pre_env = _suffix_min(np.asarray(pre, dtype=float))
+        monotone &= bool(np.array_equal(self.sd_pre_env, pre))
         c_max = float(s.max() + n_lv.max() / 2.0)
-        self._c_grid = np.arange(1.0, c_max + 0.5, 0.5)
-        c = self._c_grid[None, :]
+        self.c_grid = np.arange(1.0, c_max + 0.5, 0.5)
+        c = self.c_grid[None, :]
         g = float(gamma)
         it = g * cost.tau_s.tau(bb[:, None], 1.0, c) + cost.tau_l.tau(bb[:, None], g + 1.0, c + g)
         if cost.engine is not None:
             it = it + cost.engine.sd(bb[:, None], g)
         it = np.where(b[:, None] > 0, np.maximum(it, 0.0), 0.0)
         self.sd_iter_env = _suffix_min(np.asarray(it, dtype=float))
+        #: whether the costs are monotone on this round's levels (the envelopes are the costs);
+        #: bounds that assume monotone costs (``agents.mode_solver``) are only used when it holds
+        self.monotone = monotone and bool(np.array_equal(self.sd_iter_env, it))
 
     def attrs(self, mode: int) -> tuple[str, ...]:
         return ATTRS[mode]
@@ -104,7 +110,7 @@ class CostEnvelope:
         if mode == AD:
             return float(self.ad_env[b, i, lv["output"]])
         c = max(float(self.levels["input"][i]), 1.0) + float(self.levels["output"][lv["output"]]) / 2.0
-        ci = min(int(np.searchsorted(self._c_grid, c - 1e-9)), len(self._c_grid) - 1)
+        ci = min(int(np.searchsorted(self.c_grid, c - 1e-9)), len(self.c_grid) - 1)
         return float(self.sd_pre_env[b, i] + float(self.levels["iterations"][lv["iterations"]]) * self.sd_iter_env[b, ci])
 
     def share_lb(self, mode: int, b: int, lv: dict[str, int]) -> float:
@@ -115,6 +121,25 @@ class CostEnvelope:
         if beta <= 0:
             return float("inf")
         return self.cost_lb(mode, b, lv) / beta
+
+    def level_of(self, attr: str, values) -> np.ndarray:
+        """Level indices of aggregate values (values not in the round map to the next level up)."""
+        lv = self.levels[attr]
+        if attr == "slack":
+            idx = np.searchsorted(-lv, -np.asarray(values, dtype=float), side="left")
+        else:
+            idx = np.searchsorted(lv, np.asarray(values), side="left")
+        return np.clip(idx, 0, len(lv) - 1)
+
+    def cost_lb_arrays(self, mode: int, size, i_in, i_out, i_iter=None) -> np.ndarray:
+        """:meth:`cost_lb` for broadcasting arrays of sizes (1..K) and level indices."""
+        size = np.clip(size, 0, self.k)
+        if mode == AD:
+            return self.ad_env[size, i_in, i_out]
+        s = np.maximum(self.levels["input"][i_in].astype(float), 1.0)
+        ctx = s + self.levels["output"][i_out] / 2.0
+        ci = np.minimum(np.searchsorted(self.c_grid, ctx - 1e-9), len(self.c_grid) - 1)
+        return self.sd_pre_env[size, i_in] + self.levels["iterations"][i_iter] * self.sd_iter_env[size, ci]
 
     def plan_levels(self, mode: int, members: np.ndarray) -> dict[str, int]:
         """The level indices of a non-empty batch's aggregates."""

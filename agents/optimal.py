@@ -23,24 +23,125 @@ from collections.abc import Sequence
 import numpy as np
 
 from agents.balance import grid, split_search
+from agents.cost_envelope import CostEnvelope
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.plan_repair import repair
 from agents.round_milp import RoundMILP
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, PlanBuilder, check_plans
+from envs.feasibility import EPS, CostModel, PlanBuilder, check_plans
 from envs.plan import AD, SD, Plan
 from envs.workload import Round
 
 
-def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 200_000):
+def _grown(env: CostEnvelope, cost: CostModel, builder: PlanBuilder, i: int, fit: np.ndarray, rem: dict, gamma: int, upto: int):
+    """Lower bounds on mode ``i``'s share and KV bytes after adding ``a = 0..upto`` users.
+
+    The ``a`` added users come from the remaining users that fit (``fit``, (N, R)), so the grown
+    batch's longest input is at least the larger of today's and the ``a``-th smallest candidate
+    input; likewise outputs and iterations; its tightest slack at most the ``a``-th largest
+    candidate slack, its slowest uplink at least the ``a``-th smallest. Costs from the envelope.
+    """
+    mode = AD if i == 0 else SD
+    big = np.iinfo(np.int64).max // 4
+
+    def kth(values, descending=False):
+        v = np.where(fit, -values if descending else values, big if values.dtype.kind == "i" else np.inf)
+        srt = np.sort(v, axis=1)[:, :upto]
+        if srt.shape[1] < upto:
+            srt = np.pad(srt, ((0, 0), (0, upto - srt.shape[1])), constant_values=srt.dtype.type(big) if srt.dtype.kind == "i" else np.inf)
+        return -srt if descending else srt
+
+    b_now = builder.b[i][:, None]
+    s_a = np.maximum(builder.s_max[i][:, None], kth(rem["input"]))
+    n_a = np.maximum(builder.n_max[i][:, None], kth(rem["output"]))
+    valid = (s_a < big) & (n_a < big)
+    s_a, n_a = np.where(valid, s_a, env.levels["input"][-1]), np.where(valid, n_a, env.levels["output"][-1])
+    slack = np.minimum(builder.slack_min[i][:, None], kth(rem["slack"], descending=True))
+    up = np.maximum(builder.u_max[i][:, None], kth(rem["uplink"]))
+    size = b_now + np.arange(1, upto + 1)[None, :]
+    i_iter = None
+    if mode == SD:
+        j_a = np.maximum(builder.j_max[:, None], kth(rem["iterations"]))
+        valid &= j_a < big
+        i_iter = env.level_of("iterations", np.where(valid, j_a, env.levels["iterations"][-1]))
+    c = env.cost_lb_arrays(mode, size, env.level_of("input", s_a), env.level_of("output", n_a), i_iter)
+    beta = slack - up
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        share = np.where(valid & (beta > 0) & (size <= env.k), c / np.where(beta > 0, beta, 1.0), np.inf)
+    out_sorted = kth(rem["output"]).astype(float)
+    cum_out = np.cumsum(np.where(np.isfinite(out_sorted) & (out_sorted < big), out_sorted, 0.0), axis=1)
+    extra = gamma if mode == SD else 0
+    unit = cost.kv_l if mode == AD else cost.kv_sd
+    if cost.kv_memory == "per_user":
+        mem = (size * (s_a + extra) + builder.sum_out[i][:, None] + cum_out) * unit
+    else:
+        mem = size * (s_a + n_a + extra) * unit
+    share = np.concatenate([builder.share[i][:, None], share], axis=1)
+    mem = np.concatenate([builder.mem[i][:, None], np.where(valid, mem, np.inf)], axis=1)
+    return share, mem
+
+
+def _node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, ctx: tuple, level: int, batch: int = 50_000):
+    """Refresh which remaining users still fit each partial plan, and bound its best completion.
+
+    Valid because feasible sets are downward closed and costs are bounded below by
+    ``agents.cost_envelope``: a user that does not fit a partial plan alone fits none of its
+    extensions, so ``alive`` (inherited from the parent) only loses entries; and a completion
+    adding ``a`` AD and ``s`` SD users (``a <= #fit AD``, ``s <= #fit SD``, ``a + s <= #alive``)
+    needs the lower bounds of :func:`_grown` on both shares to sum to at most 1 and on both KV
+    needs to fit the memory. The largest such ``a + s`` bounds every completion. Returns
+    ``(alive, bound)``.
+    """
+    env, rnd, order, gamma = ctx
+    user_arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
+    alive = alive.copy()
+    n, k = alive.shape
+    fit = np.zeros((2, n, k), dtype=bool)
+    rows, cols = np.nonzero(alive[:, level:])
+    cols = cols + level
+    for lo in range(0, len(rows), batch):
+        r, c = rows[lo : lo + batch], cols[lo : lo + batch]
+        masks = builder.take(r).prepare(*(x[order[c]] for x in user_arrays))
+        fit[0, r, c], fit[1, r, c] = masks[:, 1], masks[:, 1 + gamma]
+        alive[r, c] = masks[:, 1] | masks[:, 1 + gamma]
+    n_alive = alive[:, level:].sum(axis=1)
+    upto = int(n_alive.max(initial=0))
+    if upto == 0:
+        return alive, admitted.copy()
+    cost = builder.cost
+    users = order[level:]
+    rem = {"input": rnd.input_tokens[users], "output": rnd.output_tokens[users], "iterations": env.user_values["iterations"][users], "slack": rnd.slack_s[users], "uplink": rnd.uplink_s[users]}
+    share_a, mem_a = _grown(env, cost, builder, 0, fit[0][:, level:], rem, gamma, upto)
+    share_s, mem_s = _grown(env, cost, builder, 1, fit[1][:, level:], rem, gamma, upto)
+    fit_ad, fit_sd = fit[0].sum(axis=1), fit[1].sum(axis=1)
+    budget_sd = float(cost.memory_budget(True)) * (1 + EPS)
+    budget_ad = float(cost.memory_budget(False)) * (1 + EPS)
+    best = np.zeros(n, dtype=np.int64)
+    s_idx = np.arange(upto + 1)[None, :]
+    sd_used = (builder.b[1][:, None] + s_idx) > 0
+    for a in range(upto + 1):
+        ok_a = a <= fit_ad
+        if not ok_a.any():
+            break
+        fits = (share_s + share_a[:, a : a + 1] <= 1.0 + EPS) & (mem_s + mem_a[:, a : a + 1] <= np.where(sd_used, budget_sd, budget_ad))
+        # the largest s that passes both necessary conditions (no monotonicity in s assumed)
+        last = np.where(fits.any(axis=1), upto - np.argmax(fits[:, ::-1], axis=1), -1)
+        s_max = np.minimum(np.minimum(last, fit_sd), n_alive - a)
+        best = np.where(ok_a & (s_max >= 0), np.maximum(best, a + s_max), best)
+    return alive, admitted + np.minimum(best, n_alive)
+
+
+def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 20_000, envelope: CostEnvelope | None = None):
     """Best plan with draft depth ``gamma`` serving more than ``incumbent`` users.
 
     Depth-first over users, breadth-first (vectorised) within chunks of at most ``chunk`` partial
     plans, so memory stays bounded and complete plans are reached early (a better incumbent
-    prunes more). Returns ``(modes or None, complete, upper_bound)``: ``modes`` is None if no plan
-    beats the incumbent; ``complete`` is False if the time limit stopped the search, in which case
-    ``upper_bound`` is still valid (no unexplored node could exceed it).
+    prunes more). A node is pruned when the bound of :func:`_node_bound` (users that still fit,
+    and the compute left) cannot beat the incumbent. Returns ``(modes or None, complete,
+    upper_bound)``: ``modes`` is None if no plan beats the incumbent; ``complete`` is False if
+    the time limit stopped the search, in which case ``upper_bound`` is still valid (no
+    unexplored node could exceed it: each keeps its parent's bound).
     """
     k = rnd.num_users
     start = time.perf_counter()
@@ -48,18 +149,26 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, i
     order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
     sd_action = 1 + gamma
     user_arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
-    stack = [(0, PlanBuilder(cost, 1, max_gamma), np.zeros((1, 0), dtype=np.int8), np.zeros(1, dtype=np.int64))]
+    ctx = (envelope or CostEnvelope(cost, rnd, gamma), rnd, order, gamma)
+    stack = [(0, PlanBuilder(cost, 1, max_gamma), np.zeros((1, 0), dtype=np.int8), np.zeros(1, dtype=np.int64), np.ones((1, k), dtype=bool), np.full(1, k))]
     best, best_modes = incumbent, None
     while stack:
-        level, builder, paths, admitted = stack.pop()
-        keep = admitted + (k - level) > best
+        level, builder, paths, admitted, alive, ub = stack.pop()
+        keep = ub > best
         if not keep.any():
             continue
         if time.perf_counter() - start > time_limit_s:
-            pending = [int((a + (k - lv)).max()) for lv, _, _, a in stack] + [int((admitted[keep] + k - level).max())]
+            pending = [int(u.max()) for *_, u in stack] + [int(ub[keep].max())]
             return best_modes, False, max(best, *pending)
+        if level < k:
+            rows = np.flatnonzero(keep)
+            builder, paths, admitted = builder.take(rows), paths[rows], admitted[rows]
+            alive, ub = _node_bound(builder, alive[rows], admitted, ctx, level)
+            keep = ub > best
+            if not keep.any():
+                continue
         if level == k:
-            i = int(np.argmax(admitted))
+            i = int(np.argmax(np.where(keep, admitted, -1)))
             best, best_modes = int(admitted[i]), np.zeros(k, dtype=np.int8)
             best_modes[order] = paths[i]
             continue
@@ -75,12 +184,14 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, i
         mode = np.where(actions == 0, 0, np.where(actions == 1, AD, SD)).astype(np.int8)
         new_paths = np.concatenate([paths[child_rows[sel]], mode[sel, None]], axis=1)
         new_admitted = admitted[child_rows][sel] + (mode[sel] != 0)
+        new_alive = alive[child_rows[sel]]
+        new_ub = ub[child_rows[sel]]
         new_builder = b.take(sel)
         # chunks ordered so that the most-admitted children are popped first
         by = np.argsort(new_admitted, kind="stable")
         for lo in range(0, len(by), chunk):
             idx = by[lo : lo + chunk]
-            stack.append((level + 1, new_builder.take(idx), new_paths[idx], new_admitted[idx]))
+            stack.append((level + 1, new_builder.take(idx), new_paths[idx], new_admitted[idx], new_alive[idx], new_ub[idx]))
     return best_modes, True, best
 
 
@@ -217,15 +328,27 @@ def certify(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, time_limit_
     def done() -> bool:
         return state["lower"] >= state["upper"] or left() <= 0
 
+    env = CostEnvelope(cost, rnd, gamma)
+    monotone = env.monotone
     for p in warm:  # a warm plan counts only if feasible at this depth (AD-only plans are at any)
         offer(p.modes)
     offer(None, "warm start")
-    if not done():
-        offer(None, "split bound", split_upper_bound(cost, rnd, gamma, bound_step, incumbent=state["lower"]))
     if not done() and exhaustive_share > 0:
-        modes, complete, search_ub = exhaustive_search(cost, rnd, gamma, max_gamma, incumbent=state["lower"], time_limit_s=left() * exhaustive_share)
-        offer(modes)
-        offer(None, "exhaustive search " + ("complete" if complete else "stopped"), state["lower"] if complete else search_ub)
+        # descend on the target: is there a plan serving >= upper users? A complete search that
+        # finds none proves upper - 1; high targets prune hard, so the bound falls quickly
+        stop = time.perf_counter() + left() * exhaustive_share
+        while not done() and time.perf_counter() < stop:
+            target = state["upper"]
+            modes, complete, _ = exhaustive_search(cost, rnd, gamma, max_gamma, incumbent=target - 1, time_limit_s=stop - time.perf_counter(), envelope=env)
+            if modes is not None:
+                offer(modes, f"exhaustive search found {target}")
+            elif complete:
+                offer(None, f"exhaustive search: none serves {target}", target - 1)
+            else:
+                offer(None, f"exhaustive search for {target} stopped")
+                break
+    if not done() and monotone:
+        offer(None, "split bound", split_upper_bound(cost, rnd, gamma, bound_step, incumbent=state["lower"]))
     solves, cuts = 0, 0
     if not done():
         milp = RoundMILP(cost, rnd, gamma)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +36,14 @@ def _setup(name: str, k: int, seed: int, tight: bool = False):
     if key not in _COSTS:
         _COSTS[key] = CostModel.from_config(cfg)
     return cfg, _COSTS[key], sample_round(np.random.default_rng(seed), cfg)
+
+
+def _brute_force(cost: CostModel, rnd, gamma: int = 4) -> int:
+    """The optimum by checking all 3^K plans with the exact check (no pruning, no search code)."""
+    k = rnd.num_users
+    plans = np.array(list(itertools.product((0, AD, SD), repeat=k)), dtype=np.int8)
+    ok = check_plans(cost, rnd, plans, gamma).feasible
+    return int(np.count_nonzero(plans[ok], axis=1).max(initial=0))
 
 
 def _random_modes(rng: np.random.Generator, k: int, fill: float) -> np.ndarray:
@@ -93,21 +103,32 @@ def test_cut_check_can_fail():
 def test_milp_alone_equals_brute_force(seed, name, k, tight):
     """No warm start, no exhaustive stage: the MILP path alone must reach the exact optimum."""
     cfg, cost, rnd = _setup(name, k, seed, tight)
-    brute = Exhaustive(cost, cfg, warm_start=False).plan(rnd)
+    brute = _brute_force(cost, rnd)
     plan = certify(cost, rnd, 4, cfg.max_gamma, 60.0, warm=(), exhaustive_share=0.0)
     assert plan.extra["certified"], plan.extra["trace"]
-    assert plan.admitted == brute.admitted == plan.extra["upper_bound"]
+    assert plan.admitted == brute == plan.extra["upper_bound"]
     assert check_plans(cost, rnd, plan.modes, 4).feasible
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), k=st.integers(1, 8), tight=st.booleans())
+def test_optimal_and_exhaustive_equal_brute_force(seed, name, k, tight):
+    """The pruned searches (node bounds, target descent) against plain enumeration of 3^K plans."""
+    cfg, cost, rnd = _setup(name, k, seed, tight)
+    brute = _brute_force(cost, rnd)
+    plan = Optimal(cost, cfg, time_limit_s=60).plan(rnd)
+    assert plan.extra["certified"] and plan.extra["optimal"] and plan.extra["gap"] == 0
+    assert plan.admitted == brute
+    assert Exhaustive(cost, cfg, warm_start=False).plan(rnd).admitted == brute
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), tight=st.booleans())
-def test_optimal_equals_brute_force(seed, name, tight):
-    cfg, cost, rnd = _setup(name, 9, seed, tight)
-    brute = Exhaustive(cost, cfg, warm_start=False).plan(rnd)
-    plan = Optimal(cost, cfg, time_limit_s=60).plan(rnd)
-    assert plan.extra["certified"] and plan.extra["optimal"] and plan.extra["gap"] == 0
-    assert plan.admitted == brute.admitted
+def test_exhaustive_agrees_with_plain_search_at_k12(seed, name, tight):
+    """At K = 12 (too many plans to enumerate) the target descent agrees with the plain DFS."""
+    cfg, cost, rnd = _setup(name, 12, seed, tight)
+    plain = Exhaustive(cost, cfg, warm_start=False).plan(rnd).admitted
+    assert Optimal(cost, cfg, time_limit_s=60).plan(rnd).admitted == plain
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -128,7 +149,7 @@ def test_trace_is_anytime_and_consistent():
     plan = Optimal(cost, cfg, time_limit_s=3.0, bound_step=0.05).plan(rnd)
     tr = plan.extra["trace"]
     assert tr and tr[0]["event"] == "warm start"
-    assert all(a["t_s"] <= b["t_s"] and a["lower"] <= b["lower"] and a["upper"] >= b["upper"] for a, b in zip(tr, tr[1:]))
+    assert all(a["t_s"] <= b["t_s"] and a["lower"] <= b["lower"] and a["upper"] >= b["upper"] for a, b in zip(tr, tr[1:], strict=False))
     assert tr[-1]["lower"] == plan.admitted and tr[-1]["upper"] == plan.extra["upper_bound"]
     assert plan.decision_s < 3.0 + 5.0  # a stage may overrun the limit only by one solve
 
