@@ -29,6 +29,7 @@ from agents.registry import make_scheduler
 from envs import CostModel, EnvConfig, sample_round
 from envs.feasibility import check_plan
 from envs.plan import AD, SD
+from envs.workload import Round
 
 GAMMA = 4
 CFG = EnvConfig(num_users=8)
@@ -72,6 +73,24 @@ def test_issue_counterexample_is_served(kv):
     # the short user's deadline sits between its own SD cost and the long user's: only SD serves it
     assert _n("sd_only", cost, rnd) == 1
     assert _n("balance", cost, rnd) == 1
+
+
+def test_issue_second_round_all_sd_plan_of_three():
+    """Issue 10's second kind of round (found by the adversarial generator against the pre-fix
+    solver, which served 2): the exact check accepts an all-SD plan of 3, and BALANCE finds it."""
+    cost = COSTS["per_user"]
+    rnd = Round.from_arrays(
+        CFG,
+        input_tokens=[48, 48, 133, 48],
+        output_tokens=[18, 133, 86, 107],
+        deadline_s=[1.790494516272177, 0.022691204652496518, 1.791572621846526, 1.7908659398794107],
+        alpha=[0.9306465752398776, 0.870815098040508, 0.8649217004128311, 0.6421299239466433],
+        distance_m=[199.79937132344224, 211.83632632916255, 213.07357304201182, 47.621808964932015],
+    )
+    assert check_plan(cost, rnd, np.array([SD, 0, SD, SD]), GAMMA).feasible
+    assert brute_force_optimum(cost, rnd, GAMMA) == 3
+    assert _n("sd_only", cost, rnd) == 3
+    assert _n("balance", cost, rnd) == 3
 
 
 @pytest.mark.parametrize("kv", ["per_user", "padded"])
