@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--publish", action="store_true", help="also write results/main_job.md (the README's copy)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for conf/train.yaml, e.g. total_timesteps=20000")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     out = args.out or ROOT / "outputs" / "main" / time.strftime("%Y-%m-%d_%H-%M-%S")
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["experiment=quick", "eval.final_rounds=0", *args.overrides])
@@ -108,13 +110,17 @@ def main(argv: list[str] | None = None) -> None:
 
 def publish(summary: pd.DataFrame, result: dict, tc: TrainConfig, rounds: int) -> Path:
     path = ROOT / "results" / "main_job.md"
-    cols = ["scheduler", "rounds", "served_frac", "ci95", "ratio_to_balance", "ratio_to_optimum", "decision_ms_median"]
+    cols = ["scheduler", "rounds", "served_frac", "ci95", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "ratio_to_optimum", "decision_ms_median"]
     text = "\n".join([
-        summary[cols].to_markdown(index=False, floatfmt=".4g"), "",
-        f"{tc.agent.algo}, K = {tc.env.num_users}, {result['timesteps']} decisions trained in {result['train_s']:.0f} s "
-        f"({result['steps_per_s']:.0f}/s); {rounds} held-out rounds. Reproduce: `bash scripts/main.sh --publish`.", "",
+        summary[[c for c in cols if c in summary]].to_markdown(index=False, floatfmt=".4g"), "",
+        f"{tc.agent.algo}, K = {tc.env.num_users}, seed {tc.seed}: {result['timesteps']} decisions trained in {result['train_s']:.0f} s "
+        f"({result['steps_per_s']:.0f}/s, {tc.threads} torch thread(s)); {rounds} **test** rounds (seed {tc.eval.seed}; the policy trained on the train "
+        f"stream and was chosen on {tc.eval.rounds} validation rounds). `diff_vs_balance`: mean per-round difference in served fraction to "
+        "BALANCE on the same rounds, bootstrap 95 % CI, Wilcoxon signed-rank p. One training seed: for a claim, use "
+        "`python -m agents.train -m experiment=quick seed=0,1,2,3,4` and `python -m experiments.aggregate`. "
+        "Reproduce: `bash scripts/main.sh --publish`.", "",
     ])
-    path.write_text(text)
+    write_text_atomic(path, text)
     return path
 
 

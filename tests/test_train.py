@@ -228,3 +228,12 @@ def test_wandb_offline_writes_run_folder(tmp_path, monkeypatch):
     run.log({"x": 1.0}, step=1)
     run.finish()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_speed_bench_hogs_are_stopped():
+    """The busy-machine benchmark's CPU hogs end with their block (and would end by themselves)."""
+    from experiments.bench.train_speed import cpu_hogs
+
+    with cpu_hogs(2, limit_s=30) as procs:
+        assert all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)
