@@ -1,5 +1,10 @@
 """Baselines for BALANCE (balance.md §3.7), all through the same per-mode solver where it applies.
 
+That solver is exact, so ``ad_only`` and ``sd_only`` are the single-mode optima (the most users
+AD alone, resp. SD alone, can serve), and ``ecra`` / ``ema`` / ``ecrma`` take a best AD set and
+then a best SD set among the rest at each of their split points (``tests/test_mode_solver.py``
+holds all of them to brute force).
+
 | name | rule |
 |---|---|
 | ad_only | ``z = lam = 1``: AD alone, the SLM not loaded |
