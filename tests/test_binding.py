@@ -55,12 +55,18 @@ MIXED = [AD, AD, SD]
 
 
 # ------------------------------------------------------------------ memory, per user
+SD_FIRST = [2, 0, 1]  # the same users with the SD user presented first: AD joins a plan holding SD
+
+
 def test_memory_binds_at_the_exact_byte():
     rnd = three_users()
     edge = golden_cost(BASE + 20_000 + 146_000)  # SD budget = 146_000 = exactly the plan's KV
     past = golden_cost(BASE + 20_000 + 146_000 - 1)
     assert decide_everywhere(edge, rnd, MIXED, 2)
     assert not decide_everywhere(past, rnd, MIXED, 2)
+    # in the other order the AD admissions are the ones checked against the SD-loaded budget
+    assert decide_everywhere(edge, rnd.subset(SD_FIRST), [SD, AD, AD], 2)
+    assert not decide_everywhere(past, rnd.subset(SD_FIRST), [SD, AD, AD], 2)
     assert _why(past, rnd, MIXED, 2) == (True, False)  # compute fits: memory is what rejects
     assert _opt(edge, rnd) == 3 and _opt(past, rnd) == 2
 
@@ -131,6 +137,8 @@ def test_compute_binds_when_the_shares_sum_past_one():
     edge, past = _with_ad_deadline(0.865), _with_ad_deadline(0.86)
     assert decide_everywhere(cost, edge, MIXED, 2)
     assert not decide_everywhere(cost, past, MIXED, 2)
+    assert decide_everywhere(cost, edge.subset(SD_FIRST), [SD, AD, AD], 2)
+    assert not decide_everywhere(cost, past.subset(SD_FIRST), [SD, AD, AD], 2)
     assert _why(cost, past, MIXED, 2) == (False, True)
     # each batch alone still fits: it is the split of one GPU that binds
     assert decide_everywhere(cost, past, [AD, AD, REJECT], 2) and decide_everywhere(cost, past, [REJECT, REJECT, SD], 2)

@@ -166,6 +166,13 @@ def test_scalar_plan_out_of_range_is_refused(bad):
         p.apply(1)  # the prepared user was consumed by the refused action
 
 
+def test_apply_before_prepare_raises():
+    with pytest.raises(RuntimeError, match=r"^ScalarPlan.apply called before prepare\(\) for this user$"):
+        ScalarPlan(COST, G).apply(0)
+    with pytest.raises(RuntimeError, match=r"^PlanBuilder.apply called before prepare\(\) for this user$"):
+        PlanBuilder(COST, 2, G).apply(np.zeros(2, dtype=np.int64))
+
+
 @pytest.mark.parametrize("bad", [-1, -5, N_ACTIONS, N_ACTIONS + 7])
 def test_plan_builder_out_of_range_is_refused(bad):
     rnd = sample_round(np.random.default_rng(0), CFG)

@@ -84,6 +84,9 @@ def test_ad_batch_time_golden():
     # C_A(2, 10, 10) = 0.032 + 9 * 0.012 + 0.0002 * 135 = 0.167
     assert float(COST.ad_time(2, 10, 10)) == approx(0.167)
     assert float(COST.ad_time(0, 10, 10)) == 0.0 and COST.ad_time1(0, 10, 10) == 0.0
+    assert COST.ad_time1(1, 10, 1) == approx(0.021)
+    # a one-token prompt: C_A(1, S=1, N=2) = tau_L(1,1,1) + tau_L(1,1,2) = 0.0111 + 0.0112 = 0.0223
+    assert float(COST.ad_time(1, 1, 2)) == approx(0.0223) and COST.ad_time1(1, 1, 2) == approx(0.0223)
 
 
 def test_sd_batch_time_golden():
@@ -98,6 +101,9 @@ def test_sd_batch_time_golden():
     # C_S(2, 10, 10, 4, 2) = 0.0384 + 4 * (2 * 0.003 + 0.0194) = 0.0384 + 0.1016 = 0.14
     assert float(COST.sd_time(2, 10, 10, 4, 2)) == approx(0.14)
     assert float(COST.sd_time(0, 10, 10, 4, 2)) == 0.0 and COST.sd_time1(0, 10, 10, 4, 2) == 0.0
+    # a one-token prompt: C_S(1, S=1, N=2, J=1, gamma=1) = tau_L(1,1,1) + tau_S(1,1,1)
+    #   + (tau_S(1,1,c=2) + tau_L(1,2,3)) = 0.0111 + 0.00222 + 0.00224 + 0.0123 = 0.02786
+    assert float(COST.sd_time(1, 1, 2, 1, 1)) == approx(0.02786) and COST.sd_time1(1, 1, 2, 1, 1) == approx(0.02786)
 
 
 def test_batch_times_with_engine_overhead_golden():
@@ -106,6 +112,8 @@ def test_batch_times_with_engine_overhead_golden():
     # AD adds (N - 1) * o_A(b): 0.1335 + 9 * 0.001 = 0.1425; 0.167 + 9 * 0.002 = 0.185
     assert float(cost.ad_time(1, 10, 10)) == approx(0.1425) and cost.ad_time1(1, 10, 10) == approx(0.1425)
     assert float(cost.ad_time(2, 10, 10)) == approx(0.185)
+    # one output token: no decode step, no per-step overhead
+    assert float(cost.ad_time(1, 10, 1)) == approx(0.021) and cost.ad_time1(1, 10, 1) == approx(0.021)
     # SD adds J * (o_it(b) + gamma * o_draft(b)): 0.104 + 4 * (0.003 + 2 * 0.0005) = 0.120
     assert float(cost.sd_time(1, 10, 10, 4, 2)) == approx(0.120) and cost.sd_time1(1, 10, 10, 4, 2) == approx(0.120)
     # 0.14 + 4 * (0.004 + 2 * 0.001) = 0.164
@@ -295,3 +303,20 @@ def test_outcome_rejects_bad_switches():
     with pytest.raises(ValueError, match="rng"):
         evaluate_plan(COST, three_users(), PLAN, simulate_acceptance=True)
     assert math.isinf(evaluate_plan(COST, three_users(), Plan(PLAN.modes, gamma=2, z=1.0, lam=1.0)).latency_s[2])
+
+
+@pytest.mark.parametrize(
+    ("z", "lam", "ok"),
+    [
+        (0.2, 0.5, True),  # AD needs z >= 0.167, SD 1 - z >= 0.8; KV 80_000 <= 90_000, 66_000 <= 90_000
+        (0.15, 0.5, False),  # AD short of compute (SD has plenty)
+        (0.21, 0.5, False),  # SD short of compute: 0.79 < 0.8 (AD has plenty)
+        (0.2, 0.4, False),  # AD short of memory: 80_000 > 0.4 * 180_000 (SD has plenty)
+        (0.2, 0.7, False),  # SD short of memory: 66_000 > 0.3 * 180_000 (AD has plenty)
+    ],
+)
+def test_shares_respected_golden(z, lam, ok):
+    from envs.feasibility import shares_respected
+
+    plan = Plan(np.array([AD, AD, SD], dtype=np.int8), gamma=2, z=z, lam=lam)
+    assert shares_respected(COST, three_users(), plan) is ok
