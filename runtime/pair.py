@@ -143,7 +143,7 @@ PRESETS = {
     "full": PairRecipe(max_target_bits_per_byte=2.6, max_draft_bits_per_byte=2.9),
     # the tests' pair: seconds to build, still a trained target and a distilled draft
     "tiny": PairRecipe(target=ModelShape(64, 2, 4, 2, 128), draft=ModelShape(32, 1, 2, 1, 64), seq_len=128, batch=8, target_steps=200, draft_steps=150,
-                       max_files=40, max_target_bits_per_byte=8.5, max_draft_bits_per_byte=8.5),
+                       max_files=40, max_target_bits_per_byte=4.8, max_draft_bits_per_byte=5.6),
 }
 
 
@@ -320,8 +320,8 @@ def _cached(out: Path, recipe: PairRecipe) -> bool:
 
 
 def _clear_stale_partials(out: Path) -> None:
-    """Remove partial builds of ``out`` left by killed processes (the pid in the name is gone)."""
-    for stale in out.parent.glob(f".{out.name}.*.partial"):
+    """Remove partial builds (and replaced pairs) of ``out`` left by killed processes (the pid in the name is gone)."""
+    for stale in [*out.parent.glob(f".{out.name}.*.partial"), *out.parent.glob(f".{out.name}.*.old")]:
         try:
             os.kill(int(stale.name.split(".")[-2]), 0)
         except (ValueError, ProcessLookupError):

@@ -267,15 +267,27 @@ def test_cached_pair_is_rechecked_against_a_tightened_bound(tmp_path):
         build_pair(out, micro_recipe(max_draft_bits_per_byte=bits - 0.01), progress=False)
 
 
-def test_profile_out_is_checked_before_measuring(tmp_path):
-    """A bad --out fails at once, before the pair is even loaded (the pair path here does not exist)."""
+def test_profile_out_is_checked_before_measuring(tmp_path, monkeypatch):
+    """A bad --out fails at once, before the pair is even loaded."""
+    from runtime import profile as profile_mod
+
+    class Loaded(Exception):
+        pass
+
+    def load_pair(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(profile_mod, "load_pair", load_pair)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    for out, match in ((blocker / "sub" / "p.yaml", "--out"), (tmp_path / "p.txt", ".yaml"), (tmp_path, ".yaml")):
-        res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(tmp_path / "missing"), "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
-        assert res.returncode != 0 and match in res.stderr and "is not a pair folder" not in res.stderr, res.stderr[-1000:]
-    # a folder that does not exist yet is created, then the missing pair is reported
+    for out, match in ((blocker / "sub" / "p.yaml", "cannot write"), (tmp_path / "p.txt", ".yaml file path"), (tmp_path / "dir.yaml", "is a folder")):
+        (tmp_path / "dir.yaml").mkdir(exist_ok=True)
+        with pytest.raises(SystemExit, match=match):
+            profile_mod.main(["--pair", str(tmp_path), "--out", str(out)])
+    with pytest.raises(SystemExit, match="--quick needs an existing profile"):
+        profile_mod.main(["--pair", str(tmp_path), "--quick", "--base", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "q.yaml")])
+    # a folder that does not exist yet is created (and left empty), then the pair is loaded
     fresh = tmp_path / "new" / "deeper" / "p.yaml"
-    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(tmp_path / "missing"), "--out", str(fresh)], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert res.returncode != 0 and "is not a pair folder" in res.stderr
-    assert fresh.parent.is_dir() and not fresh.exists() and list(fresh.parent.iterdir()) == []
+    with pytest.raises(Loaded):
+        profile_mod.main(["--pair", str(tmp_path), "--out", str(fresh)])
+    assert fresh.parent.is_dir() and list(fresh.parent.iterdir()) == []
