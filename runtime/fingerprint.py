@@ -13,6 +13,7 @@ because only the runtime knows the machine and the pair it runs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -66,6 +67,12 @@ def machine_fingerprint(device: str = "cpu", dtype: str = "float32", threads: in
     if recipe is not None:
         fp["pair_recipe"] = recipe
     return fp
+
+
+def fingerprint_key(fp: dict) -> str:
+    """A short stable hash of a fingerprint's compared fields: a cache key for per-machine profiles."""
+    fields = {k: str(fp[k]).split("+")[0] if k == "torch" else str(fp[k]) for k in FIELDS if fp.get(k) is not None}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def provenance_differences(recorded: dict, current: dict) -> dict[str, tuple]:

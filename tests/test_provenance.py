@@ -16,6 +16,7 @@ from envs.feasibility import CostModel
 from envs.profile import PROFILE_DIR, CalibratedLatency, Profile, ProfileError, load_profile
 from runtime.fingerprint import (
     ProfileProvenanceWarning,
+    fingerprint_key,
     machine_fingerprint,
     provenance_differences,
     warn_if_measured_elsewhere,
@@ -59,6 +60,12 @@ def test_one_field_differs_names_only_that_field():
 def test_fields_one_side_lacks_are_not_differences_but_a_gpu_is():
     assert provenance_differences({"cores": 2}, {"cores": 2, "pair_recipe": "x"}) == {}
     assert provenance_differences({"cores": 2, "gpu_name": "NVIDIA H200"}, {"cores": 2}) == {"gpu_name": ("NVIDIA H200", None)}
+
+
+def test_fingerprint_key_is_stable_and_tells_machines_apart():
+    here = machine_fingerprint("cpu", "float32", threads=1)
+    assert fingerprint_key(here) == fingerprint_key(dict(here)) == fingerprint_key({**here, "torch": here["torch"].split("+")[0] + "+cu999"})
+    assert len({fingerprint_key({**here, key: "other"}) for key in ("cpu_model", "cores", "threads", "dtype", "pair_recipe")} | {fingerprint_key(here)}) == 6
 
 
 def test_analytic_profile_never_warns():
