@@ -132,7 +132,7 @@ class PairRecipe:
         """Which held-out bits/byte (``{"target": .., "draft": ..}``) miss this recipe's bounds."""
         out = []
         for model, bound in (("target", self.max_target_bits_per_byte), ("draft", self.max_draft_bits_per_byte)):
-            value = float(bits[model])
+            value = float(bits.get(model, float("nan")))  # unmeasured counts as a miss
             if bound is not None and not value <= bound:  # NaN fails too
                 out.append(f"{model} {value:.3f} bits/byte > bound {bound}")
         return out
@@ -313,7 +313,7 @@ def _cached(out: Path, recipe: PairRecipe) -> bool:
         return False
     if meta.get("recipe_digest") != recipe.digest() or not ((out / "target").is_dir() and (out / "draft").is_dir()):
         return False
-    failures = recipe.quality_failures(meta["bits_per_byte"])
+    failures = recipe.quality_failures(meta.get("bits_per_byte") or {})
     if failures:
         raise PairQualityError(f"the cached pair at {out} misses its recipe's held-out bound ({'; '.join(failures)}); delete it or loosen the bound")
     return True
