@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Mutation testing of the core modules (mutmut 3; configuration in setup.cfg [mutmut]).
+# Mutation testing of the core modules (mutmut 3; base configuration in setup.cfg [mutmut]).
 #
-#   bash scripts/mutation.sh                      # the core set below -> results/mutation.md
-#   bash scripts/mutation.sh 'envs.outcome.*'     # only some mutants (mutmut name globs)
+#   bash scripts/mutation.sh                 # both groups below -> results/mutation.md
+#   bash scripts/mutation.sh envs            # one group (the report covers the groups run)
+#   MUTATION_RERUN=survivors bash scripts/mutation.sh envs   # after adding tests: re-run survivors only
 #
-# Core set: the cost model and exact check (envs/feasibility.py), the outcome model
-# (envs/outcome.py), the env's action handling (action_index, action_indices and both step()s
-# of envs/edge_schedule.py), the per-mode solver, BALANCE and the optimum (agents/).
-# Runs in a scratch copy of the committed tree (MUTATION_SOURCE=worktree copies the work tree
-# instead), so concurrent edits never mix in; the copy is kept for `mutmut show NAME` there, and
-# a rerun only re-tests mutants of functions that changed. Slow (tens of minutes on 2 cores):
-# not part of the default test run -- run it on demand and before a release.
+# Groups (each in its own scratch folder, with the tests that exercise it; a mutant runs only the
+# tests that reach the mutated function):
+#   envs   -- the cost model and exact check (envs/feasibility.py), the outcome model
+#             (envs/outcome.py), the env's action handling (action_index, action_indices and both
+#             step()s of envs/edge_schedule.py);
+#   agents -- the per-mode solver, BALANCE and the optimum (agents/mode_solver.py, balance.py, optimal.py).
+# Runs on a scratch copy of the committed tree (MUTATION_SOURCE=worktree copies the work tree
+# instead), so concurrent edits never mix in; the copy is kept for `mutmut show NAME` there.
+# Slow (tens of minutes on 2 shared cores): not part of the default test run -- run it on demand and
+# before a release.
 #
-# Environment: MUTATION_JOBS (parallel mutants, default 2), MUTATION_WORKDIR (scratch folder,
-# default $TMPDIR/specsched-mutation), MUTATION_REPORT (default results/mutation.md).
+# Environment: MUTATION_JOBS (parallel mutants, default 2), MUTATION_WORKDIR (scratch root, default
+# $TMPDIR/specsched-mutation), MUTATION_REPORT (default results/mutation.md).
+# MUTATION_RERUN=survivors: refresh only tests/ in the group's scratch copy (code and config stay
+# those of its last run, so its verdicts stand) and re-run only its surviving mutants.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
@@ -21,35 +27,88 @@ WORK=${MUTATION_WORKDIR:-${TMPDIR:-/tmp}/specsched-mutation}
 JOBS=${MUTATION_JOBS:-2}
 SOURCE=${MUTATION_SOURCE:-head}
 REPORT=${MUTATION_REPORT:-$ROOT/results/mutation.md}
-DEFAULT_TARGETS=(
-    'envs.feasibility.*'
-    'envs.outcome.*'
-    'envs.edge_schedule.x_action_index__mutmut_*'
-    'envs.edge_schedule.x_action_indices__mutmut_*'
-    'envs.edge_schedule.xǁEdgeScheduleEnvǁstep__mutmut_*'
-    'envs.edge_schedule.xǁEdgeScheduleVectorEnvǁstep__mutmut_*'
-    'agents.mode_solver.*'
-    'agents.balance.*'
-    'agents.optimal.*'
-)
-if [ $# -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${DEFAULT_TARGETS[@]}"); fi
-[ -x "$VENV/bin/mutmut" ] || { echo "mutmut not installed: $VENV/bin/pip install -e '.[dev]'" >&2; exit 2; }
 
-# refresh the scratch copy's sources, keep its mutants/ (mutmut's cache of results)
-mkdir -p "$WORK"
-find "$WORK" -mindepth 1 -maxdepth 1 ! -name mutants -exec rm -rf {} +
-if [ "$SOURCE" = head ]; then
-    git -C "$ROOT" archive HEAD | tar -x -C "$WORK"
-else
-    (cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -x -C "$WORK"
-fi
-cd "$WORK"
-echo "mutation testing in $WORK (source: $SOURCE @ $(git -C "$ROOT" rev-parse --short HEAD)), $JOBS jobs" >&2
+declare -A FILES TESTS GLOBS
+FILES[envs]="envs/feasibility.py envs/outcome.py envs/edge_schedule.py"
+TESTS[envs]="tests/test_golden.py tests/test_binding.py tests/test_env_actions.py tests/test_feasibility.py tests/test_env.py tests/test_fidelity.py"
+GLOBS[envs]="envs.feasibility.* envs.outcome.* envs.edge_schedule.x_action_index__mutmut_* envs.edge_schedule.x_action_indices__mutmut_* envs.edge_schedule.xǁEdgeScheduleEnvǁstep__mutmut_* envs.edge_schedule.xǁEdgeScheduleVectorEnvǁstep__mutmut_*"
+FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py"
+TESTS[agents]="tests/test_golden.py tests/test_binding.py tests/test_schedulers.py tests/test_mode_solver.py"
+GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.*"
+
+GROUPS=("$@")
+[ ${#GROUPS[@]} -gt 0 ] || GROUPS=(envs agents)
+for g in "${GROUPS[@]}"; do
+    [ -n "${FILES[$g]:-}" ] || { echo "unknown group '$g'; groups: envs agents" >&2; exit 2; }
+done
+[ -x "$VENV/bin/mutmut" ] || { echo "mutmut not installed: $VENV/bin/pip install -e '.[dev]'" >&2; exit 2; }
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 WANDB_MODE=disabled
-nice -n 10 "$VENV/bin/mutmut" run --max-children "$JOBS" "${TARGETS[@]}" > "$WORK/mutmut-run.log" 2>&1 || {
-    echo "mutmut run failed; see $WORK/mutmut-run.log" >&2; tail -n 20 "$WORK/mutmut-run.log" >&2; exit 1; }
-"$VENV/bin/python" "$ROOT/scripts/mutation_report.py" \
+
+snapshot() {  # the committed tree (or the work tree), optionally only some paths, as a tar stream
+    if [ "$SOURCE" = head ]; then
+        git -C "$ROOT" archive HEAD "$@"
+    else
+        (cd "$ROOT" && git ls-files -co --exclude-standard -z "$@" | tar --null -T - -cf -)
+    fi
+}
+
+group_config() {  # setup.cfg [mutmut] with this group's files and tests
+    "$VENV/bin/python" - "$1" "$2" <<'PY'
+import configparser, sys
+cfg = configparser.ConfigParser()
+cfg.read("setup.cfg")
+cfg["mutmut"]["only_mutate"] = "\n" + "\n".join(sys.argv[1].split())
+cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(sys.argv[2].split())
+with open("setup.cfg", "w") as fh:
+    cfg.write(fh)
+PY
+}
+
+survivors() {  # surviving mutants among the globs, one per line
+    "$VENV/bin/python" - "$@" <<'PY'
+import fnmatch, subprocess, sys
+from pathlib import Path
+out = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "results"], capture_output=True, text=True, check=True).stdout
+for line in out.splitlines():
+    name, _, status = line.strip().partition(": ")
+    if status == "survived" and any(fnmatch.fnmatch(name, t) for t in sys.argv[1:]):
+        print(name)
+PY
+}
+
+DIRS=()
+ALL_GLOBS=()
+for g in "${GROUPS[@]}"; do
+    dir="$WORK/$g"
+    read -r -a globs <<< "${GLOBS[$g]}"
+    mkdir -p "$dir"
+    if [ "${MUTATION_RERUN:-}" = survivors ]; then
+        [ -d "$dir/mutants" ] || { echo "no previous run in $dir" >&2; exit 2; }
+        rm -rf "$dir/tests" "$dir/mutants/tests"
+        snapshot tests | tar -x -C "$dir"
+        cp -r "$dir/tests" "$dir/mutants/tests"
+        cd "$dir"
+        mapfile -t run < <(survivors "${globs[@]}")
+        echo "[$g] re-running ${#run[@]} surviving mutants with the current tests" >&2
+    else
+        # refresh the scratch copy's sources, keep its mutants/ (mutmut's cache of results)
+        find "$dir" -mindepth 1 -maxdepth 1 ! -name mutants -exec rm -rf {} +
+        snapshot | tar -x -C "$dir"
+        cd "$dir"
+        group_config "${FILES[$g]}" "${TESTS[$g]}"
+        run=("${globs[@]}")
+    fi
+    echo "[$g] mutation testing in $dir (source: $SOURCE @ $(git -C "$ROOT" rev-parse --short HEAD)), $JOBS jobs" >&2
+    if [ ${#run[@]} -gt 0 ]; then
+        nice -n 10 "$VENV/bin/mutmut" run --max-children "$JOBS" "${run[@]}" > "$dir/mutmut-run.log" 2>&1 || {
+            echo "mutmut run failed; see $dir/mutmut-run.log" >&2; tail -n 20 "$dir/mutmut-run.log" >&2; exit 1; }
+    fi
+    DIRS+=("$dir")
+    ALL_GLOBS+=("${globs[@]}")
+done
+cd "$ROOT"
+"$VENV/bin/python" "$ROOT/scripts/mutation_report.py" --workdirs "${DIRS[@]}" \
     --equivalents "$ROOT/scripts/mutation_equivalents.tsv" \
-    --targets "${TARGETS[@]}" \
+    --targets "${ALL_GLOBS[@]}" \
     --command "bash scripts/mutation.sh${1:+ $*}" \
     --out "$REPORT"

@@ -1,8 +1,8 @@
 """Write the mutation-testing report (markdown) from a finished ``mutmut run``.
 
-Run from the folder mutmut ran in (the one holding ``mutants/``)::
+``--workdirs`` are the folders mutmut ran in (each holding ``mutants/``)::
 
-    python scripts/mutation_report.py --equivalents scripts/mutation_equivalents.tsv \
+    python scripts/mutation_report.py --workdirs /tmp/m/envs /tmp/m/agents --equivalents scripts/mutation_equivalents.tsv \
         --targets 'envs.feasibility.*' 'envs.outcome.*' --command 'bash scripts/mutation.sh' --out results/mutation.md
 
 Score = killed / (mutants run - equivalent), where killed includes timeouts and crashes (the test
@@ -28,24 +28,24 @@ KILLED = {"killed", "timeout", "segfault", "suspicious"}  # the tests did not pa
 NOT_RUN = {"not checked", "skipped"}
 
 
-def mutmut(*args: str) -> str:
+def mutmut(workdir: Path, *args: str) -> str:
     exe = Path(sys.executable).with_name("mutmut")
-    return subprocess.run([str(exe), *args], check=True, capture_output=True, text=True).stdout
+    return subprocess.run([str(exe), *args], check=True, capture_output=True, text=True, cwd=workdir).stdout
 
 
-def statuses() -> dict[str, str]:
+def statuses(workdir: Path) -> dict[str, str]:
     out = {}
-    for line in mutmut("results", "--all", "true").splitlines():
+    for line in mutmut(workdir, "results", "--all", "true").splitlines():
         m = re.match(r"\s*(\S+): (.+)$", line)
         if m:
             out[m.group(1)] = m.group(2).strip()
     return out
 
 
-def diff_lines(name: str) -> tuple[str, str]:
+def diff_lines(workdir: Path, name: str) -> tuple[str, str]:
     """The original and the mutated line of a mutant (first ``-`` / ``+`` lines of its diff)."""
     minus = plus = ""
-    for line in mutmut("show", name).splitlines():
+    for line in mutmut(workdir, "show", name).splitlines():
         if line.startswith("-") and not line.startswith("---") and not minus:
             minus = line[1:].strip()
         elif line.startswith("+") and not line.startswith("+++") and not plus:
@@ -81,13 +81,18 @@ def function_of(name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--equivalents", type=Path, required=True)
+    ap.add_argument("--workdirs", nargs="+", type=Path, default=[Path(".")], help="folders mutmut ran in (each holds mutants/)")
     ap.add_argument("--targets", nargs="+", required=True, help="mutant name globs that were run")
     ap.add_argument("--command", required=True, help="the command that produced the run (for the report)")
     ap.add_argument("--groups", nargs="*", default=[], help="extra rows: LABEL=GLOB[,GLOB...] (e.g. action handling)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
-    st = {k: v for k, v in statuses().items() if any(fnmatch.fnmatch(k, t) for t in args.targets)}
+    st, where = {}, {}
+    for wd in args.workdirs:
+        for k, v in statuses(wd).items():
+            if any(fnmatch.fnmatch(k, t) for t in args.targets):
+                st[k], where[k] = v, wd
     eq = load_equivalents(args.equivalents)
     rows: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     survivors, equivalents, stale, not_run = [], [], [], []
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         kind = "killed" if status in KILLED else "survived"
         if kind == "survived":
-            minus, plus = diff_lines(name)
+            minus, plus = diff_lines(where[name], name)
             if name in eq and eq[name][0] == plus:
                 kind = "equivalent"
                 equivalents.append((name, minus, plus, eq[name][1]))
