@@ -3,7 +3,9 @@
 The profile was measured on an idle machine; under CPU contention or on another device the real
 step times differ. After every batch the server compares the device time the batch really used
 with what the profile predicts for the same batch (its realised output lengths and SD iterations)
-and keeps, per mode, a smoothed and bounded factor ``real / predicted``. Planning and the queue's
+and keeps, per mode, a smoothed ratio ``real / predicted`` and its spread; the factor used is
+``mean + margin_sd x spread``, bounded -- on a host whose speed swings (other jobs come and go) it
+plans for a slower-than-average step rather than an average one. Planning and the queue's
 deadline check use the profile's times multiplied by that factor
 (:class:`CalibratedCostModel`), so a slower host produces rejections instead of late answers.
 """
@@ -19,16 +21,21 @@ MODES = ("ad", "sd")
 
 
 class StepCalibration:
-    """Per-mode factor ``real / predicted`` step time: an EMA of measured ratios, kept in bounds."""
+    """Per-mode factor ``real / predicted`` step time: an EMA of measured ratios plus ``margin_sd``
+    EMA standard deviations, kept in bounds."""
 
-    def __init__(self, weight: float = 0.3, bounds: tuple[float, float] = (0.5, 20.0)):
+    def __init__(self, weight: float = 0.3, bounds: tuple[float, float] = (0.5, 20.0), margin_sd: float = 1.0):
         lo, hi = bounds
         if not 0 < weight <= 1:
             raise ValueError(f"calibration weight must be in (0, 1], got {weight}")
         if not 0 < lo <= 1 <= hi < math.inf:
             raise ValueError(f"calibration bounds must satisfy 0 < low <= 1 <= high, got {bounds}")
-        self.weight, self.lo, self.hi = float(weight), float(lo), float(hi)
-        self.factor = dict.fromkeys(MODES, 1.0)
+        if not 0 <= margin_sd < math.inf:
+            raise ValueError(f"calibration margin_sd must be >= 0, got {margin_sd}")
+        self.weight, self.lo, self.hi, self.margin_sd = float(weight), float(lo), float(hi), float(margin_sd)
+        self.factor = dict.fromkeys(MODES, 1.0)  #: what planning multiplies the profile's times by
+        self.mean = dict.fromkeys(MODES, 1.0)
+        self.var = dict.fromkeys(MODES, 0.0)
         self.samples = dict.fromkeys(MODES, 0)
         self._lock = threading.Lock()  # two devices: two engine threads may report at once
 
@@ -40,9 +47,13 @@ class StepCalibration:
             return None
         ratio = min(max(real_s / predicted_s, self.lo), self.hi)  # one wild sample cannot swing the factor past the bounds
         with self._lock:
-            f = self.factor[mode]
-            # the first sample replaces the prior: the profile may be far from this host
-            f = ratio if self.samples[mode] == 0 else (1 - self.weight) * f + self.weight * ratio
+            if self.samples[mode] == 0:  # the first sample replaces the prior: the profile may be far from this host
+                self.mean[mode], self.var[mode] = ratio, 0.0
+            else:
+                w, d = self.weight, ratio - self.mean[mode]
+                self.mean[mode] += w * d
+                self.var[mode] = (1 - w) * (self.var[mode] + w * d * d)  # exponentially weighted variance
+            f = self.mean[mode] + self.margin_sd * math.sqrt(self.var[mode])
             self.factor[mode] = min(max(f, self.lo), self.hi)
             self.samples[mode] += 1
             return self.factor[mode]

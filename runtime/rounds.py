@@ -5,11 +5,14 @@ the next round) once the oldest has waited ``window_s``. The scheduler plans the
 profile scaled by the online calibration (:mod:`runtime.calibration`); rejected requests are
 answered at once and the AD / SD batches run on the engines (:mod:`runtime.executor`).
 
-**Deadlines under a burst.** While a round runs, the queue is swept every ``window_s / 2``: a
-request that can no longer make its deadline -- waited so far, plus the time until the running
-round is expected to end, plus its minimal service time (alone on the device, in its faster mode,
-calibrated) exceeds the deadline -- is rejected at once with that reason, instead of being
-rejected (or served late) after its deadline when its round is finally planned.
+**Deadlines under a burst.** On arrival and then every ``min(window_s / 2, 0.1)`` s the queue is
+swept: a request that can no longer make its deadline is rejected at once with that reason,
+instead of being rejected (or served late) after its deadline when its round is finally planned.
+"Can no longer" is: its earliest start -- not before its round's window closes, the running round
+is expected to end (its calibrated plan) and the full rounds queued ahead of it have run (each as
+long as recent rounds took) -- plus its minimal service time (alone on the device, in its faster
+mode, calibrated), plus the time to get the answer out (one sweep interval and the event loop's
+measured lag), exceeds its deadline.
 
 **Faults.** An exception in a round (planning or an engine) ends every request of that round that
 has no outcome yet with outcome ``error`` and the reason; the failure is logged once with its
@@ -74,7 +77,7 @@ class RoundServer:
             self.ad_target = copy.deepcopy(pair.target).to(cfg.devices[0])
             pair.target.to(cfg.devices[1])
             pair.draft.to(cfg.devices[1])
-        self.calibration = StepCalibration(cfg.calibration_weight, tuple(cfg.calibration_bounds))
+        self.calibration = StepCalibration(cfg.calibration_weight, tuple(cfg.calibration_bounds), cfg.calibration_margin_sd)
         self.base_cost = CostModel(profile)
         self.cost = CalibratedCostModel(self.base_cost, self.calibration)
         # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
@@ -86,6 +89,9 @@ class RoundServer:
         self.pending: list[LiveRequest] = []
         self.running: list[LiveRequest] = []
         self.busy_until = 0.0  #: monotonic time the running round is expected to end
+        self.round_s = 0.0  #: EMA of recent rounds' wall time (planning included), for the queue's start estimate
+        self.loop_lag_s = 0.0  #: EMA of how late the sweeper wakes up (a busy event loop answers late)
+        self.sweep_s = min(cfg.window_s / 2, 0.1)
         self.closing = False
         self.cancel = threading.Event()
         self.last_fault: dict[str, Any] | None = None
@@ -137,23 +143,33 @@ class RoundServer:
 
     def _expire(self, now: float, which: list[LiveRequest] | None = None) -> None:
         """Reject queued requests that can no longer meet their deadline (see the module docstring)."""
-        start = max(now, self.busy_until)
+        if not self.pending:
+            return
+        # the next round starts when the running one ends and its window (from its oldest request) has closed
+        first_start = max(now, self.busy_until, self.pending[0].arrival + self.cfg.window_s)
+        margin = self.sweep_s + self.loop_lag_s
+        position = {id(r): i for i, r in enumerate(self.pending)}
         hopeless = []
         for r in self.pending if which is None else which:
+            ahead = position[id(r)] // self.cfg.max_round  # full rounds queued before this one's
+            start = first_start + ahead * self.round_s
             need = self.min_service_s(r)
-            if (start - r.arrival) + need > r.deadline_s:
+            if (start - r.arrival) + need + margin > r.deadline_s:
                 hopeless.append((r, start - r.arrival, need))
         if not hopeless:
             return
         gone = {id(r) for r, _, _ in hopeless}
         self.pending = [r for r in self.pending if id(r) not in gone]
         self.metrics.queue.set(len(self.pending))
-        for r, waited, need in hopeless:
-            self.finish(r, "rejected", f"deadline: waited {waited:.2f} s (incl. the running round) + minimal service {need:.2f} s > deadline {r.deadline_s:.2f} s")
+        for r, wait, need in hopeless:
+            self.finish(r, "rejected", f"deadline: earliest start {wait:.2f} s after arrival + minimal service {need:.2f} s + answer margin {margin:.2f} s > deadline {r.deadline_s:.2f} s")
 
     async def _sweep(self) -> None:
         while not self.closing:
-            await asyncio.sleep(self.cfg.window_s / 2)
+            asleep = time.monotonic()
+            await asyncio.sleep(self.sweep_s)
+            lag = max(time.monotonic() - asleep - self.sweep_s, 0.0)
+            self.loop_lag_s = 0.7 * self.loop_lag_s + 0.3 * min(lag, 5.0)
             if self.pending:
                 self._expire(time.monotonic())
 
@@ -182,6 +198,7 @@ class RoundServer:
                 if not batch:
                     continue
                 self.running = batch
+                began = time.monotonic()
                 try:
                     await loop.run_in_executor(self.pool, self.run_round, batch, loop)
                 except Exception as err:  # noqa: BLE001 - any failure of a round ends its requests, not the server
@@ -189,6 +206,8 @@ class RoundServer:
                 finally:
                     self.running = []
                     self.busy_until = time.monotonic()
+                    took = self.busy_until - began
+                    self.round_s = took if self.round_s == 0 else 0.7 * self.round_s + 0.3 * took
         finally:
             sweeper.cancel()
 

@@ -47,6 +47,7 @@ class ServeConfig:
     header_timeout_s: float = 10.0  #: a connection that has not sent complete request headers after this long is closed
     calibration_weight: float = 0.3  #: EMA weight of each round's measured real / predicted step time
     calibration_bounds: list[float] = field(default_factory=lambda: [0.5, 20.0])  #: the calibration factor stays in [low, high]
+    calibration_margin_sd: float = 1.0  #: plan with mean + this many standard deviations of real / predicted
 
     def validate(self) -> ServeConfig:
         """Check every field (and that scheduler, profile and paths exist); raises ``ValueError``
@@ -79,6 +80,7 @@ class ServeConfig:
         integer("gamma", 1, 8)
         need(isinstance(self.alpha_init, int | float) and 0 < self.alpha_init < 1, "alpha_init", "in (0, 1)")
         need(isinstance(self.calibration_weight, int | float) and 0 < self.calibration_weight <= 1, "calibration_weight", "in (0, 1]")
+        need(isinstance(self.calibration_margin_sd, int | float) and 0 <= self.calibration_margin_sd <= 10, "calibration_margin_sd", "in [0, 10]")
         b = self.calibration_bounds
         need(isinstance(b, list | tuple) and len(b) == 2 and all(isinstance(x, int | float) for x in b) and 0 < b[0] <= 1 <= b[1] < float("inf"),
              "calibration_bounds", "[low, high] with 0 < low <= 1 <= high")

@@ -92,6 +92,17 @@ def test_calibration_tracks_a_slower_host_and_ignores_bad_samples():
         StepCalibration(0.3, (2.0, 3.0))
 
 
+def test_calibration_plans_for_a_swinging_host_above_its_mean():
+    cal = StepCalibration(0.3, (0.5, 20.0), margin_sd=1.0)
+    for i in range(40):
+        cal.update("ad", 1.0 if i % 2 else 3.0, 1.0)
+    assert 1.5 < cal.mean["ad"] < 2.5 and cal.factor["ad"] > cal.mean["ad"] + 0.5
+    flat = StepCalibration(0.3, (0.5, 20.0), margin_sd=0.0)
+    for i in range(40):
+        flat.update("ad", 1.0 if i % 2 else 3.0, 1.0)
+    assert flat.factor["ad"] == pytest.approx(flat.mean["ad"])
+
+
 def test_calibrated_cost_model_scales_times_not_memory():
     from envs.feasibility import CostModel
     from envs.profile import load_profile
