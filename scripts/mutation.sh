@@ -36,9 +36,9 @@ FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py"
 TESTS[agents]="tests/test_golden.py tests/test_binding.py tests/test_schedulers.py tests/test_mode_solver.py"
 GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.*"
 
-GROUPS=("$@")
-[ ${#GROUPS[@]} -gt 0 ] || GROUPS=(envs agents)
-for g in "${GROUPS[@]}"; do
+SELECTED=("$@")
+[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(envs agents)
+for g in "${SELECTED[@]}"; do
     [ -n "${FILES[$g]:-}" ] || { echo "unknown group '$g'; groups: envs agents" >&2; exit 2; }
 done
 [ -x "$VENV/bin/mutmut" ] || { echo "mutmut not installed: $VENV/bin/pip install -e '.[dev]'" >&2; exit 2; }
@@ -78,7 +78,7 @@ PY
 
 DIRS=()
 ALL_GLOBS=()
-for g in "${GROUPS[@]}"; do
+for g in "${SELECTED[@]}"; do
     dir="$WORK/$g"
     read -r -a globs <<< "${GLOBS[$g]}"
     mkdir -p "$dir"
