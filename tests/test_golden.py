@@ -63,6 +63,14 @@ def test_sd_iterations_golden(alpha, gamma, e, out, j):
     assert sd_iterations1(out, alpha, gamma) == j
 
 
+@pytest.mark.parametrize("alpha", [1.0 - 1e-9, np.nextafter(1.0 - 1e-9, 1.0), np.nextafter(1.0 - 1e-9, 0.0), 1.0])
+def test_scalar_and_array_iterations_agree_at_the_alpha_one_switch(alpha):
+    """Both paths switch to E = gamma + 1 at the same alpha (strictly above 1 - 1e-9)."""
+    for out in (4, 8, 9):
+        assert sd_iterations1(out, float(alpha), 3) == int(sd_iterations(out, alpha, 3)), (alpha, out)
+    assert float(expected_tokens_per_iteration(alpha, 3)) == pytest.approx(4.0, rel=1e-7)
+
+
 def test_simulated_iterations_at_the_extremes():
     rng = np.random.default_rng(0)
     # alpha 0: every draft rejected, one token per iteration; alpha 1: gamma + 1 per iteration
