@@ -4,6 +4,11 @@ A round is ``K`` users, each with one task: input length, predicted output lengt
 deadline, predicted SD acceptance rate, and a position in the cell that fixes its uplink and
 downlink times. Realised output length and acceptance are drawn at the same time from the
 configured error model (equal to the predictions by default) so that a round is fixed by its seed.
+
+Rounds come from three disjoint **streams** (bottom of this module): ``train`` (the training
+environments), ``validation`` (checkpoint selection, early stopping, tuning) and ``test`` (every
+published table). They are numpy ``SeedSequence`` streams told apart by their spawn key, so no
+seed choice can make two of them share a round; ``tests/test_streams.py`` checks it on contents.
 """
 
 from __future__ import annotations
