@@ -1,6 +1,6 @@
 """Combine a Hydra multirun (one folder per training seed / config) into one table and one plot.
 
-    python -m experiments.aggregate multirun/train/2026-01-01_12-00-00 [--out DIR]
+    python -m experiments.aggregate multirun/train/2026-01-01_12-00-00 [--out DIR] [--test-rounds 500]
 
 Each run folder is one ``agents.train`` run: ``policy.json`` (seed, round streams), ``eval.csv``
 (the policy and BALANCE on the same **test** rounds), ``progress.csv`` (validation learning curve)
@@ -35,6 +35,7 @@ from agents.evaluate import summarize  # noqa: E402
 from agents.paired_stats import t_interval  # noqa: E402
 
 REFERENCE = "balance"
+TEST_SEED = 1000003  #: agents.train's default eval.seed, for runs whose policy.json predates the streams
 RUN_COLS = ["group", "seed", "run", "test_rounds", "served_frac", "balance_served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "best_validation_ratio", "timesteps"]
 
 
@@ -162,13 +163,41 @@ def markdown(rows: pd.DataFrame, means: pd.DataFrame) -> str:
     ])
 
 
-def aggregate(folder: Path, out: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Read every run under ``folder``; write ``aggregate.{csv,md,png}`` into ``out`` (default ``folder``)."""
+def evaluate_runs(runs: list[Path], rounds: int, progress: bool = True) -> dict[Path, pd.DataFrame]:
+    """Each run's policy and BALANCE on ``rounds`` test rounds of the run's test seed (BALANCE once per setting)."""
+    from agents.evaluate import evaluate_schedulers
+    from envs.config import EnvConfig
+    from envs.workload import make_rounds
+
+    balance: dict[str, pd.DataFrame] = {}
+    out = {}
+    for run in runs:
+        meta = json.loads((run / "policy.json").read_text())
+        seed = int(meta.get("streams", {}).get("test", {}).get("seed", TEST_SEED))
+        cfg = EnvConfig.from_kwargs(**meta["env"])
+        key = json.dumps([meta["env"], seed], sort_keys=True)
+        rnds = make_rounds(cfg, rounds, seed, split="test")
+        if key not in balance:
+            balance[key] = evaluate_schedulers(cfg, [REFERENCE], rounds=rnds, seed=seed, progress=progress)
+        pol = evaluate_schedulers(cfg, ["policy"], rounds=rnds, seed=seed, progress=progress, policy_path=str(run))
+        out[run] = pd.concat([balance[key], pol], ignore_index=True)
+    return out
+
+
+def aggregate(folder: Path, out: Path | None = None, test_rounds: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read every run under ``folder``; write ``aggregate.{csv,md,png}`` into ``out`` (default ``folder``).
+
+    ``test_rounds > 0`` evaluates each policy against BALANCE on that many test rounds here (for runs
+    trained with ``eval.final_rounds=0``; their folders are not modified) instead of reading ``eval.csv``.
+    """
     runs = find_runs(folder)
     out = Path(out) if out else Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     labels, common = group_labels(runs)
-    rows = pd.DataFrame([run_row(r, group=g) for r, g in zip(runs, labels, strict=True)])
+    evals = evaluate_runs(runs, test_rounds) if test_rounds > 0 else {}
+    if evals:
+        write_csv_atomic(pd.concat([df.assign(run=r.name) for r, df in evals.items()], ignore_index=True), out / "aggregate_eval.csv")
+    rows = pd.DataFrame([run_row(r, evaluation=evals.get(r), group=g) for r, g in zip(runs, labels, strict=True)])
     means = across_seeds(rows)
     curves: dict[str, list[tuple[int, pd.DataFrame]]] = {}
     for r, (_, row) in zip(runs, rows.iterrows(), strict=True):
@@ -187,8 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder", type=Path, help="a Hydra multirun folder (one subfolder per run) or one run folder")
     ap.add_argument("--out", type=Path, default=None, help="where aggregate.{csv,md,png} go (default: FOLDER)")
+    ap.add_argument("--test-rounds", type=int, default=0, help="evaluate every policy vs BALANCE on this many test rounds here (runs trained with eval.final_rounds=0); 0 = read each run's eval.csv")
     args = ap.parse_args(argv)
-    rows, means = aggregate(args.folder, args.out)
+    if args.test_rounds < 0:
+        ap.error(f"--test-rounds must be >= 0, got {args.test_rounds}")
+    rows, means = aggregate(args.folder, args.out, test_rounds=args.test_rounds)
     print(markdown(rows, means))
     print(f"wrote {(args.out or args.folder) / 'aggregate.csv'}, .md, .png")
 

@@ -55,3 +55,25 @@ def test_missing_folder_is_clear(tmp_path):
         find_runs(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="no training runs"):
         find_runs(tmp_path)
+
+
+def test_aggregate_evaluates_runs_without_eval_csv(tmp_path):
+    """Runs trained with eval.final_rounds=0: --test-rounds evaluates each policy against BALANCE on test rounds."""
+    from agents.policy import algo_class
+    from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
+    from envs import EnvConfig
+
+    cfg = EnvConfig(num_users=5)
+    for seed in (0, 1):
+        run = tmp_path / f"{seed}_seed{seed}"
+        run.mkdir()
+        env = EdgeScheduleSB3VecEnv(2, cfg.to_dict())
+        model = algo_class("maskable_ppo")("MlpPolicy", env, seed=seed, device="cpu", policy_kwargs={"net_arch": [8]})
+        model.save(run / "model.zip")
+        (run / "policy.json").write_text(json.dumps({"algo": "maskable_ppo", "env": cfg.to_dict(), "seed": seed, "streams": {"test": {"seed": 7}}}))
+    out = tmp_path / "agg"
+    rows, means = aggregate(tmp_path, out, test_rounds=4)
+    assert (rows.test_rounds == 4).all() and rows.ratio_to_balance.notna().all() and means.seeds.iloc[0] == 2
+    ev = pd.read_csv(out / "aggregate_eval.csv")
+    assert set(ev.scheduler) == {"balance", "policy"} and set(ev.run) == {"0_seed0", "1_seed1"}
+    assert sorted(p.name for p in (tmp_path / "0_seed0").iterdir()) == ["model.zip", "policy.json"]  # runs untouched
