@@ -1,18 +1,17 @@
-"""The exact optimum of a round, and certified upper bounds where it is out of reach.
+"""The exact optimum of a round, and proven upper bounds where it is out of reach.
 
-* :class:`Exhaustive` (K <= 16): every assignment of users to {reject, AD, SD} is covered by a
-  level-by-level search over users with the exact incremental check (``envs.PlanBuilder``),
-  vectorised over the whole frontier of partial plans. Two prunings are exact: an infeasible
-  partial plan has no feasible extension (feasible sets are downward closed), and a node that
-  cannot beat the incumbent even by admitting every remaining user is dropped.
-* :class:`Optimal` (K up to 70 and beyond): branch and bound on the compute/memory split. Any
-  optimal plan with both modes used has shares ``(z*, lam*)`` inside some cell
-  ``[z0, z1] x [l0, l1]`` of a grid, so ``OPT <= max_cells AD*(z1, l1) + SD*(1 - z0, 1 - l0)``, where
-  ``AD*`` and ``SD*`` are single-mode optima over *all* users (SD costed optimistically, context
-  growth ignored: a relaxation), together with the AD-only and SD-only optima. The incumbent is
-  BALANCE on a fine grid; if bound and incumbent differ, the exhaustive search runs (warm-started)
-  under the time limit. Returns the optimum (``gap = 0``) or the incumbent with a certified
-  upper bound and its gap.
+* :func:`exhaustive_search`: depth-first over users (tightest first) with the exact incremental
+  check (``envs.PlanBuilder``), vectorised over chunks of partial plans. Pruning is exact: an
+  infeasible partial plan has no feasible extension (feasible sets are downward closed), and a
+  node is dropped when :func:`_node_bound` -- the users that still fit it, and how many of them
+  the compute and KV memory left could take (lower bounds from ``agents.cost_envelope``) --
+  cannot beat the incumbent.
+* :class:`Exhaustive` (K <= 16): that search, run to completion.
+* :class:`Optimal` (any K): anytime certification (:func:`certify`) -- BALANCE and given plans as
+  incumbents, the split bound, a descent on the target with the exhaustive search (each complete
+  search that finds no plan serving ``T`` users proves ``OPT <= T - 1``), and optionally the MILP
+  relaxation of ``agents.round_milp``. Returns the optimum (``gap = 0``) or the best plan found
+  with a proven upper bound, and the trace of both over time.
 """
 
 from __future__ import annotations
@@ -132,7 +131,7 @@ def _node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, c
     return alive, admitted + np.minimum(best, n_alive)
 
 
-def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 20_000, envelope: CostEnvelope | None = None):
+def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 20_000, envelope: CostEnvelope | None = None):
     """Best plan with draft depth ``gamma`` serving more than ``incumbent`` users.
 
     Depth-first over users, breadth-first (vectorised) within chunks of at most ``chunk`` partial
@@ -150,7 +149,7 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, i
     sd_action = 1 + gamma
     user_arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
     ctx = (envelope or CostEnvelope(cost, rnd, gamma), rnd, order, gamma)
-    stack = [(0, PlanBuilder(cost, 1, max_gamma), np.zeros((1, 0), dtype=np.int8), np.zeros(1, dtype=np.int64), np.ones((1, k), dtype=bool), np.full(1, k))]
+    stack = [(0, PlanBuilder(cost, 1, gamma), np.zeros((1, 0), dtype=np.int8), np.zeros(1, dtype=np.int64), np.ones((1, k), dtype=bool), np.full(1, k))]
     best, best_modes = incumbent, None
     while stack:
         level, builder, paths, admitted, alive, ub = stack.pop()
@@ -212,7 +211,7 @@ class Exhaustive(Scheduler):
         # warm start: BALANCE's count minus one is a valid incumbent (the optimum is at least that)
         g = grid(0.05)
         lb = split_search(self.cost, rnd, self.gamma, g, g).admitted if self.warm_start else 1
-        modes, complete, _ = exhaustive_search(self.cost, rnd, self.gamma, self.cfg.max_gamma, incumbent=max(lb - 1, 0), time_limit_s=self.time_limit_s)
+        modes, complete, _ = exhaustive_search(self.cost, rnd, self.gamma, incumbent=max(lb - 1, 0), time_limit_s=self.time_limit_s)
         if not complete:
             raise TimeoutError(f"exhaustive search did not finish within time_limit_s={self.time_limit_s}")
         return _plan_from_modes(self.cost, rnd, modes, self.gamma, {"gap": 0, "upper_bound": int(np.count_nonzero(modes)) if modes is not None else 0})
@@ -266,11 +265,16 @@ class Optimal(Scheduler):
     Anytime search (:func:`certify`), each stage only while the bound exceeds the best plan:
 
     1. incumbents: BALANCE (grid step ``incumbent_step``) and any ``warm`` plans (:meth:`solve`);
-    2. the split bound (:func:`split_upper_bound`);
-    3. the exhaustive search (warm-started, exact) for ``exhaustive_share`` of the time left;
-    4. the MILP relaxation of :mod:`agents.round_milp`, solved again and again with cuts until
-       its optimum passes the exact check (certified) or time runs out; its plans are repaired
-       into incumbents (:mod:`agents.plan_repair`).
+    2. the split bound (:func:`split_upper_bound`, grid ``bound_step``; only where the round's
+       costs are monotone, which it assumes);
+    3. for ``exhaustive_share`` of the time left (default all of it), a descent on the target:
+       exhaustive searches for a plan serving ``T`` users, ``T`` falling from the bound (in
+       growing steps while proofs come fast); each complete search without a plan proves
+       ``T - 1``, a plan found raises the incumbent;
+    4. with any time left, the MILP relaxation of :mod:`agents.round_milp`, solved again and
+       again with cuts until its optimum passes the exact check or time runs out; its plans are
+       repaired into incumbents (:mod:`agents.plan_repair`). Exact on small rounds, but measured
+       weaker than stage 3 at K >= 50, hence off by default.
 
     ``plan.extra``: ``upper_bound``, ``gap``, ``optimal`` and ``certified`` (both ``gap == 0``),
     ``trace`` (``[{"t_s", "lower", "upper", "event"}]``: the best plan and the proven bound after
@@ -279,7 +283,7 @@ class Optimal(Scheduler):
 
     name = "optimal"
 
-    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05, exhaustive_share: float = 0.5):
+    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05, exhaustive_share: float = 1.0):
         super().__init__(cost, cfg, gamma, seed)
         if not time_limit_s > 0:
             raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
@@ -298,14 +302,14 @@ class Optimal(Scheduler):
         start = time.perf_counter()
         g = grid(self.incumbent_step)
         plans = [split_search(self.cost, rnd, self.gamma, g, g), *warm]
-        return certify(self.cost, rnd, self.gamma, self.cfg.max_gamma, self.time_limit_s, plans, start, self.bound_step, self.exhaustive_share)
+        return certify(self.cost, rnd, self.gamma, self.time_limit_s, plans, start, self.bound_step, self.exhaustive_share)
 
 
-def certify(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, time_limit_s: float, warm: Sequence[Plan] = (), start: float | None = None, bound_step: float = 0.02, exhaustive_share: float = 0.5) -> Plan:
+def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: Sequence[Plan] = (), start: float | None = None, bound_step: float = 0.02, exhaustive_share: float = 1.0) -> Plan:
     """Best plan with draft depth ``gamma`` and a proven upper bound (see :class:`Optimal`).
 
-    Why the bound is valid: it is the minimum of proven bounds -- the split bound; the exhaustive
-    search's (no unexplored node can exceed it); and the value (or HiGHS's dual bound) of the MILP
+    Why the bound is valid: it is the minimum of proven bounds -- the split bound; ``T - 1`` for
+    every target ``T`` a complete exhaustive search found no plan for; and the value (or HiGHS's dual bound) of the MILP
     relaxation constrained to beat the incumbent (``>= lower + 1``), so the optimum is at most
     ``max(lower, bound)``. Cuts never remove a feasible plan (:mod:`agents.round_milp`).
     """
@@ -333,22 +337,32 @@ def certify(cost: CostModel, rnd: Round, gamma: int, max_gamma: int, time_limit_
     for p in warm:  # a warm plan counts only if feasible at this depth (AD-only plans are at any)
         offer(p.modes)
     offer(None, "warm start")
-    if not done() and exhaustive_share > 0:
-        # descend on the target: is there a plan serving >= upper users? A complete search that
-        # finds none proves upper - 1; high targets prune hard, so the bound falls quickly
-        stop = time.perf_counter() + left() * exhaustive_share
-        while not done() and time.perf_counter() < stop:
-            target = state["upper"]
-            modes, complete, _ = exhaustive_search(cost, rnd, gamma, max_gamma, incumbent=target - 1, time_limit_s=stop - time.perf_counter(), envelope=env)
-            if modes is not None:
-                offer(modes, f"exhaustive search found {target}")
-            elif complete:
-                offer(None, f"exhaustive search: none serves {target}", target - 1)
-            else:
-                offer(None, f"exhaustive search for {target} stopped")
-                break
     if not done() and monotone:
         offer(None, "split bound", split_upper_bound(cost, rnd, gamma, bound_step, incumbent=state["lower"]))
+    if not done() and exhaustive_share > 0:
+        # descend on the target: a complete search that finds no plan serving >= target proves
+        # upper = target - 1, and high targets prune hard. Each step down costs a few times the
+        # last, so bigger steps are tried only while proofs are cheap (< 1 % of the time left),
+        # and such a try is stopped at 4x the last proof's time; a plan found raises the incumbent.
+        stop = time.perf_counter() + left() * exhaustive_share
+        step, last_proof_s = 1, 0.0
+        while not done() and time.perf_counter() < stop:
+            budget = stop - time.perf_counter()
+            step = step * 2 if last_proof_s < 0.01 * budget else 1
+            target = max(state["lower"] + 1, state["upper"] - step + 1)
+            careful = target == state["upper"]  # the cheapest target left: all the time it needs
+            t0 = time.perf_counter()
+            modes, complete, _ = exhaustive_search(cost, rnd, gamma, incumbent=target - 1, time_limit_s=budget if careful else min(budget, max(4 * last_proof_s, 0.2)), envelope=env)
+            if modes is not None:
+                offer(modes, f"exhaustive search found {int(np.count_nonzero(modes))}")
+            elif complete:
+                offer(None, f"exhaustive search: none serves {target}", target - 1)
+                last_proof_s = time.perf_counter() - t0
+            elif careful:
+                offer(None, f"exhaustive search for {target} stopped")
+                break
+            else:
+                last_proof_s = float("inf")  # back to single steps
     solves, cuts = 0, 0
     if not done():
         milp = RoundMILP(cost, rnd, gamma)
