@@ -17,10 +17,10 @@ tolerance, so the MILP stays a relaxation).
 says: not every threshold is reached, i.e. ``sum(literals) <= #literals - 1`` over the literals
 ``n[m, b_m]`` and ``h[m, a, levels_m[a]]``. It is valid (no feasible plan violates it) when the
 envelope's lower bounds on the compute shares of every batch pair in that up-set already sum to
-more than ``1 + EPS`` -- then every plan there fails the check's compute test. Staircase
-indicators may be 1 without need; that only makes cuts and memory bind harder, never looser
-than the truth for the plan the indicators describe tightly, so the MILP's optimum is an upper bound
-on the round's optimum **at any point**, and HiGHS's dual bound under a time limit is one too.
+more than ``1 + EPS`` -- then every plan there fails the check's compute test. A feasible plan,
+with its staircases set tightly (:meth:`RoundMILP.encode`), satisfies every row, so the MILP's
+optimum bounds the round's optimum **at any point**, and so does HiGHS's dual bound under a time
+limit. (Staircases may also be 1 without need; that only makes rows bind harder.)
 
 If the MILP's optimal plan passes ``envs.feasibility.check_plans`` it is optimal for the round.
 Otherwise cuts that cut it off are added (:meth:`RoundMILP.cuts_for`; a plain no-good on its

@@ -104,7 +104,7 @@ def test_milp_alone_equals_brute_force(seed, name, k, tight):
     """No warm start, no exhaustive stage: the MILP path alone must reach the exact optimum."""
     cfg, cost, rnd = _setup(name, k, seed, tight)
     brute = _brute_force(cost, rnd)
-    plan = certify(cost, rnd, 4, cfg.max_gamma, 60.0, warm=(), exhaustive_share=0.0)
+    plan = certify(cost, rnd, 4, 60.0, warm=(), exhaustive_share=0.0)
     assert plan.extra["certified"], plan.extra["trace"]
     assert plan.admitted == brute == plan.extra["upper_bound"]
     assert check_plans(cost, rnd, plan.modes, 4).feasible
@@ -180,3 +180,24 @@ def test_bad_options_named(field, value):
     cfg = EnvConfig(num_users=5)
     with pytest.raises(ValueError, match=field):
         Optimal(CostModel.from_config(cfg), cfg, **{field: value})
+
+
+def test_optimality_experiment_writes_consistent_results(tmp_path):
+    import pandas as pd
+
+    from experiments.optimality import main
+
+    out = tmp_path / "opt"
+    main(["--ks", "6,9", "--rounds", "2,2", "--time-limits", "5,5", "--bound-steps", "0.1,0.1", "--out", str(out)])
+    df = pd.read_csv(out.with_suffix(".csv"))
+    assert len(df) == 4 and (df["upper_bound"] >= df["best"]).all() and (df["best"] >= df["balance"]).all()
+    assert df["certified"].all()  # K <= 9 always closes in seconds
+    assert out.with_suffix(".png").stat().st_size > 0 and "certified" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("args,msg", [(["--ks", "6,7", "--rounds", "2"], "same length"), (["--ks", "0"], "integers >= 1"), (["--time-limits", "x"], "numbers")])
+def test_optimality_experiment_rejects_bad_arguments(args, msg, tmp_path):
+    from experiments.optimality import main
+
+    with pytest.raises(SystemExit, match=msg):
+        main([*args, "--out", str(tmp_path / "o")])
