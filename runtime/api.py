@@ -21,7 +21,6 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
 from pydantic import ValidationError
@@ -29,8 +28,16 @@ from pydantic import ValidationError
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
 from runtime.openai_schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatMessageOut,
+    CompletionChoice,
     CompletionRequest,
+    CompletionResponse,
     ModelCard,
     ModelList,
     UnsupportedParameter,
@@ -219,47 +226,52 @@ class ServeApp:
                 return error(err.status, str(err), err.param, err.code)
             except Refused as err:
                 return error(err.status, str(err), code="overloaded" if "queue" in str(err) else "shutting_down")
-            usage = lambda: Usage(prompt_tokens=len(live.prompt_ids), completion_tokens=live.completion_tokens,  # noqa: E731
-                                  total_tokens=len(live.prompt_ids) + live.completion_tokens).model_dump()
-            finish = lambda: live.finish_reason if live.outcome in ("served", "late") else live.outcome  # noqa: E731
+            def usage() -> Usage:
+                return Usage(prompt_tokens=len(live.prompt_ids), completion_tokens=live.completion_tokens, total_tokens=len(live.prompt_ids) + live.completion_tokens)
+
+            def finish() -> str | None:
+                return live.finish_reason if live.outcome in ("served", "late") else live.outcome
+
             if not req.stream:
                 await live.done.wait()
                 if live.outcome == "rejected":
                     return error(429, f"rejected: {live.reason}", code="rejected", summary=live.summary())
                 if live.outcome == "error":
                     return error(500, live.reason, code="engine_fault" if live.reason.startswith("engine") else "shutdown", summary=live.summary())
-                text = live.text.text
-                choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text, "logprobs": None}
-                return JSONResponse({"id": live.id, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": MODEL_ID,
-                                     "choices": [{**choice, "finish_reason": finish()}], "usage": usage(), "specsched": live.summary()})
+                common = dict(id=live.id, model=MODEL_ID, usage=usage(), specsched=live.summary())
+                if chat:
+                    body = ChatCompletionResponse(choices=[ChatChoice(message=ChatMessageOut(content=live.text.text), finish_reason=finish())], **common)
+                else:
+                    body = CompletionResponse(choices=[CompletionChoice(text=live.text.text, finish_reason=finish())], **common)
+                return JSONResponse(body.model_dump(exclude_none=True) | {"usage": common["usage"].model_dump()})
             started = int(time.time())
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-            def chunk(text: str | None, finish_reason: str | None, extra: dict[str, Any] | None = None) -> str:
+            def chunk(text: str | None, finish_reason: str | None = None, specsched: dict | None = None, role: bool = False, usage_only: bool = False) -> str:
                 if chat:
-                    delta = {"content": text} if text is not None else {}
-                    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-                    body = {"id": live.id, "object": "chat.completion.chunk", "created": started, "model": MODEL_ID, "choices": [choice]}
+                    choices = [] if usage_only else [ChatChunkChoice(delta=ChatDelta(role="assistant" if role else None, content=text), finish_reason=finish_reason)]
+                    body = ChatCompletionChunk(id=live.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
                 else:
-                    body = {"id": live.id, "object": "text_completion", "created": started, "model": MODEL_ID,
-                            "choices": [{"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}]}
-                if extra:
-                    body.update(extra)
-                return f"data: {json.dumps(body)}\n\n"
+                    choices = [] if usage_only else [CompletionChoice(text=text or "", finish_reason=finish_reason)]
+                    body = CompletionResponse(id=live.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
+                data = body.model_dump(exclude_none=True)
+                for c in data["choices"]:  # OpenAI sends these keys even when null
+                    c.setdefault("finish_reason", None)
+                    c.setdefault("logprobs", None)
+                return f"data: {json.dumps(data)}\n\n"
 
             async def events():
                 if chat:
-                    yield f"data: {json.dumps({'id': live.id, 'object': 'chat.completion.chunk', 'created': started, 'model': MODEL_ID, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
+                    yield chunk("", role=True)
                 while True:
                     piece = await live.queue.get()
                     if piece is None:
                         break
-                    yield chunk(piece, None)
+                    yield chunk(piece)
                 await live.done.wait()
-                yield chunk(None if chat else "", finish(), {"specsched": live.summary()})
+                yield chunk(None if chat else "", finish(), live.summary())
                 if include_usage:
-                    kind = "chat.completion.chunk" if chat else "text_completion"
-                    yield f"data: {json.dumps({'id': live.id, 'object': kind, 'created': started, 'model': MODEL_ID, 'choices': [], 'usage': usage()})}\n\n"
+                    yield chunk(None, usage_only=True)
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")

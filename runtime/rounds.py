@@ -90,6 +90,7 @@ class RoundServer:
         self.running: list[LiveRequest] = []
         self.busy_until = 0.0  #: monotonic time the running round is expected to end
         self.round_s = 0.0  #: EMA of recent rounds' wall time (planning included), for the queue's start estimate
+        self.round_began = 0.0  #: monotonic time the running round began
         self.loop_lag_s = 0.0  #: EMA of how late the sweeper wakes up (a busy event loop answers late)
         self.sweep_s = min(cfg.window_s / 2, 0.1)
         self.closing = False
@@ -148,11 +149,13 @@ class RoundServer:
         # the next round starts when the running one ends and its window (from its oldest request) has closed
         first_start = max(now, self.busy_until, self.pending[0].arrival + self.cfg.window_s)
         margin = self.sweep_s + self.loop_lag_s
+        # before any round has ended (the start of a burst) the running round's plan is the best guess of a round's length
+        round_s = max(self.round_s, self.busy_until - self.round_began if self.running else 0.0)
         position = {id(r): i for i, r in enumerate(self.pending)}
         hopeless = []
         for r in self.pending if which is None else which:
             ahead = position[id(r)] // self.cfg.max_round  # full rounds queued before this one's
-            start = first_start + ahead * self.round_s
+            start = first_start + ahead * round_s
             need = self.min_service_s(r)
             if (start - r.arrival) + need + margin > r.deadline_s:
                 hopeless.append((r, start - r.arrival, need))
@@ -198,7 +201,7 @@ class RoundServer:
                 if not batch:
                     continue
                 self.running = batch
-                began = time.monotonic()
+                began = self.round_began = time.monotonic()
                 try:
                     await loop.run_in_executor(self.pool, self.run_round, batch, loop)
                 except Exception as err:  # noqa: BLE001 - any failure of a round ends its requests, not the server
