@@ -15,7 +15,7 @@ from golden_round import KV_L, KV_SD, golden_cost, make_round, tau_l, tau_s, thr
 from agents.balance import Balance
 from agents.baselines import ADOnly, SDOnly
 from agents.optimal import Exhaustive, Optimal, split_upper_bound
-from envs import AD, REJECT, SD, EnvConfig, Plan, check_plans, evaluate_plan
+from envs import AD, REJECT, SD, EnvConfig, Plan, check_plan, check_plans, evaluate_plan
 from envs.feasibility import (
     PlanBuilder,
     ScalarPlan,
@@ -197,6 +197,17 @@ def test_builders_shares_of_empty_and_single_mode_plans():
         z, lam = vec.shares()
         assert scalar.shares() == want and (float(z[0]), float(lam[0])) == want, first
     assert rnd.num_users == 3
+
+
+def test_check_plan_takes_a_plan_or_modes():
+    rnd = three_users()
+    by_plan = check_plan(COST, rnd, Plan(np.array([AD, AD, SD], dtype=np.int8), gamma=2, z=0.2, lam=0.5))
+    by_modes = check_plan(COST, rnd, [AD, AD, SD], 2)
+    assert bool(by_plan.feasible) and bool(by_modes.feasible)
+    assert float(by_plan.sd_time_s) == float(by_modes.sd_time_s) == approx(0.104)
+    # modes without a depth are checked at gamma = 4: C_S(1, 10, 10, J=3, 4) = 0.1059 (see below)
+    assert float(check_plan(COST, rnd, [REJECT, REJECT, SD]).sd_time_s) == approx(0.1059)
+    assert float(check_plan(COST, rnd, [REJECT, REJECT, SD], 3).sd_time_s) == approx(0.0951)
 
 
 def test_incremental_builders_reach_the_golden_state():
