@@ -433,7 +433,9 @@ def main(argv: list[str] | None = None) -> None:
             path = build_pair(args.out, args.preset, force=args.force)
         except PairQualityError as exc:
             raise SystemExit(str(exc)) from None
-        text = (path / "pair.json").read_text()
+        meta = json.loads((path / "pair.json").read_text())
+        meta["recipe"] = asdict(recipe_for(args.preset))  # same weights (same digest); the bounds it was checked against now
+        text = json.dumps(meta, indent=2)
         if args.meta_out is not None:
             tmp = args.meta_out.with_name(f".{args.meta_out.name}.{os.getpid()}.tmp")
             tmp.write_text(text)

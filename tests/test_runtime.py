@@ -115,6 +115,14 @@ def test_build_and_load_pair(built_pair):
     ids = pair.tokenizer.encode("def f(x):")
     assert generate_sd(pair.target, pair.draft, [ids], 3, 12).tokens == generate_ad(pair.target, [ids], 12).tokens
     assert build_pair(built_pair, "tiny", progress=False) == built_pair  # cached: no retraining
+    # the CLI copies the record (e.g. to results/pair.json), atomically, from the cache
+    from runtime.pair import main
+
+    record = built_pair.parent / "results" / "pair.json"
+    main(["build", "--preset", "tiny", "--out", str(built_pair), "--meta-out", str(record)])
+    copied = json.loads(record.read_text())
+    assert copied["recipe_digest"] == meta["recipe_digest"] and copied["recipe"]["max_target_bits_per_byte"] == 4.8
+    assert [p.name for p in record.parent.iterdir()] == ["pair.json"]
 
 
 def test_tokenizer_mismatch_is_refused(built_pair, tmp_path):
