@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from runtime.engines import generate_ad, generate_sd
-from runtime.pair import build_pair, load_pair
+from runtime.pair import PairQualityError, build_pair, load_pair
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.target:
         pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     else:
-        pair = load_pair(args.pair or build_pair(recipe=args.preset), device=args.device, dtype=args.dtype)
+        try:
+            pair = load_pair(args.pair or build_pair(recipe=args.preset), device=args.device, dtype=args.dtype)
+        except PairQualityError as exc:
+            raise SystemExit(str(exc)) from None
     tok = pair.tokenizer
     ids = tok.encode(args.prompt)
     if not ids:
