@@ -234,6 +234,10 @@ def test_speed_bench_hogs_are_stopped():
     """The busy-machine benchmark's CPU hogs end with their block (and would end by themselves)."""
     from experiments.bench.train_speed import cpu_hogs
 
-    with cpu_hogs(2, limit_s=30) as procs:
-        assert all(p.poll() is None for p in procs)
-    assert all(p.poll() is not None for p in procs)
+    import os
+
+    for own_session in (True, False):
+        with cpu_hogs(2, limit_s=30, own_session=own_session) as procs:
+            assert all(p.poll() is None for p in procs)
+            assert all((os.getsid(p.pid) != os.getsid(0)) == own_session for p in procs)
+        assert all(p.poll() is not None for p in procs)
