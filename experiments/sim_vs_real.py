@@ -9,8 +9,9 @@ with the same scheduler and the same acceptance estimate the server had, on the 
 profile (``--profile``, default the one-thread ``cpu1_specsched-pair``: table + engine overhead),
 and compute their outcome in the simulator with the server's semantics (each request ends at its
 own last token; time-slicing hands a finished batch's share to the other). Reports served count
-and p50 latency, real vs simulated, per scheduler and per mode. Writes
-``results/sim_vs_real.{csv,md}``.
+and p50 latency, real vs simulated, per scheduler and per mode. The server's online calibration is
+pinned at 1 here (it plans with the bare profile, as the simulator does): the experiment measures
+the profile against reality. Writes ``results/sim_vs_real.{csv,md}`` (atomically).
 
 The server runs with one torch thread by default: on a 2-core machine shared with the HTTP stack
 and the load generator, two OpenMP threads made the same replay's real p50 swing between 0.71 and
@@ -52,14 +53,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, profile: str, threads: int, devices: str | None = None):
-    """Start ``runtime.serve`` on loopback; returns (process, url) once ``/health`` answers."""
+def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, profile: str, threads: int, devices: str | None = None, calibrate: bool = True):
+    """Start ``runtime.serve`` on loopback; returns (process, url) once ``/health`` answers.
+    ``calibrate=False`` pins the server's calibration factor at 1: it plans with the bare profile."""
     import tempfile
 
     cmd = [sys.executable, "-m", "runtime.serve", f"scheduler={scheduler}", f"port={port}", f"pair={pair}", f"window_s={window_s}", f"alpha_init={alpha}",
            "max_tokens_limit=512", f"profile={profile}", f"threads={threads}", "max_queue=4096"]
     if devices:
         cmd.append(f"devices=[{devices}]")
+    if not calibrate:
+        cmd.append("calibration_bounds=[1.0,1.0]")
     # the server's log goes to a file: a pipe nobody reads would block it once full
     log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     env = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "paper.yaml"))
     frames, summary, by_mode = [], [], []
     for name in args.schedulers.split(","):
-        proc, url = serve(name, pair, free_port(), args.window_s, args.alpha, args.profile, args.threads, args.devices)
+        # the server plans with the bare profile, as the simulator does: this compares the profile with reality
+        proc, url = serve(name, pair, free_port(), args.window_s, args.alpha, args.profile, args.threads, args.devices, calibrate=False)
         try:
             real, _ = loadgen({"env": env, "url": url, "rounds": args.rounds, "users": args.users, "seed": 0, "time_scale": args.time_scale, "token_scale": args.token_scale, "max_tokens_cap": 160, "round_gap_s": 0.0, "output": None, "timeout_s": 300, "stream": args.stream})
         finally:
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     df = pd.concat(frames, ignore_index=True)
     table, modes = pd.DataFrame(summary), pd.DataFrame(by_mode)
     args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "sim_vs_real.csv", index=False)
+    _atomic(args.out / "sim_vs_real.csv", lambda p: df.to_csv(p, index=False))
     cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
     text = "\n".join([
         "# Simulated vs real", "",
@@ -165,8 +170,17 @@ def main(argv: list[str] | None = None) -> None:
         modes.to_markdown(index=False, floatfmt=".3g"), "",
         f"Reproduce: `{cmd}`", "",
     ])
-    (args.out / "sim_vs_real.md").write_text(text)
+    _atomic(args.out / "sim_vs_real.md", lambda p: p.write_text(text))
     print(text)
+
+
+def _atomic(path: Path, write) -> None:
+    """Write through a temp file and rename: a reader never sees half a table."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    tmp.replace(path)
 
 
 def compare(both: pd.DataFrame, name: str) -> dict:

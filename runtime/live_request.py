@@ -38,6 +38,7 @@ class LiveRequest:
     sd_iterations: int | None = None  #: the engine's counters for this row (SD only)
     sd_accepted: int | None = None
     sd_rejections: int | None = None
+    alone_s: tuple[float, float] | None = None  #: the profile's time for it alone on the device, (AD, SD); set by the queue
     outcome: str | None = None
     reason: str = ""
     queue: asyncio.Queue | None = None  #: streamed text pieces, then None

@@ -108,7 +108,7 @@ class RoundServer:
             raise Refused(503, f"too many queued requests (max_queue={self.cfg.max_queue})")
         self.pending.append(req)
         self.metrics.queue.set(len(self.pending))
-        self._expire(time.monotonic(), [req])  # hopeless from the start: answered now
+        self._expire(time.monotonic(), req)  # hopeless from the start: answered now
         if self.wakeup is not None:
             self.wakeup.set()
 
@@ -137,13 +137,15 @@ class RoundServer:
     # ----------------------------------------------------------------------------- admission
     def min_service_s(self, req: LiveRequest) -> float:
         """The fastest ``req`` could be served: alone on the device, in its faster mode (calibrated)."""
-        s, n, g = len(req.prompt_ids), req.max_tokens, self.cfg.gamma
-        ad = self.cost.ad_time1(1, s, n)
-        sd = self.cost.sd_time1(1, s, n, sd_iterations1(n, self.alpha, g), g)
-        return min(ad, sd)
+        if req.alone_s is None:  # the profile's part is computed once: the queue is swept often and may be long
+            s, n, g = len(req.prompt_ids), req.max_tokens, self.cfg.gamma
+            req.alone_s = (self.base_cost.ad_time1(1, s, n), self.base_cost.sd_time1(1, s, n, sd_iterations1(n, self.alpha, g), g))
+        f = self.calibration.factor
+        return min(req.alone_s[0] * f["ad"], req.alone_s[1] * f["sd"])
 
-    def _expire(self, now: float, which: list[LiveRequest] | None = None) -> None:
-        """Reject queued requests that can no longer meet their deadline (see the module docstring)."""
+    def _expire(self, now: float, which: LiveRequest | None = None) -> None:
+        """Reject queued requests (or just the newly queued ``which``) that can no longer meet their
+        deadline (see the module docstring)."""
         if not self.pending:
             return
         # the next round starts when the running one ends and its window (from its oldest request) has closed
@@ -151,9 +153,10 @@ class RoundServer:
         margin = self.sweep_s + self.loop_lag_s
         # before any round has ended (the start of a burst) the running round's plan is the best guess of a round's length
         round_s = max(self.round_s, self.busy_until - self.round_began if self.running else 0.0)
-        position = {id(r): i for i, r in enumerate(self.pending)}
+        # positions only for a sweep of the whole queue; a single new request is the last one
+        position = {id(r): i for i, r in enumerate(self.pending)} if which is None else {id(which): len(self.pending) - 1}
         hopeless = []
-        for r in self.pending if which is None else which:
+        for r in self.pending if which is None else [which]:
             ahead = position[id(r)] // self.cfg.max_round  # full rounds queued before this one's
             start = first_start + ahead * round_s
             need = self.min_service_s(r)
@@ -161,8 +164,11 @@ class RoundServer:
                 hopeless.append((r, start - r.arrival, need))
         if not hopeless:
             return
-        gone = {id(r) for r, _, _ in hopeless}
-        self.pending = [r for r in self.pending if id(r) not in gone]
+        if which is not None:
+            self.pending.pop()  # the new request, last in the queue
+        else:
+            gone = {id(r) for r, _, _ in hopeless}
+            self.pending = [r for r in self.pending if id(r) not in gone]
         self.metrics.queue.set(len(self.pending))
         for r, wait, need in hopeless:
             self.finish(r, "rejected", f"deadline: earliest start {wait:.2f} s after arrival + minimal service {need:.2f} s + answer margin {margin:.2f} s > deadline {r.deadline_s:.2f} s")
