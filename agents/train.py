@@ -148,9 +148,10 @@ def _dataclass(cls, values: dict, where: str):
 # ------------------------------------------------------------------------------------------ train
 def rollout_timesteps(model, n_envs: int) -> int:
     """Timesteps ``model.learn`` adds per collection: it stops only at whole collections."""
-    n_steps = getattr(model, "n_steps", None)
-    if n_steps:  # on-policy: whole rollouts
-        return int(n_steps) * n_envs
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    if isinstance(model, OnPolicyAlgorithm):  # whole rollouts (DQN's n_steps is its n-step return, not a rollout)
+        return int(model.n_steps) * n_envs
     freq = getattr(model, "train_freq", None)
     if freq is not None and getattr(freq.unit, "value", "") == "step":  # off-policy, trained every `frequency` steps
         return int(freq.frequency) * n_envs

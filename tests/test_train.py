@@ -232,12 +232,25 @@ def test_wandb_offline_writes_run_folder(tmp_path, monkeypatch):
 
 def test_speed_bench_hogs_are_stopped():
     """The busy-machine benchmark's CPU hogs end with their block (and would end by themselves)."""
-    from experiments.bench.train_speed import cpu_hogs
-
     import os
+
+    from experiments.bench.train_speed import cpu_hogs
 
     for own_session in (True, False):
         with cpu_hogs(2, limit_s=30, own_session=own_session) as procs:
             assert all(p.poll() is None for p in procs)
             assert all((os.getsid(p.pid) != os.getsid(0)) == own_session for p in procs)
         assert all(p.poll() is not None for p in procs)
+
+
+@pytest.mark.parametrize("algo,kw,want", [("maskable_ppo", {"n_steps": 32, "batch_size": 64}, 32 * 3), ("ppo", {"n_steps": 16, "batch_size": 48}, 16 * 3), ("dqn", {"train_freq": 4}, 4 * 3), ("dqn", {"train_freq": (1, "episode")}, 3)])
+def test_rollout_timesteps_is_what_learn_adds(algo, kw, want):
+    """The progress bar's real total: learn() stops only after whole collections (DQN's n_steps is not one)."""
+    from agents.policy import algo_class
+    from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
+    from agents.train import rollout_timesteps
+    from envs import EnvConfig
+
+    env = EdgeScheduleSB3VecEnv(3, EnvConfig(num_users=4).to_dict())
+    model = algo_class(algo)("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]}, **kw)
+    assert rollout_timesteps(model, 3) == want
