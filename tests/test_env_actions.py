@@ -51,7 +51,8 @@ def test_action_indices_shape_and_dtype():
     got = action_indices(np.array([1.0, 2.5, 9.0]), 3, N_ACTIONS)
     assert got.dtype == np.int64 and got.tolist() == [1, -1, 9]
     assert action_indices(np.array([True, False]), 2, N_ACTIONS).tolist() == [1, 0]
-    assert action_indices(np.array(["1", None], dtype=object), 2, N_ACTIONS).tolist() == [-1, -1]
+    got = action_indices(np.array(["1", None, 3, 2.0], dtype=object), 4, N_ACTIONS)
+    assert got.dtype == np.int64 and got.tolist() == [-1, -1, 3, 2]
 
 
 def test_action_index_rejects_several_actions_with_a_clear_error():
@@ -134,7 +135,7 @@ def test_scalar_env_episode_boundaries():
             assert not trunc
             assert term == (t == K - 1)
             assert ("served" in info) == (t == K - 1)
-        with pytest.raises(RuntimeError, match="reset"):
+        with pytest.raises(RuntimeError, match=r"^step\(\) called after the episode ended; call reset\(\)$"):
             env.step(0)
     assert info["rejected"] == K and info["modes"].tolist() == [REJECT] * K
     assert env.action_masks().tolist() == [True] + [False] * (N_ACTIONS - 1)
@@ -164,6 +165,12 @@ def test_scalar_plan_out_of_range_is_refused(bad):
     assert p.b == [0, 0] and p.gamma == 0 and p.mem == [0.0, 0.0]
     with pytest.raises(RuntimeError, match="prepare"):
         p.apply(1)  # the prepared user was consumed by the refused action
+
+
+def test_taken_builder_needs_its_own_prepare():
+    b = PlanBuilder(COST, 2, G)
+    with pytest.raises(RuntimeError, match="before prepare"):
+        b.take([1, 0]).apply(np.zeros(2, dtype=np.int64))
 
 
 def test_apply_before_prepare_raises():

@@ -22,6 +22,7 @@ from envs.feasibility import (
     expected_tokens_per_iteration,
     sd_iterations,
     sd_iterations1,
+    shares_respected,
 )
 from envs.outcome import simulate_sd_iterations
 
@@ -77,6 +78,8 @@ def test_simulated_iterations_at_the_extremes():
     assert simulate_sd_iterations(rng, [10, 3], [0.0, 0.0], 2).tolist() == [10, 3]
     assert simulate_sd_iterations(rng, [10, 9, 1], [1.0, 1.0, 1.0], 2).tolist() == [4, 3, 1]  # ceil(10/3), 9/3, 1
     assert simulate_sd_iterations(rng, [], [], 2).tolist() == []
+    # users with different acceptance are drawn independently (per-user cumulative sums)
+    assert simulate_sd_iterations(rng, [6, 6], [0.0, 1.0], 2).tolist() == [6, 2]
 
 
 # ------------------------------------------------------------------ batch times
@@ -335,7 +338,27 @@ def test_outcome_rejects_bad_switches():
     ],
 )
 def test_shares_respected_golden(z, lam, ok):
-    from envs.feasibility import shares_respected
-
     plan = Plan(np.array([AD, AD, SD], dtype=np.int8), gamma=2, z=z, lam=lam)
     assert shares_respected(COST, three_users(), plan) is ok
+
+
+def test_shares_respected_at_the_exact_minimum_shares():
+    """A share equal to what a batch needs is enough; half a byte of KV less is not."""
+    rnd = three_users()
+    modes = np.array([AD, AD, SD], dtype=np.int8)
+    # z exactly C_A / beta_A = 0.167 (SD then has 0.833 >= 0.8); lam exactly 80_000 / 180_000
+    assert shares_respected(COST, rnd, Plan(modes, gamma=2, z=0.167, lam=80_000 / 180_000))
+    # 1 - z exactly the SD need 0.8; 1 - lam exactly 66_000 / 180_000
+    assert shares_respected(COST, rnd, Plan(modes, gamma=2, z=1 - 0.8, lam=1 - 66_000 / 180_000))
+    assert not shares_respected(COST, rnd, Plan(modes, gamma=2, z=0.2, lam=(80_000 - 0.5) / 180_000))
+    assert not shares_respected(COST, rnd, Plan(modes, gamma=2, z=0.2, lam=1 - (66_000 - 0.5) / 180_000))
+    # one AD user short of compute is caught too (AD alone: beta 1.01, share 0.1335 / 1.01)
+    assert not shares_respected(COST, rnd, Plan(np.array([AD, REJECT, SD], dtype=np.int8), gamma=2, z=0.1, lam=0.5))
+
+
+def test_shares_respected_with_no_memory_to_spare():
+    # Q = reserve + W_L: the no-SD budget is exactly 0 bytes; an empty plan still fits
+    cost = golden_cost(2_100_000)
+    assert float(cost.memory_budget(False)) == 0.0
+    assert shares_respected(cost, three_users(), Plan.reject_all(3, gamma=2))
+    assert not shares_respected(cost, three_users(), Plan(np.array([AD, REJECT, REJECT], dtype=np.int8), gamma=2, z=1.0, lam=1.0))
