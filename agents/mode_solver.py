@@ -190,12 +190,17 @@ def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: 
     )
 
 
-def _bounds(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_least: int = 0):
-    """Upper bounds on the batch size of the tuples that could beat ``at_least``: (rows, ub, elig)."""
-    rows, elig, n0, share_req, mem_req = tab.requirements(avail, at_least)
+def _size_bound(tab: ModeTable, n0: np.ndarray, share_req: np.ndarray, mem_req: np.ndarray, share: float, mem: float) -> np.ndarray:
+    """Per row: at most its user count, the ranks whose share fits and the ranks whose KV fits."""
     b_time = (share_req <= share * (1 + EPS)).sum(axis=1)
     b_mem = (mem_req <= mem / tab.mem_unit * (1 + EPS)).sum(axis=1)
-    return rows, np.minimum(np.minimum(n0, b_time), b_mem), elig
+    return np.minimum(np.minimum(n0, b_time), b_mem)
+
+
+def _bounds(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_least: int = 0):
+    """Upper bounds on the batch size of the rows that could beat ``at_least``: (rows, ub, elig)."""
+    rows, elig, n0, share_req, mem_req = tab.requirements(avail, at_least)
+    return rows, _size_bound(tab, n0, share_req, mem_req, share, mem), elig
 
 
 def _best_for_tuple(tab: ModeTable, cost_row: np.ndarray, base: float, elig_row: np.ndarray, share: float, mem: float, lo: int, hi: int):
@@ -278,9 +283,7 @@ def _best_for_row(tab: ModeTable, t: int, elig_row: np.ndarray, share: float, me
 def _count_bounds(tab: ModeTable, elig: np.ndarray, cost_rows: np.ndarray, base: np.ndarray, share: float, mem: float) -> np.ndarray:
     """Upper bounds on the batch size of given rows (their users, costs and per-user KV base)."""
     share_req, mem_req = _requirements(tab, elig, cost_rows, base)
-    b_time = (share_req <= share * (1 + EPS)).sum(axis=1)
-    b_mem = (mem_req <= mem / tab.mem_unit * (1 + EPS)).sum(axis=1)
-    return np.minimum(np.minimum(elig.sum(axis=1), b_time), b_mem)
+    return _size_bound(tab, elig.sum(axis=1), share_req, mem_req, share, mem)
 
 
 def _may_fit(tab: ModeTable, rows: np.ndarray, elig: np.ndarray, share: float, mem: float, b: int) -> np.ndarray:
