@@ -77,6 +77,7 @@ def row_for(df: pd.DataFrame, name: str, rounds: int, wall: float, health: dict)
         "rejection answer p50 (s)": float(rejected.latency_s.median()) if len(rejected) else np.nan,
         "goodput (tokens/s)": float(pd.to_numeric(df.output_tokens[df.outcome == "served"], errors="coerce").sum() / wall),
         "calibration ad": cal.get("ad", np.nan), "calibration sd": cal.get("sd", np.nan),
+        "host load (1 min avg)": os.getloadavg()[0],  # other work on the host: the figures depend on it
     }
 
 
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hog", type=int, default=1, help="CPU-hog processes beside the server during the second burst (0: no hog run)")
     ap.add_argument("--hog-max-s", type=float, default=600.0, help="each hog process ends after this long whatever happens")
     ap.add_argument("--time-scale", type=float, default=0.25)
+    ap.add_argument("--burst-time-scale", type=float, default=0.5, help="deadline multiplier of the bursts (0.5: the paper's 0.5-13 s become 0.25-6.5 s)")
     ap.add_argument("--token-scale", type=float, default=0.5)
     ap.add_argument("--window-s", type=float, default=0.3)
     ap.add_argument("--threads", type=int, default=1)
@@ -107,19 +109,19 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--burst and --hog must be >= 0, --hog-max-s > 0, --rounds >= 1")
     pair = args.pair or build_pair(recipe=args.pair_preset)
     env = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "paper.yaml"))
-    runs = [(f"steady {u}/round", u, args.rounds, True, 0) for u in loads]
+    runs = [(f"steady {u}/round", u, args.rounds, True, 0, args.time_scale) for u in loads]
     if args.burst:
-        runs.append((f"burst {args.burst}x{max(loads)}", max(loads), args.burst, False, 0))
+        runs.append((f"burst {args.burst}x{max(loads)}", max(loads), args.burst, False, 0, args.burst_time_scale))
         if args.hog:
-            runs.append((f"burst {args.burst}x{max(loads)} + {args.hog} CPU hog", max(loads), args.burst, False, args.hog))
+            runs.append((f"burst {args.burst}x{max(loads)} + {args.hog} CPU hog", max(loads), args.burst, False, args.hog, args.burst_time_scale))
     rows, frames = [], []
-    for name, users, rounds, wait, hog_procs in runs:
+    for name, users, rounds, wait, hog_procs, time_scale in runs:
         # a fresh server per run: every run starts from the profile (calibration 1), none inherits another's queue
         proc, url = serve(args.scheduler, pair, free_port(), args.window_s, 0.9, args.profile, args.threads)
         hog = CpuHog(hog_procs, args.hog_max_s) if hog_procs else None
         try:
             start = time.monotonic()
-            df, _ = loadgen({"env": env, "url": url, "rounds": rounds, "users": users, "seed": 0, "time_scale": args.time_scale, "token_scale": args.token_scale,
+            df, _ = loadgen({"env": env, "url": url, "rounds": rounds, "users": users, "seed": 0, "time_scale": time_scale, "token_scale": args.token_scale,
                              "max_tokens_cap": 160, "round_gap_s": 0.0, "output": None, "timeout_s": 600, "stream": True, "wait_rounds": wait})
             wall = time.monotonic() - start
             health = httpx.get(f"{url}/health", timeout=10).json()
@@ -134,11 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     cmd = (f"python -m experiments.overload --scheduler {args.scheduler} --users {args.users} --rounds {args.rounds} --burst {args.burst} --hog {args.hog} "
-           f"--time-scale {args.time_scale} --token-scale {args.token_scale} --profile {args.profile}" + (f" --pair-preset {args.pair_preset}" if args.pair is None else " --pair PATH"))
+           f"--time-scale {args.time_scale} --burst-time-scale {args.burst_time_scale} --token-scale {args.token_scale} --profile {args.profile}" + (f" --pair-preset {args.pair_preset}" if args.pair is None else " --pair PATH"))
     text = "\n".join([
         "# Overload", "",
         f"`{args.scheduler}` on the live server (pair `{Path(pair).name}`, {args.threads} torch thread(s), profile `{Path(args.profile).name}`, round window {args.window_s} s, "
-        f"host: {os.cpu_count()} CPU(s), shared); deadlines x {args.time_scale}, outputs x {args.token_scale}. Steady runs: {args.rounds} rounds per load, each sent when the previous "
+        f"host: {os.cpu_count()} CPU(s), shared); deadlines x {args.time_scale} (bursts: x {args.burst_time_scale}), outputs x {args.token_scale}. Steady runs: {args.rounds} rounds per load, each sent when the previous "
         f"is answered; bursts: every round sent at once. A rejection is answered when its round is planned, or earlier, as soon as the queue sees it cannot make its deadline.", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
         f"Reproduce: `{cmd}`", "",

@@ -42,7 +42,7 @@ from envs.plan import AD, SD
 from envs.profile import load_profile
 from envs.workload import Round
 from runtime.calibration import CalibratedCostModel, StepCalibration
-from runtime.engines import ad_steps, sd_steps
+from runtime.engines import ad_steps, drain, sd_steps
 from runtime.executor import BatchRun, Cancelled, Outbox, batch_callbacks, run_parallel, run_shared
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
@@ -50,6 +50,8 @@ from runtime.pair import ModelPair
 from runtime.serve_config import ServeConfig, check_profile_matches_pair, policy_profile_warning
 
 log = logging.getLogger("specsched.serve")
+PROBE_PROMPT = "def probe(values):\n    total = 0\n    for v in values:\n"
+PROBE_TOKENS = 8
 
 
 class Refused(Exception):
@@ -93,6 +95,8 @@ class RoundServer:
         self.round_began = 0.0  #: monotonic time the running round began
         self.loop_lag_s = 0.0  #: EMA of how late the sweeper wakes up (a busy event loop answers late)
         self.sweep_s = min(cfg.window_s / 2, 0.1)
+        self.calibrated_at = -float("inf")  #: monotonic time of the last calibration sample
+        self.warmed_up = False
         self.closing = False
         self.cancel = threading.Event()
         self.last_fault: dict[str, Any] | None = None
@@ -190,6 +194,11 @@ class RoundServer:
             self.wakeup.set()
         sweeper = asyncio.create_task(self._sweep())
         try:
+            await loop.run_in_executor(self.pool, self.probe, False)  # warm-up: the first calls of a model are slow
+        except Exception:  # noqa: BLE001 - a broken pair shows in the rounds' outcomes, not here
+            log.warning("warm-up failed", exc_info=True)
+        self.warmed_up = True
+        try:
             while not self.closing:
                 await self.wakeup.wait()
                 self.wakeup.clear()
@@ -250,8 +259,34 @@ class RoundServer:
         j = max(iterations) if iterations else max(sd_iterations1(n, self.alpha, gamma) for n in out)
         return cost.sd_time1(len(members), s, max(out), j, gamma)
 
+    def probe(self, learn: bool = True) -> None:
+        """A short AD and an SD run of one fixed prompt, timed against the profile: the calibration's
+        sample when the last one is older than ``calibration_probe_s`` (the host may have changed
+        while the server was idle). ``learn=False``: a warm-up (first calls of a model are slow)."""
+        tok = self.pair.tokenizer
+        prompt = tok.encode(PROBE_PROMPT) or [0]
+        g = self.cfg.gamma
+        for mode in ("ad", "sd"):
+            start = time.perf_counter()
+            if mode == "ad":
+                res = drain(ad_steps(self.ad_target, [prompt], PROBE_TOKENS, pad_id=tok.pad_id))
+                predicted = self.base_cost.ad_time1(1, len(prompt), PROBE_TOKENS)
+            else:
+                res = drain(sd_steps(self.pair.target, self.pair.draft, [prompt], g, PROBE_TOKENS, pad_id=tok.pad_id))
+                predicted = self.base_cost.sd_time1(1, len(prompt), PROBE_TOKENS, max(res.iterations), g)
+            real = time.perf_counter() - start
+            if learn and (factor := self.calibration.update(mode, real, predicted)) is not None:
+                self.metrics.calibration.labels(mode).set(factor)
+        if learn:
+            self.calibrated_at = time.monotonic()
+
     def run_round(self, batch: list[LiveRequest], loop) -> None:
         """Plan and run one round (a worker thread; exceptions propagate to :meth:`run`)."""
+        if self.cfg.calibration_probe_s and time.monotonic() - self.calibrated_at > self.cfg.calibration_probe_s:
+            try:
+                self.probe()
+            except Exception:  # noqa: BLE001 - a failed probe leaves the calibration as it was; the round decides for itself
+                log.warning("calibration probe failed", exc_info=True)
         began = time.monotonic()
         plan = self.scheduler.plan(self._round(batch, began))
         decided = time.monotonic()
@@ -302,6 +337,7 @@ class RoundServer:
             factor = self.calibration.update(mode, run.device_s, predicted)
             if factor is not None:
                 self.metrics.calibration.labels(mode).set(factor)
+        self.calibrated_at = time.monotonic()
         if "sd" in runs and np.isfinite(runs["sd"].result.alpha_hat):
             self.alpha = float(np.clip(0.7 * self.alpha + 0.3 * runs["sd"].result.alpha_hat, 0.05, 0.99))
             self.metrics.alpha.set(self.alpha)
@@ -331,6 +367,6 @@ class RoundServer:
         recent = self.last_fault is not None and time.time() - self.last_fault["at_unix_s"] < 60
         return {
             "status": "closing" if self.closing else ("degraded" if recent else "ok"),
-            "queued": len(self.pending), "running": len(self.running), "faults": self.metrics.counts["faults"], "last_fault": self.last_fault,
+            "warmed_up": self.warmed_up, "queued": len(self.pending), "running": len(self.running), "faults": self.metrics.counts["faults"], "last_fault": self.last_fault,
             "calibration": dict(self.calibration.factor), "alpha_estimate": self.alpha, "scheduler": self.cfg.scheduler,
         }

@@ -48,6 +48,7 @@ class ServeConfig:
     calibration_weight: float = 0.3  #: EMA weight of each round's measured real / predicted step time
     calibration_bounds: list[float] = field(default_factory=lambda: [0.5, 20.0])  #: the calibration factor stays in [low, high]
     calibration_margin_sd: float = 1.0  #: plan with mean + this many standard deviations of real / predicted
+    calibration_probe_s: float = 5.0  #: before planning, probe the host's speed if the last sample is older than this (0: never)
 
     def validate(self) -> ServeConfig:
         """Check every field (and that scheduler, profile and paths exist); raises ``ValueError``
@@ -71,6 +72,7 @@ class ServeConfig:
         for name in ("window_s", "default_deadline_s", "shutdown_timeout_s", "body_timeout_s", "header_timeout_s"):
             positive(name)
         positive("stream_interval_s", allow_zero=True)
+        positive("calibration_probe_s", allow_zero=True)
         need(self.threads is None or (isinstance(self.threads, int) and not isinstance(self.threads, bool) and self.threads >= 1), "threads", "null or an integer >= 1")
         integer("max_round", 1, 64)  # the environment's observation is sized for at most 64 users
         integer("max_queue", 1)

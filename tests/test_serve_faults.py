@@ -32,6 +32,10 @@ class FaultyForward:
         self.pause_s = 0.0  #: set > 0 to make every pass that much slower (a slow device)
         self.inner = model.forward
 
+    def arm(self, after: int, count: int = 1) -> None:
+        """Fail the ``after``-th call from now (and the ``count - 1`` following ones)."""
+        self.fail_on = set(range(self.calls + after, self.calls + after + count))
+
     def __call__(self, *args, **kwargs):
         self.calls += 1
         if self.pause_s:
@@ -48,6 +52,15 @@ def _faulty_pair(pair, fail_on):
     return ModelPair(target, pair.draft, pair.tokenizer, pair.path), hook
 
 
+def wait_warm(url: str) -> None:
+    """Until the server's warm-up run is done (it makes forward passes of its own)."""
+    for _ in range(600):
+        if httpx.get(f"{url}/health").json()["warmed_up"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the server did not warm up within 30 s")
+
+
 def _post_all(url: str, payloads: list[dict], timeout: float = 60):
     async def go():
         async with httpx.AsyncClient(timeout=timeout) as c:
@@ -62,9 +75,11 @@ def _final_event(resp) -> dict:
 
 
 def test_engine_fault_ends_the_round_with_error_and_the_server_carries_on(pair, profile):
-    bad, hook = _faulty_pair(pair, fail_on={3})
-    with running(bad, profile, window_s=0.3) as srv:
+    bad, hook = _faulty_pair(pair, fail_on=set())
+    with running(bad, profile, window_s=0.3, calibration_probe_s=0) as srv:
         url = srv.url
+        wait_warm(url)
+        hook.arm(after=3)  # the third target pass of the next round
         first = _post_all(url, [{"prompt": "def f(x):", "max_tokens": 16}, {"prompt": "import os", "max_tokens": 16, "stream": True}])
         plain, streamed = first
         assert plain.status_code == 500
@@ -102,6 +117,7 @@ def test_queued_requests_that_cannot_make_their_deadline_are_rejected_before_it(
     # answered (rejected) before their deadline, not after the long round
     with running(pair, profile, window_s=0.2, max_round=1) as srv:
         url = srv.url
+        wait_warm(url)
         long = threading.Thread(target=httpx.post, args=(f"{url}/v1/completions",), kwargs={"json": {"prompt": "def f(x):", "max_tokens": 64, "deadline_s": 60}, "timeout": 120})
         long.start()
         time.sleep(0.4)  # the long request's round is running
@@ -132,8 +148,9 @@ def _slow_pair(pair, pause_s: float):
 
 
 def test_shutdown_rejects_the_queue_finishes_the_running_round_and_refuses_new_requests(pair, profile):
-    with running(_slow_pair(pair, 0.1), profile, window_s=0.2, max_round=1, shutdown_timeout_s=30) as srv:
+    with running(_slow_pair(pair, 0.1), profile, window_s=0.2, max_round=1, shutdown_timeout_s=30, calibration_probe_s=0) as srv:
         url = srv.url
+        wait_warm(url)
         results: dict[str, httpx.Response] = {}
 
         def call(name, payload):
@@ -162,8 +179,9 @@ def test_shutdown_rejects_the_queue_finishes_the_running_round_and_refuses_new_r
 
 def test_shutdown_is_bounded_by_shutdown_timeout(pair, profile):
     slow = _slow_pair(pair, 0.2)  # a device far slower than planned
-    with running(slow, profile, window_s=0.1, shutdown_timeout_s=1.0) as srv:
+    with running(slow, profile, window_s=0.1, shutdown_timeout_s=1.0, calibration_probe_s=0) as srv:
         url = srv.url
+        wait_warm(url)
         box = {}
         t = threading.Thread(target=lambda: box.setdefault("r", httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 64, "deadline_s": 60, "stream": True}, timeout=60)))
         t.start()

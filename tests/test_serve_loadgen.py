@@ -246,13 +246,15 @@ async def _mixed_client(url: str, n: int, seed: int) -> list[dict]:
 
 
 def _soak(pair, profile, tmp_path, n_client: int, loadgen_rounds: int, burst_rounds: int):
-    from test_serve_faults import _faulty_pair
+    from test_serve_faults import _faulty_pair, wait_warm
 
     from runtime.loadgen import run as loadgen
 
-    bad, hook = _faulty_pair(pair, fail_on={40})
+    bad, hook = _faulty_pair(pair, fail_on=set())
     with running(bad, profile, window_s=0.2, max_queue=4096) as srv:
         url = srv.url
+        wait_warm(url)
+        hook.arm(after=40, count=30)  # a run of failing passes: whatever meets it (probe or round) fails, and a round does
         results = {}
 
         def steady():
