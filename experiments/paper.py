@@ -9,6 +9,13 @@ Each study writes ``results/<study>.csv`` (one row per point, scheduler and roun
 points -- beside the paper's reported numbers) and ``results/<study>.png``. The paper's numbers
 come from ``shared/reference/balance.md`` §4; the paper does not say whether its "X % higher" is
 relative or in points, so both are shown.
+
+The rounds are rounds ``0..n-1`` of the **test** stream (``envs.workload.make_rounds``, split
+``test``) and every scheduler plans the same rounds, so each table also gives BALANCE's **paired**
+difference to each baseline (``agents.paired_stats``): per point, the mean per-round difference in
+served fraction (percentage points) with its bootstrap 95 % CI and the Wilcoxon signed-rank p; over
+the sweep, the same on each round index's across-point mean difference (round ``r`` is drawn from the
+same seed at every point, so its points are not independent: the round index is the resampling unit).
 """
 
 from __future__ import annotations
@@ -27,8 +34,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from agents.evaluate import evaluate_schedulers, make_rounds  # noqa: E402
+from agents.artefacts import write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.evaluate import evaluate_schedulers  # noqa: E402
+from agents.paired_stats import paired_difference  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
+from envs.workload import make_rounds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 GIB = 1024**3
@@ -90,7 +100,7 @@ def run_study(study: Study, rounds: int, seed: int, base_env: dict, progress: bo
     frames = []
     for v in tqdm(study.values, desc=study.name, disable=not progress):
         cfg = EnvConfig.from_kwargs(**{**base_env, **study.base, **study.to_env(v)})
-        df = evaluate_schedulers(cfg, study.schedulers, rounds=make_rounds(cfg, rounds, seed), seed=seed, gamma=study.gamma(v), **study.options)
+        df = evaluate_schedulers(cfg, study.schedulers, rounds=make_rounds(cfg, rounds, seed, split="test"), seed=seed, gamma=study.gamma(v), **study.options)
         frames.append(df.assign(value=v))
     return pd.concat(frames, ignore_index=True)
 
@@ -105,6 +115,78 @@ def gains(table: pd.DataFrame, against: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+PAIRED_COLS = ["baseline", "diff_pp", "ci95_low_pp", "ci95_high_pp", "p_wilcoxon", "rounds"]
+
+
+def _round_fractions(df: pd.DataFrame) -> pd.DataFrame:
+    """Served fraction per (value, round) and scheduler (one column per scheduler)."""
+    return df.assign(served_frac=df.served / df.num_users).pivot_table(index=["value", "round"], columns="scheduler", values="served_frac", aggfunc="mean")
+
+
+def _paired_row(baseline: str, a: np.ndarray, b: np.ndarray, seed: int = 0) -> dict:
+    d = paired_difference(a, b, seed=seed)
+    return {"baseline": baseline, "diff_pp": d.mean * 100, "ci95_low_pp": d.ci_low * 100, "ci95_high_pp": d.ci_high * 100, "p_wilcoxon": d.p_value, "rounds": d.n}
+
+
+def paired_by_point(df: pd.DataFrame, against: list[str], reference: str = "balance") -> pd.DataFrame:
+    """``reference`` - each baseline on the same rounds, per sweep point: mean per-round difference in
+    served fraction (percentage points), bootstrap 95 % CI, Wilcoxon signed-rank p (one row per point and baseline)."""
+    fr = _round_fractions(df)
+    rows = []
+    for value, g in fr.groupby(level="value", sort=False):
+        for base in against:
+            both = g[[reference, base]].dropna()
+            rows.append({"value": value, **_paired_row(base, both[reference].to_numpy(), both[base].to_numpy())})
+    return pd.DataFrame(rows, columns=["value", *PAIRED_COLS])
+
+
+def paired_sweep(df: pd.DataFrame, against: list[str], reference: str = "balance") -> pd.DataFrame:
+    """``reference`` - each baseline averaged over the sweep, paired by round index.
+
+    Round ``r`` of every point comes from the same seed, so the points of one round index are not
+    independent: per round index the across-point mean of the served fraction is taken for both
+    schedulers and those means are compared (bootstrap over round indices, Wilcoxon signed-rank).
+    With the same rounds at every point the mean equals :func:`gains`' percentage points.
+    """
+    fr = _round_fractions(df)
+    rows = []
+    for base in against:
+        both = fr[[reference, base]].dropna().groupby(level="round").mean()
+        rows.append(_paired_row(base, both[reference].to_numpy(), both[base].to_numpy()))
+    return pd.DataFrame(rows, columns=PAIRED_COLS)
+
+
+def fmt_diff(mean_pp: float, low_pp: float, high_pp: float) -> str:
+    """``+7.4 pp [6.9, 7.9]``: a paired difference in percentage points with its 95 % CI."""
+    return f"{mean_pp:+.1f} pp [{low_pp:.1f}, {high_pp:.1f}]"
+
+
+def gain_cells(df: pd.DataFrame, study: Study) -> dict[str, str]:
+    """README cells from a study's per-round CSV rows: baseline -> ``+10.7 % (+7.4 pp [6.9, 7.9])``
+    (relative gain of the sweep means, then the paired difference in points with its bootstrap 95 % CI)."""
+    against = study.schedulers[1:]
+    frac = (df.served / df.num_users).groupby([df.value, df.scheduler]).mean().unstack()
+    rel = gains(frac, against).set_index("baseline")["relative gain (%)"]
+    paired = paired_sweep(df, against, study.schedulers[0]).set_index("baseline")
+    return {b: f"{rel[b]:+.1f} % ({fmt_diff(paired.diff_pp[b], paired.ci95_low_pp[b], paired.ci95_high_pp[b])})" for b in against}
+
+
+def paired_markdown(df: pd.DataFrame, study: Study) -> str:
+    """Per point and over the sweep: BALANCE - each baseline, ``+x.x pp [lo, hi]`` and the Wilcoxon p."""
+    ref, against = study.schedulers[0], study.schedulers[1:]
+    per_point = paired_by_point(df, against, ref)
+    sweep = paired_sweep(df, against, ref).assign(value="sweep mean")
+    both = pd.concat([per_point, sweep], ignore_index=True)
+    order = [*(str(int(v)) if np.isfinite(float(v)) and float(v).is_integer() else str(v) for v in study.values), "sweep mean"]
+    both["value"] = [v if isinstance(v, str) else (str(int(v)) if np.isfinite(float(v)) and float(v).is_integer() else str(v)) for v in both.value]
+    out = pd.DataFrame(index=[v for v in order if v in set(both.value)])
+    for base in against:
+        g = both[both.baseline == base].set_index("value")
+        out[f"{ref} - {base}"] = [fmt_diff(r.diff_pp, r.ci95_low_pp, r.ci95_high_pp) for r in g.loc[out.index].itertuples()]
+        out[f"p (vs {base})"] = [f"{p:.2g}" for p in g.loc[out.index].p_wilcoxon]
+    return _md(out, study.axis, ".3g")
+
+
 def _md(table: pd.DataFrame, axis: str, floatfmt: str) -> str:
     """A sweep table as markdown, the sweep value printed as is (tabulate would float-format ints)."""
     out = table.rename_axis(axis).reset_index()
@@ -112,14 +194,15 @@ def _md(table: pd.DataFrame, axis: str, floatfmt: str) -> str:
     return out.to_markdown(index=False, floatfmt=floatfmt)
 
 
-def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_dir: Path) -> str:
+def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_dir: Path, seed: int | None = None) -> str:
     df = df.assign(served_frac=df.served / df.num_users)
     table = df.pivot_table(index="value", columns="scheduler", values="served_frac", aggfunc="mean")[study.schedulers]
     table = table.reindex([v for v in study.values if v in table.index])  # the study's own order
     if all(float(v).is_integer() for v in table.index if np.isfinite(float(v))):
         table.index = [int(v) if np.isfinite(float(v)) else v for v in table.index]
     robust = study.name.startswith("robust")
-    lines = [f"# {study.title}", "", f"{rounds} rounds per point, same rounds for every scheduler; served fraction (mean).", ""]
+    stream = f"test stream, seed {seed}" if seed is not None else "test stream"
+    lines = [f"# {study.title}", "", f"{rounds} rounds per point ({stream}: `envs.workload.make_rounds(..., split=\"test\")`), the same rounds for every scheduler; served fraction (mean).", ""]
     lines += [_md(table, study.axis, ".3f"), ""]
     if study.name == "exhaustive":
         t = df.pivot_table(index="value", columns="scheduler", values="decision_s", aggfunc="median")
@@ -141,7 +224,12 @@ def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_di
         drop = ((clean - table) / clean * 100).rename(columns=lambda c: f"{c} drop (%)")
         lines += ["Drop against exact predictions (relative, %):", "", _md(drop, study.axis, ".2f"), ""]
     else:
-        lines += ["BALANCE's average gain over the sweep:", "", gains(table, study.schedulers[1:]).to_markdown(index=False, floatfmt=".2f"), ""]
+        g = gains(table, study.schedulers[1:]).drop(columns="gain (percentage points)")  # = the paired mean (same rounds at every point)
+        g = g.merge(paired_sweep(df, study.schedulers[1:], study.schedulers[0]).drop(columns="rounds"), on="baseline")
+        g = g.rename(columns={"diff_pp": "gain (percentage points)", "ci95_low_pp": "95 % CI low (pp)", "ci95_high_pp": "95 % CI high (pp)", "p_wilcoxon": "Wilcoxon p"})
+        lines += ["BALANCE's average gain over the sweep (paired: per round index, bootstrap 95 % CI over round indices):", "", g.to_markdown(index=False, floatfmt=".3g"), ""]
+    lines += [f"Paired difference {study.schedulers[0]} - baseline on the same test-stream rounds, in percentage points of served fraction "
+              "(mean [bootstrap 95 % CI]; Wilcoxon signed-rank p, two-sided; `agents.paired_stats`):", "", paired_markdown(df, study), ""]
     if not np.isfinite(elapsed_s):  # --report-only: keep the timing of the run that made the CSV
         import re
 
@@ -150,7 +238,7 @@ def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_di
         elapsed_s = float(m.group(1)) if m else float("nan")
     lines += [f"Paper (balance.md §4): {study.paper}.", "", f"Reproduce: `python -m experiments.paper --only {study.name} --rounds {rounds}` ({elapsed_s:.0f} s here).", ""]
     text = "\n".join(lines)
-    (out_dir / f"{study.name}.md").write_text(text)
+    write_text_atomic(out_dir / f"{study.name}.md", text)
 
     fig, ax = plt.subplots(figsize=(5, 3.4))
     x = np.arange(len(table.index)) if robust else table.index.to_numpy(dtype=float)
@@ -164,8 +252,11 @@ def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_di
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / f"{study.name}.png", dpi=120)
+    png = out_dir / f"{study.name}.png"
+    tmp = png.with_name(f".{png.stem}.tmp{png.suffix}")
+    fig.savefig(tmp, dpi=120)
     plt.close(fig)
+    tmp.replace(png)  # atomic: a kill never leaves a half-written picture
     return text
 
 
@@ -197,13 +288,11 @@ def main(argv: list[str] | None = None) -> None:
             df = pd.read_csv(args.out / f"{name}.csv")
             df["value"] = df["value"].astype(float)
             rounds = int(df.groupby(["value", "scheduler"]).size().min())
-            print(report(study, df, rounds, float("nan"), args.out))
+            print(report(study, df, rounds, float("nan"), args.out, seed=args.seed))
             continue
         df = run_study(study, args.rounds, args.seed, base_env)
-        tmp = args.out / f"{name}.csv.tmp"
-        df.to_csv(tmp, index=False)
-        tmp.replace(args.out / f"{name}.csv")
-        print(report(study, df, args.rounds, time.perf_counter() - start, args.out))
+        write_csv_atomic(df, args.out / f"{name}.csv")
+        print(report(study, df, args.rounds, time.perf_counter() - start, args.out, seed=args.seed))
 
 
 if __name__ == "__main__":
