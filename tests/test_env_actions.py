@@ -180,7 +180,7 @@ def test_apply_before_prepare_raises():
         PlanBuilder(COST, 2, G).apply(np.zeros(2, dtype=np.int64))
 
 
-@pytest.mark.parametrize("bad", [-1, -5, N_ACTIONS, N_ACTIONS + 7])
+@pytest.mark.parametrize("bad", [-1, -5, -100, N_ACTIONS, N_ACTIONS + 7, 2**40])
 def test_plan_builder_out_of_range_is_refused(bad):
     rnd = sample_round(np.random.default_rng(0), CFG)
     b = PlanBuilder(COST, 3, G)
@@ -191,6 +191,14 @@ def test_plan_builder_out_of_range_is_refused(bad):
     assert valid.tolist() == [False, True, True]
     assert b.b[:, 0].tolist() == [0, 0] and b.gamma[0] == 0 and b.mem[:, 0].tolist() == [0.0, 0.0]
     assert b.b[:, 1].tolist() == [1, 0] and b.b[:, 2].tolist() == [0, 1] and b.gamma[2] == G
+
+
+def test_plan_builder_takes_a_column_of_actions():
+    rnd = sample_round(np.random.default_rng(0), CFG)
+    b = PlanBuilder(COST, 2, G)
+    b.prepare(*[np.repeat(np.asarray(x[:1]), 2) for x in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)])
+    assert b.apply(np.array([[1], [3]])).tolist() == [True, True]
+    assert b.b.tolist() == [[1, 0], [0, 1]] and b.gamma.tolist() == [0, 2]
 
 
 def test_plan_builder_masked_out_is_refused():
