@@ -110,5 +110,5 @@ cd "$ROOT"
 "$VENV/bin/python" "$ROOT/scripts/mutation_report.py" --workdirs "${DIRS[@]}" \
     --equivalents "$ROOT/scripts/mutation_equivalents.tsv" \
     --targets "${ALL_GLOBS[@]}" \
-    --command "bash scripts/mutation.sh${1:+ $*}" \
+    --command "${MUTATION_RERUN:+MUTATION_RERUN=$MUTATION_RERUN }bash scripts/mutation.sh${1:+ $*}" \
     --out "$REPORT"
