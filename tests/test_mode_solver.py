@@ -297,3 +297,17 @@ def test_random_rounds_rarely_hit_the_windows_adversarial_ones_do(kv):
         return hits
 
     assert box_gap_hits(adversarial=True) > box_gap_hits(adversarial=False)
+
+
+def test_adversarial_sweep():
+    """A fixed sweep of 240 adversarial rounds (both KV models, memory tight every other round):
+    single-mode schedulers equal brute force, BALANCE lies in [optimum / 2, optimum]."""
+    for seed in range(240):
+        kv = ("per_user", "padded")[seed % 2]
+        k = 2 + seed % 6
+        rnd, cost = _case(seed, k, kv, adversarial=True, tight=seed % 4 >= 2)
+        want_ad, _ = best_single_mode(cost, rnd, AD, GAMMA, 1.0, float(cost.memory_budget(False)))
+        want_sd, _ = best_single_mode(cost, rnd, SD, GAMMA, 1.0, float(cost.memory_budget(True)))
+        assert (_n("ad_only", cost, rnd), _n("sd_only", cost, rnd)) == (want_ad, want_sd), seed
+        opt = brute_force_optimum(cost, rnd, GAMMA)
+        assert opt >= _n("balance", cost, rnd) >= max(want_ad, want_sd, (opt + 1) // 2), seed
