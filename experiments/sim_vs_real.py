@@ -158,10 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     _atomic(args.out / "sim_vs_real.csv", lambda p: df.to_csv(p, index=False))
     cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
+    cmd += (f" --profile {args.profile}" if args.profile != "cpu1_specsched-pair" else "") + (" --pair PATH" if args.pair else "")
+    profile_file = args.profile if args.profile.endswith((".yaml", ".yml")) else f"conf/profile/{args.profile}.yaml"
     text = "\n".join([
         "# Simulated vs real", "",
         f"{args.rounds} rounds x {args.users} requests per scheduler, deadlines x {args.time_scale}, outputs x {args.token_scale}, round window {args.window_s} s; "
-        f"the project's pair on this CPU, server with {args.threads} torch thread(s){f' per device, devices {args.devices}' if args.devices else ''}; server and simulator plan with `conf/profile/{args.profile}.yaml` "
+        f"the project's pair on this CPU, server with {args.threads} torch thread(s){f' per device, devices {args.devices}' if args.devices else ''}; server and simulator plan with `{profile_file}` "
         f"(table + engine overhead); simulator outcome: completion `{args.completion}`, sharing `{args.sharing}`. "
         "Latency is from the request's arrival to its last token (the round window included). "
         "*sim* realises the acceptance estimate the server planned with (what the environment predicts); *sim, measured acceptance* realises each SD request's measured acceptance.", "",
