@@ -85,10 +85,8 @@ class CostEnvelope:
         c_max = float(s.max() + n_lv.max() / 2.0)
         self.c_grid = np.arange(1.0, c_max + 0.5, 0.5)
         c = self.c_grid[None, :]
-        g = float(gamma)
-        it = g * cost.tau_s.tau(bb[:, None], 1.0, c) + cost.tau_l.tau(bb[:, None], g + 1.0, c + g)
-        if cost.engine is not None:
-            it = it + cost.engine.sd(bb[:, None], g)
+        # the cost model's own iteration price (engine overhead, verify choice included)
+        it = cost.sd_iteration_time(bb[:, None], c, float(gamma))
         it = np.where(b[:, None] > 0, np.maximum(it, 0.0), 0.0)
         self.sd_iter_env = _suffix_min(np.asarray(it, dtype=float))
         #: whether the costs are monotone on this round's levels (the envelopes are the costs);

@@ -76,6 +76,8 @@ def _grown(env: CostEnvelope, cost: CostModel, builder: PlanBuilder, i: int, fit
         mem = (size * (s_a + extra) + builder.sum_out[i][:, None] + cum_out) * unit
     else:
         mem = size * (s_a + n_a + extra) * unit
+    if mode == SD:
+        mem = mem + size * cost.sd_user_bytes  # the per-SD-user workspace of the cost model
     share = np.concatenate([builder.share[i][:, None], share], axis=1)
     mem = np.concatenate([builder.mem[i][:, None], np.where(valid, mem, np.inf)], axis=1)
     return share, mem

@@ -115,7 +115,9 @@ class RoundMILP:
             else:
                 base += float(env.levels["output"][0])
             idx += [n]
-            coef += [np.full(self.k, per_token * base)]  # sum_b n[b] = |m|
+            # sum_b n[b] = |m|; each SD user also holds the cost model's per-user workspace
+            per_user = per_token * base + (cost.sd_user_bytes / unit if m == SD else 0.0)
+            coef += [np.full(self.k, per_user)]
             for a, w in self.w[m].items():
                 lv = env.levels[a].astype(float)
                 idx += [w[1:]]

@@ -24,6 +24,8 @@ SETTINGS = {
     "cpu": {"profile": "cpu_specsched-pair"},  # a measured table: costs are not monotone
     "a100": {"profile": "a100-40gb_llama2-13b_llama2-7b"},
     "noisy": {"alpha_cv": 0.3, "output_cv": 0.5},
+    # every non-default cost-model choice at once (draft KV, verify compute, SD workspace and overhead)
+    "choices": {"draft_kv": "target", "verify_flops_efficiency": 0.5, "sd_user_workspace_bytes": 2e7, "sd_overhead_bytes": 5e8},
 }
 _COSTS: dict = {}
 
@@ -32,7 +34,7 @@ def _setup(name: str, k: int, seed: int, tight: bool = False):
     cfg = EnvConfig(num_users=k, **SETTINGS[name])
     if tight:  # long outputs and short deadlines: few users fit, compute binds
         cfg = cfg.replace(output_tokens=[100, 400], deadline_s=[0.5, 6.0])
-    key = (name, cfg.kv_memory, cfg.profile)
+    key = (name, cfg.kv_memory, cfg.profile, cfg.model_choices)
     if key not in _COSTS:
         _COSTS[key] = CostModel.from_config(cfg)
     return cfg, _COSTS[key], sample_round(np.random.default_rng(seed), cfg)
