@@ -66,7 +66,7 @@ class ModeTable:
     n_lo: np.ndarray  #: (T,) output (tokens) the row's memory is priced at: exact for AD, a lower bound for SD
     n_hi: np.ndarray  #: (T,) longest output among the row's users
     cost: np.ndarray  #: (T, K + 1) C(b, row) in seconds, b = 0..K (SD: a lower bound, see above)
-    mem_base: np.ndarray  #: (T,) per-user fixed KV tokens (S [+ N if padded] [+ gamma for SD])
+    mem_base: np.ndarray  #: (T,) per-user fixed KV tokens (S [+ N if padded] [+ gamma + workspace for SD])
     mem_unit: float  #: bytes per KV token of this mode
     per_user_out: bool  #: whether memory adds each user's own O_k
     cost_model: CostModel | None = None  #: set when SD rows are solved per output threshold
@@ -154,7 +154,7 @@ def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: 
         n_lo = np.zeros_like(n_hi)
         c = cost.sd_time(b, s_thr[:, None], 0, t_thr[:, None], gamma)
         unit = cost.kv_sd
-        base = s_thr + gamma
+        base = s_thr + gamma + cost.sd_user_extra_tokens
     else:
         big = np.iinfo(np.int64).max
         # a batch with these maxima holds a user at J and one at S: N is at least their outputs
@@ -167,7 +167,8 @@ def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: 
         n_rank = np.minimum(np.maximum(nth, n_lo[:, None]), n_hi[:, None])  # b > |row| is never asked
         c = cost.sd_time(b, s_thr[:, None], n_rank, t_thr[:, None], gamma)
         unit = cost.kv_sd
-        base = s_thr + gamma + (n_lo if padded else 0)
+        # per-SD-user workspace (envs.model_choices; 0 by default) priced as KV tokens of this mode
+        base = s_thr + gamma + cost.sd_user_extra_tokens + (n_lo if padded else 0)
     slack = rnd.slack_s[order]
     return ModeTable(
         mode=mode,
@@ -267,7 +268,7 @@ def _best_for_row(tab: ModeTable, t: int, elig_row: np.ndarray, share: float, me
     sub_elig = elig_row[None, :] & (out[None, :] <= cands[:, None])
     b = np.arange(tab.cost.shape[1])[None, :]
     costs = np.asarray(tab.cost_model.sd_time(b, tab.s_thr[t], cands[:, None], tab.t_thr[t], tab.gamma), dtype=float)
-    base = tab.s_thr[t] + tab.gamma + (0 if tab.per_user_out else cands)
+    base = tab.s_thr[t] + tab.gamma + tab.cost_model.sd_user_extra_tokens + (0 if tab.per_user_out else cands)
     base = np.broadcast_to(np.asarray(base, dtype=float), cands.shape)
     ub = _count_bounds(tab, sub_elig, costs, base, share, mem)
     best_b, best = lo - 1, None

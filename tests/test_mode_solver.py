@@ -311,3 +311,35 @@ def test_adversarial_sweep():
         assert (_n("ad_only", cost, rnd), _n("sd_only", cost, rnd)) == (want_ad, want_sd), seed
         opt = brute_force_optimum(cost, rnd, GAMMA)
         assert opt >= _n("balance", cost, rnd) >= max(want_ad, want_sd, (opt + 1) // 2), seed
+
+
+# ------------------------------------------------------------------ non-default cost-model choices
+CHOICES = {
+    "draft_kv_target": {"draft_kv": "target"},
+    "verify_compute": {"verify_flops_efficiency": 0.3},
+    "sd_user_workspace": {"sd_user_workspace_bytes": 0.32e9},
+    "sd_overhead": {"sd_overhead_bytes": 0.32e9},
+}
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 7), kv=kv_models, choice=st.sampled_from(sorted(CHOICES)), tight=st.booleans())
+def test_single_mode_optima_and_balance_under_model_choices(seed, k, kv, choice, tight):
+    """Every cost-model switch of the fidelity study keeps the per-mode solves exact and BALANCE's
+    plans feasible (the per-SD-user workspace enters the solver's KV base as tokens)."""
+    from envs.model_choices import ModelChoices
+
+    cost = CostModel(COSTS[kv].profile, kv, choices=ModelChoices(**CHOICES[choice]))
+    rnd = sample_round(np.random.default_rng(seed), CFG, num_users=k)
+    if tight:  # memory at one SD subset's exact need under this choice
+        masks = subset_masks(k)[1:]
+        need = mode_cost_and_memory(cost, rnd, masks, SD, GAMMA)[2][np.random.default_rng(seed + 7).integers(len(masks))]
+        p = cost.profile
+        cost = CostModel(p.with_memory(need + p.device.reserve_bytes + p.llm.weight_bytes + cost.w_s), kv, choices=cost.choices)
+    want_ad, _ = best_single_mode(cost, rnd, AD, GAMMA, 1.0, float(cost.memory_budget(False)))
+    want_sd, _ = best_single_mode(cost, rnd, SD, GAMMA, 1.0, float(cost.memory_budget(True)))
+    assert _n("ad_only", cost, rnd) == want_ad
+    assert _n("sd_only", cost, rnd) == want_sd
+    plan = Balance(cost, CFG, gamma=GAMMA).plan(rnd)
+    assert check_plan(cost, rnd, plan).feasible
+    assert plan.admitted >= max(want_ad, want_sd)
