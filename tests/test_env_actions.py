@@ -201,6 +201,22 @@ def test_plan_builder_takes_a_column_of_actions():
     assert b.b.tolist() == [[1, 0], [0, 1]] and b.gamma.tolist() == [0, 2]
 
 
+def test_plan_builder_resets_only_the_chosen_rounds():
+    rnd = sample_round(np.random.default_rng(0), CFG)
+    b = PlanBuilder(COST, 2, G)
+    b.prepare(*[np.repeat(np.asarray(x[:1]), 2) for x in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)])
+    b.apply(np.array([1 + G, 1 + G]))
+    b.prepare(*[np.repeat(np.asarray(x[:1]), 2) for x in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)])
+    b.reset(np.array([True, False]))
+    assert b.b[:, 0].tolist() == [0, 0] and b.b[:, 1].tolist() == [0, 1]
+    assert b.gamma.tolist() == [0, G] and int(b.j_max[0]) == 0 and int(b.j_max[1]) >= 1
+    assert np.isinf(b.slack_min[:, 0]).all() and b.mem[1, 1] > 0 and b.mem[1, 0] == 0.0
+    with pytest.raises(RuntimeError, match="before prepare"):  # a reset drops the prepared user
+        b.apply(np.zeros(2, dtype=np.int64))
+    b.reset([False, True])  # a plain list works too
+    assert b.b.sum() == 0 and b.gamma.tolist() == [0, 0]
+
+
 def test_plan_builder_masked_out_is_refused():
     cost = CostModel(COST.profile.with_memory(1e9))  # below the weights: only reject fits
     rnd = sample_round(np.random.default_rng(0), CFG)

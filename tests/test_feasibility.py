@@ -47,6 +47,14 @@ def test_empty_plan_feasible_and_memory_budget():
     rep = check_plans(COST, rnd, np.zeros(10), 4)
     assert rep.feasible
     assert float(rep.ad_time_s) == float(rep.sd_time_s) == 0.0 and float(rep.ad_memory_bytes) == float(rep.sd_memory_bytes) == 0.0
+    assert (float(rep.z), float(rep.lam)) == (1.0, 1.0)  # nothing admitted: AD keeps everything
+    assert sd_iterations(np.array([10, 3]), 0.8, 4).dtype == np.int64
+    with pytest.raises(ValueError, match="kv_memory must be 'per_user' or 'padded', got 'paged'"):
+        CostModel(COST.profile, "paged")
+    # a budget of exactly 0 bytes still holds the empty plan
+    p0 = COST.profile
+    zero = CostModel(p0.with_memory(p0.device.reserve_bytes + p0.llm.weight_bytes))
+    assert float(zero.memory_budget(False)) == 0.0 and bool(check_plans(zero, rnd, np.zeros(10), 4).feasible)
     # the SLM's weights are the whole difference (budgets: Q - reserve - W_L [- W_S])
     p = COST.profile
     assert float(COST.memory_budget(False)) == p.device.memory_bytes - p.device.reserve_bytes - p.llm.weight_bytes
@@ -90,6 +98,17 @@ def test_many_plans_equal_one_at_a_time(seed):
         one = check_plans(COST, rnd, plans[p], 3)
         for f in fields:  # the same operations on the same numbers: equal, inf included
             assert np.array_equal(np.asarray(getattr(one, f)), np.asarray(getattr(many, f))[p]), (p, f)
+
+
+def test_many_plans_with_their_own_depths():
+    rnd = sample_round(np.random.default_rng(8), CFG)
+    plans = np.random.default_rng(1).integers(0, 3, size=(3, 10))
+    gammas = np.array([1, 4, 8])
+    many = check_plans(COST, rnd, plans, gammas)
+    for p in range(3):
+        one = check_plans(COST, rnd, plans[p], int(gammas[p]))
+        assert float(one.sd_time_s) == float(many.sd_time_s[p]) and bool(one.feasible) == bool(many.feasible[p])
+    assert len(set(np.asarray(many.sd_time_s).tolist())) == 3  # the depths really differ
 
 
 @settings(max_examples=30, deadline=None)
