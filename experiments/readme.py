@@ -78,7 +78,25 @@ SECTIONS = {
     "overload": lambda: _body(RESULTS / "overload.md"),
     "pair": lambda: pair_summary(),
     "profile_fit": lambda: profile_fit(),
+    "fidelity": lambda: fidelity_summary(),
+    "optimality": lambda: _table_with(RESULTS / "optimality.md", "Reproduce"),
+    "train_speed": lambda: _table_with(RESULTS / "train_speed.md", "Target", "Reproduce"),
+    "mutation": lambda: _body(RESULTS / "mutation.md"),
+    "coverage": lambda: _body(RESULTS / "coverage.md"),
 }
+
+
+def _table_with(path: Path, *prefixes: str) -> str:
+    """The first markdown table of a generated file, followed by its lines that start with ``prefixes``."""
+    extra = [line for line in path.read_text().splitlines() if line.startswith(prefixes)]
+    return "\n\n".join([_table(path), *extra])
+
+
+def fidelity_summary() -> str:
+    """The fidelity study's candidate table and its best-match sentence."""
+    path = RESULTS / "paper_fidelity.md"
+    best = [line for line in path.read_text().splitlines() if line.startswith("Best match")]
+    return "\n\n".join([_table(path), *best, "Reproduce: `python -m experiments.paper_fidelity --rounds 50 --seed 0` (details and per-K tables: `results/paper_fidelity.md`)."])
 
 
 def pair_summary() -> str:
@@ -87,11 +105,12 @@ def pair_summary() -> str:
     meta = json.loads((RESULTS / "pair.json").read_text())
     r = meta["recipe"]
     rows = [
-        {"model": "target", "params": meta["target_params"], "shape (hidden/layers/heads/kv)": "{hidden}/{layers}/{heads}/{kv_heads}".format(**r["target"]), "training": f"{meta['target_steps']} steps, {r['target_seconds']:.0f} s", "held-out bits/byte": meta["bits_per_byte"]["target"]},
-        {"model": "draft", "params": meta["draft_params"], "shape (hidden/layers/heads/kv)": "{hidden}/{layers}/{heads}/{kv_heads}".format(**r["draft"]), "training": f"{meta['draft_steps']} steps, {r['draft_seconds']:.0f} s (distilled)", "held-out bits/byte": meta["bits_per_byte"]["draft"]},
+        {"model": "target", "params": meta["target_params"], "shape (hidden/layers/heads/kv)": "{hidden}/{layers}/{heads}/{kv_heads}".format(**r["target"]), "training": f"{meta['target_steps']} steps, {meta['train_seconds']['target']:.0f} s", "held-out bits/byte": meta["bits_per_byte"]["target"]},
+        {"model": "draft", "params": meta["draft_params"], "shape (hidden/layers/heads/kv)": "{hidden}/{layers}/{heads}/{kv_heads}".format(**r["draft"]), "training": f"{meta['draft_steps']} steps, {meta['train_seconds']['draft']:.0f} s (distilled)", "held-out bits/byte": meta["bits_per_byte"]["draft"]},
     ]
     acc = meta["greedy_acceptance"]
-    return pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g") + f"\n\nGreedy acceptance (draft argmax = target argmax along the target's continuation, 64 tokens per prompt): code {acc['code']:.3f}, prose {acc['prose']:.3f}. Corpus: {meta['train_bytes'] / 1e6:.1f} MB of standard-library source, {meta['held_out_bytes'] / 1e6:.2f} MB held out."
+    bound = f" Refused if held-out bits/byte exceed {r['max_target_bits_per_byte']} (target) / {r['max_draft_bits_per_byte']} (draft); recipe `{meta['recipe_digest']}`, {r['threads']} thread(s), torch {meta['torch']}, built in {meta['build_seconds']:.0f} s on a shared 2-core machine."
+    return pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3g") + f"\n\nGreedy acceptance (draft argmax = target argmax along the target's continuation, 64 tokens per prompt): code {acc['code']:.3f}, prose {acc['prose']:.3f}. Corpus: {meta['train_bytes'] / 1e6:.1f} MB of standard-library source, {meta['held_out_bytes'] / 1e6:.2f} MB held out." + bound
 
 
 def _body(path: Path) -> str:

@@ -44,6 +44,7 @@ from envs.workload import Round
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.engines import ad_steps, drain, sd_steps
 from runtime.executor import BatchRun, Cancelled, Outbox, batch_callbacks, run_parallel, run_shared
+from runtime.fingerprint import machine_fingerprint, warn_if_measured_elsewhere
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
 from runtime.pair import ModelPair
@@ -73,6 +74,8 @@ class RoundServer:
         warning = policy_profile_warning(cfg.policy_path if cfg.scheduler == "policy" else None, profile)
         if warning:
             log.warning(warning)
+        # a measured table from another machine or pair plans with times this host does not have
+        warn_if_measured_elsewhere(profile, machine_fingerprint(cfg.device, cfg.dtype, pair=pair), stacklevel=3)
         # with two devices the SD pair lives on the second and AD gets its own target on the first
         self.ad_target = pair.target
         if cfg.devices:
