@@ -12,7 +12,10 @@ on the same rounds. Reported (printed, and written to ``DIR/main_job.md``):
 
 * per seed: the policy's served fraction and its **paired** difference to BALANCE per round
   (bootstrap 95 % CI, Wilcoxon signed-rank p; ``agents.paired_stats``);
-* across seeds: the mean and its Student-t 95 % CI (the seeds are the independent replicates);
+* across seeds: the mean and its Student-t 95 % CI (the seeds are the independent replicates of
+  the training recipe; it measures training-seed variation only, as every seed is judged on the
+  same rounds), and the seed-averaged policy's paired difference to BALANCE per round (bootstrap
+  95 % CI over the rounds, Wilcoxon p: the round-sampling uncertainty);
 * the other schedulers' table with their paired difference to BALANCE on the same rounds.
 
 Files in ``DIR``: ``comparison.csv`` (one row per scheduler, round and -- for the policy -- seed),
@@ -41,7 +44,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from agents.artefacts import write_csv_atomic, write_text_atomic  # noqa: E402
 from agents.evaluate import evaluate_schedulers, format_summary, summarize  # noqa: E402
-from agents.paired_stats import t_interval  # noqa: E402
+from agents.paired_stats import paired_difference, t_interval  # noqa: E402
 from agents.train import TrainConfig, train  # noqa: E402
 from envs.workload import make_rounds  # noqa: E402
 from experiments import aggregate  # noqa: E402
@@ -51,6 +54,9 @@ OTHERS = ["balance", "ad_only", "sd_only", "greedy", "optimal"]  #: evaluated on
 SCHEDULERS = ["policy", *OTHERS]
 DEFAULT_SEEDS = "0,1,2,3,4"
 SEED_COLS = ["seed", "served_frac", "balance_served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "best_validation_ratio", "timesteps", "train_s"]
+#: ``seeds.csv``'s ``mean`` row: across-seed means, ``<col>_t_ci95`` (Student-t half-widths), and in
+#: ``diff_ci95_low/high`` / ``p_wilcoxon`` the seed-averaged policy's paired comparison over rounds
+MEAN_COLS = ["served_frac_t_ci95", "ratio_to_balance_t_ci95", "diff_vs_balance_t_ci95"]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -99,9 +105,22 @@ def seed_rows(runs: dict[int, Path], evaluations: dict[int, pd.DataFrame], train
     return pd.DataFrame(rows)
 
 
-def across_seeds(rows: pd.DataFrame) -> dict[str, float]:
-    """Mean and Student-t 95 % CI half-width (``<col>_ci95``) across seeds, and how many seeds' paired CIs exclude 0."""
+def across_seeds(rows: pd.DataFrame, policies: dict[int, pd.DataFrame] | None = None, balance: pd.DataFrame | None = None) -> dict[str, float]:
+    """Mean and Student-t 95 % CI half-width (``<col>_ci95``) across seeds, and how many seeds' paired CIs exclude 0.
+
+    With each seed's policy rows and BALANCE's rows on the same rounds, also the seed-averaged
+    policy's paired difference to BALANCE per round (``pooled_diff``, ``pooled_ci95_low/high``,
+    ``pooled_p_wilcoxon``): the per-round served fraction averaged over seeds minus BALANCE's,
+    bootstrap 95 % CI over rounds -- the uncertainty from the choice of rounds, which the
+    across-seed t-CI does not contain (every seed is judged on the same rounds).
+    """
     out: dict[str, float] = {"seeds": len(rows)}
+    if policies and balance is not None:
+        frac = pd.concat([p.assign(f=p.served / p.num_users).set_index("round").f.rename(s) for s, p in policies.items()], axis=1).mean(axis=1)
+        ref = balance.assign(f=balance.served / balance.num_users).set_index("round").f
+        both = pd.concat([frac.rename("policy"), ref.rename("balance")], axis=1).dropna()
+        d = paired_difference(both.policy.to_numpy(), both.balance.to_numpy())
+        out.update(pooled_diff=d.mean, pooled_ci95_low=d.ci_low, pooled_ci95_high=d.ci_high, pooled_p_wilcoxon=d.p_value)
     for col in ("served_frac", "ratio_to_balance", "diff_vs_balance", "best_validation_ratio"):
         out[col], out[f"{col}_ci95"] = t_interval(rows[col].to_numpy(dtype=float))
     out["seeds_above_balance"] = int((rows.diff_ci95_low > 0).sum())
@@ -179,8 +198,11 @@ def markdown(rows: pd.DataFrame, mean: dict[str, float], summary: pd.DataFrame, 
         f"Learned policy ({tc.agent.algo}, K = {tc.env.num_users}, {n} training seed{'s' if n > 1 else ''}) vs BALANCE on the same {rounds} **test** rounds "
         f"(test stream, seed {tc.eval.seed}; each policy trained on the train stream and was chosen on {tc.eval.rounds} validation rounds). "
         "Per seed: the mean per-round difference in served fraction (percentage points), bootstrap 95 % CI, Wilcoxon signed-rank p; "
-        f"mean of seeds: Student-t 95 % CI across seeds. Seeds whose paired CI lies above BALANCE: {mean['seeds_above_balance']}, below: {mean['seeds_below_balance']}.", "",
+        f"mean of seeds: Student-t 95 % CI across seeds (training-seed variation only: every seed is judged on the same rounds). "
+        f"Seeds whose paired CI lies above BALANCE: {mean['seeds_above_balance']}, below: {mean['seeds_below_balance']}.", "",
         per_seed.to_markdown(index=False), "",
+        *([f"Seed-averaged policy − BALANCE per round (the rounds' uncertainty: bootstrap 95 % CI over the {rounds} rounds, Wilcoxon p): "
+           f"**{_pp(mean['pooled_diff'], mean['pooled_ci95_low'], mean['pooled_ci95_high'])}**, p = {mean['pooled_p_wilcoxon']:.3g}.", ""] if "pooled_diff" in mean else []),
         f"The other schedulers on the same {rounds} test rounds (`diff_vs_balance`: paired difference to BALANCE, bootstrap 95 % CI, Wilcoxon p):", "",
         summary[[c for c in cols if c in summary]].to_markdown(index=False, floatfmt=".4g"), "",
         f"{tc.total_timesteps} decisions asked per seed ({rows.timesteps.max():.0f} trained: whole rollouts), {tc.threads} torch thread(s); "
@@ -233,8 +255,10 @@ def main(argv: list[str] | None = None) -> Path:
     write_csv_atomic(pd.concat([*policies.values(), others], ignore_index=True), out / "comparison.csv")
 
     rows = seed_rows(runs, {s: pd.concat([balance, p.drop(columns="seed")], ignore_index=True) for s, p in policies.items()}, train_s)
-    mean = across_seeds(rows)
-    write_csv_atomic(pd.concat([rows[SEED_COLS], pd.DataFrame([{**{k: v for k, v in mean.items() if k in SEED_COLS}, "seed": "mean"}])], ignore_index=True), out / "seeds.csv")
+    mean = across_seeds(rows, policies, balance)
+    mean_row = {**{k: v for k, v in mean.items() if k in SEED_COLS}, "seed": "mean", "diff_ci95_low": mean["pooled_ci95_low"], "diff_ci95_high": mean["pooled_ci95_high"], "p_wilcoxon": mean["pooled_p_wilcoxon"]}
+    mean_row.update({f"{c}_t_ci95": mean[f"{c}_ci95"] for c in ("served_frac", "ratio_to_balance", "diff_vs_balance")})
+    write_csv_atomic(pd.concat([rows[SEED_COLS], pd.DataFrame([mean_row])], ignore_index=True)[SEED_COLS + MEAN_COLS], out / "seeds.csv")
     summary = summarize(others)
     write_csv_atomic(summary, out / "comparison_summary.csv")
     write_text_atomic(out / "comparison_summary.md", format_summary(summary) + "\n")

@@ -47,9 +47,12 @@ def test_main_job_two_seeds_end_to_end(tmp_path, capsys):
     mean = seeds.iloc[2]
     assert float(mean.served_frac) == pytest.approx(per_seed.served_frac.mean())
     assert float(mean.diff_vs_balance) == pytest.approx(per_seed.diff_vs_balance.mean())
+    # the mean row's paired CI is over rounds for the seed-averaged policy: it contains the mean difference
+    assert float(mean.diff_ci95_low) - 1e-12 <= float(mean.diff_vs_balance) <= float(mean.diff_ci95_high) + 1e-12
+    assert 0 <= float(mean.p_wilcoxon) <= 1 and np.isfinite(float(mean.diff_vs_balance_t_ci95))
 
     md = (out / "main_job.md").read_text()
-    assert "**test** rounds" in md and "mean of 2" in md and "--seeds 3,1" in md
+    assert "**test** rounds" in md and "mean of 2" in md and "--seeds 3,1" in md and "Seed-averaged policy − BALANCE per round" in md
     for name in main_job.OTHERS:
         assert f"| {name} " in md
     assert (out / "served_fraction.png").stat().st_size > 0 and (out / "learning_curve.png").stat().st_size > 0
