@@ -34,6 +34,8 @@ def test_learned_reads_multiruns_and_reports_each_seed(tmp_path):
     assert {"policy s0", "policy s1", "policy s2", "balance"} <= set(df.scheduler) and df.groupby("scheduler").size().eq(3).all()
     text = (out / "learned.md").read_text()
     assert "3 training seed(s)" in text and "diff_vs_balance" in text and "Caveat" not in text
+    # the policies pick gamma per round, so they are also compared with BALANCE that does
+    assert "balance_gamma" in set(df.scheduler) and "diff_vs_balance_gamma" in text and "policy (mean of 3 seeds)" in text
     noisy_df = pd.read_csv(out / "learned_noisy.csv")
     assert {"noisy-trained s0", "noisy-trained s1", "paper policy s2"} <= set(noisy_df.scheduler)
 
