@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments.paper import STUDIES, gains
+from experiments.paper import STUDIES, gain_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -35,11 +35,9 @@ def paper_summary() -> str:
         if not csv.exists() or name == "exhaustive" or name.startswith("robust"):
             continue
         df = pd.read_csv(csv)
-        frac = (df.served / df.num_users).groupby([df.value, df.scheduler]).mean().unstack()
         rounds = int(df.groupby(["value", "scheduler"]).size().min())
         row = {"study": name, "rounds/point": rounds}
-        for g in gains(frac, study.schedulers[1:]).itertuples(index=False):
-            row[f"vs {g[0]}"] = f"{g[1]:+.1f} % ({g[2]:+.1f} pp)"
+        row.update({f"vs {b}": c for b, c in gain_cells(df, study).items()})
         row["paper"] = study.paper
         rows.append(row)
     return pd.DataFrame(rows).fillna("").to_markdown(index=False)
@@ -81,8 +79,8 @@ SECTIONS = {
     "fidelity": lambda: fidelity_summary(),
     "optimality": lambda: _table_with(RESULTS / "optimality.md", "Reproduce"),
     "train_speed": lambda: _table_with(RESULTS / "train_speed.md", "Target", "Reproduce"),
-    "mutation": lambda: _body(RESULTS / "mutation.md"),
-    "coverage": lambda: _body(RESULTS / "coverage.md"),
+    "mutation": lambda: _table_with(RESULTS / "mutation.md", "Produced by"),
+    "coverage": lambda: _table_with(RESULTS / "coverage.md", "Produced by", "pytest exit"),
 }
 
 
