@@ -92,7 +92,13 @@ def test_calibration_made_here_overrides_the_tables_provenance():
 def test_shipped_measured_profiles_record_provenance():
     for name in ("cpu_specsched-pair", "cpu1_specsched-pair"):
         on = load_profile(name).measured_on
-        assert on["cores"] == 2 and on["dtype"] == "float32" and on["pair_recipe"] == "3d97a3c77075"
+        assert on["cores"] == 2 and on["dtype"] == "float32"
+    # the one-thread profile was re-measured on the current (step-bounded) full recipe; the
+    # two-thread one still describes the previous, time-bounded build of the same architecture
+    from runtime.pair import recipe_for
+
+    assert load_profile("cpu1_specsched-pair").measured_on["pair_recipe"] == recipe_for("full").digest()
+    assert load_profile("cpu_specsched-pair").measured_on["pair_recipe"] == "3d97a3c77075"
     assert load_profile("cpu1_specsched-pair").measured_on["threads"] == 1
 
 

@@ -8,17 +8,7 @@ import time
 
 import httpx
 import pytest
-from live_server import running, tiny_pair, tiny_profile
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_pair()
-
-
-@pytest.fixture(scope="module")
-def profile(pair, tmp_path_factory):
-    return tiny_profile(pair, tmp_path_factory.mktemp("profile"))
+from live_server import running
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,9 @@ import threading
 import time
 
 import httpx
-import pytest
-from live_server import running, tiny_pair, tiny_profile
+from live_server import running
 
 from runtime.pair import ModelPair
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_pair()
-
-
-@pytest.fixture(scope="module")
-def profile(pair, tmp_path_factory):
-    return tiny_profile(pair, tmp_path_factory.mktemp("profile"))
 
 
 class FaultyForward:

@@ -13,20 +13,10 @@ import time
 import httpx
 import pandas as pd
 import pytest
-from live_server import ROOT, running, tiny_pair, tiny_profile
+from live_server import ROOT, running
 from omegaconf import OmegaConf
 
 ENV = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "paper.yaml"))
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_pair()
-
-
-@pytest.fixture(scope="module")
-def profile(pair, tmp_path_factory):
-    return tiny_profile(pair, tmp_path_factory.mktemp("profile"))
 
 
 @pytest.fixture(scope="module")
