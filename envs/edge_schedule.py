@@ -100,6 +100,7 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from envs.actions import action_index, action_indices  # noqa: F401 (re-exported: the env's action rule)
 from envs.config import EnvConfig
 from envs.feasibility import CostModel, PlanBuilder, ScalarPlan, expected_tokens_per_iteration
 from envs.outcome import evaluate_plan
@@ -109,43 +110,6 @@ from envs.workload import Round, sample_round
 USER_FEATURES = 8
 BATCH_FEATURES = 6
 UPLINK_SCALE_S = 0.1
-
-
-def action_index(action: Any, num_actions: int) -> int:
-    """The action as an index in ``[0, num_actions)``, or -1 if it names no action.
-
-    Out-of-range, non-integral (1.5), non-finite and non-numeric actions name no action, so the
-    environment treats them as reject and flags them (DESIGN.md §3) instead of truncating or
-    clipping them onto a real action. An integral float (``np.float32(1.0)``) is that integer.
-    """
-    a = np.asarray(action)
-    if a.size != 1:
-        raise ValueError(f"action must be one integer in [0, {num_actions}), got an array of shape {a.shape}")
-    v = a.reshape(()).item()
-    if isinstance(v, bool | int):
-        i = int(v)
-    elif isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        i = int(v)
-    else:
-        return -1
-    return i if 0 <= i < num_actions else -1
-
-
-def action_indices(actions: Any, num_envs: int, num_actions: int) -> np.ndarray:
-    """:func:`action_index` for one action per sub-env: (num_envs,) int64, -1 where invalid."""
-    a = np.asarray(actions)
-    if a.size != num_envs:
-        raise ValueError(f"actions must hold one action per sub-env ({num_envs}), got shape {a.shape}")
-    a = a.reshape(num_envs)
-    if a.dtype == bool or np.issubdtype(a.dtype, np.integer):
-        idx = a.astype(np.int64)
-    elif np.issubdtype(a.dtype, np.floating):
-        # bounded before the cast: a huge float would wrap around to a valid int64
-        integral = np.isfinite(a) & (np.floor(a) == a) & (np.abs(a) < num_actions)
-        idx = np.where(integral, a, -1).astype(np.int64)
-    else:
-        idx = np.array([action_index(x, num_actions) for x in a], dtype=np.int64)
-    return np.where((idx >= 0) & (idx < num_actions), idx, -1)
 
 
 def observation_size(cfg: EnvConfig) -> int:

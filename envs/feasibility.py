@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from envs.actions import action_indices
 from envs.config import EnvConfig
 from envs.model_choices import ModelChoices
 from envs.plan import AD, SD, Plan
@@ -501,9 +502,9 @@ class PlanBuilder:
             raise RuntimeError("PlanBuilder.apply called before prepare() for this user")
         (inp, out, alpha, up, slack), cand_a, cand_s, masks = self._prepared
         self._prepared = None
-        actions = np.asarray(actions, dtype=np.int64).reshape(self.n)
-        in_range = (actions >= 0) & (actions < 2 + self.g_max)
-        valid = in_range & masks[np.arange(self.n), np.clip(actions, 0, 1 + self.g_max)]
+        # the env's action rule: out-of-range and non-integral actions name no action (never truncated)
+        actions = action_indices(actions, self.n, 2 + self.g_max)
+        valid = (actions >= 0) & masks[np.arange(self.n), np.maximum(actions, 0)]
         to_ad = valid & (actions == 1)
         if to_ad.any():
             b_a, s_a, n_a, u_a, sl_a, share_a, mem_a = cand_a

@@ -349,3 +349,16 @@ def test_vector_env_bad_autoreset_mode_and_num_envs():
         vector(0)
     with pytest.raises(ValueError, match="seeds"):
         vector(2).reset(seed=[1, 2, 3])
+
+
+@pytest.mark.parametrize("bad", [1.5, 2.9, 0.2, float("nan"), float("inf"), -0.5])
+def test_plan_builder_refuses_non_integral_actions(bad):
+    """Called directly (not through an env), the builder applies the env's action rule too: a
+    non-integral action names no action and is refused, never truncated onto AD or SD@1."""
+    rnd = sample_round(np.random.default_rng(0), CFG)
+    b = PlanBuilder(COST, 3, G)
+    b.prepare(*[np.repeat(np.asarray(x[:1]), 3) for x in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)])
+    valid = b.apply(np.array([bad, 1.0, 2.0]))
+    assert valid.tolist() == [False, True, True]
+    assert b.b[:, 0].tolist() == [0, 0] and b.gamma[0] == 0
+    assert b.b[:, 1].tolist() == [1, 0] and b.b[:, 2].tolist() == [0, 1] and b.gamma[2] == 1
