@@ -87,12 +87,12 @@ class Greedy(_Sequential):
         return np.argsort(-rnd.slack_s, kind="stable")
 
     def _choose(self, allowed: dict, builder: PlanBuilder) -> int:
-        _, cand_a, cand_s, _ = builder._prepared
+        share_ad, share_sd = builder.candidate_shares()
         added = {}
         if allowed[AD]:
-            added[AD] = float(cand_a[5][0] - builder.share[0, 0])
+            added[AD] = float(share_ad[0] - builder.share[0, 0])
         if allowed[SD]:
-            added[SD] = float(cand_s[6][0, self.gamma - 1] - builder.share[1, 0])
+            added[SD] = float(share_sd[0, self.gamma - 1] - builder.share[1, 0])
         return min(added, key=added.get) if added else 0
 
 

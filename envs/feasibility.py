@@ -533,6 +533,17 @@ class PlanBuilder:
             self.gamma = np.where(to_sd & (self.gamma == 0), actions - 1, self.gamma)
         return valid
 
+    def candidate_shares(self) -> tuple[np.ndarray, np.ndarray]:
+        """Minimal compute shares of each batch if the last prepared user joined it.
+
+        ``(ad_share (N,), sd_share (N, G))``: the AD batch's share with the user in AD, and the SD
+        batch's share with the user in SD at each depth 1..G (the round's depth where it is fixed).
+        """
+        if self._prepared is None:
+            raise RuntimeError("PlanBuilder.candidate_shares called before prepare() for this user")
+        _, cand_a, cand_s, _ = self._prepared
+        return cand_a[5], cand_s[6]
+
     def shares(self) -> tuple[np.ndarray, np.ndarray]:
         """A valid ``(z, lam)`` per round for the plans built so far."""
         return shares_for(self.share[0], self.share[1], self.mem[0], self.mem[1], self.b[0], self.b[1])

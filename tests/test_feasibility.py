@@ -313,3 +313,18 @@ def test_simulate_sd_iterations_tolerates_rounding_and_keeps_int_dtype():
     assert simulate_sd_iterations(rng, [6, 2], [-1e-12, -1e-12], 3).tolist() == [6, 2]
     assert simulate_sd_iterations(rng, np.zeros(0, dtype=np.int64), np.zeros(0), 3).dtype == np.int64
     assert simulate_sd_iterations(rng, [6], [0.5], 3).dtype == np.int64
+
+
+def test_candidate_shares_are_the_shares_apply_commits(cfg12, cost12):
+    """PlanBuilder.candidate_shares(): the batch share a prepared user would bring, per mode and
+    depth -- exactly what the builder's share becomes once the action is applied."""
+    rnd = sample_round(np.random.default_rng(3), cfg12)
+    b = PlanBuilder(cost12, 2, cfg12.max_gamma)
+    with pytest.raises(RuntimeError, match="before prepare"):
+        b.candidate_shares()
+    user = [np.repeat(np.asarray(x[:1]), 2) for x in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)]
+    masks = b.prepare(*user)
+    ad, sd = b.candidate_shares()
+    assert ad.shape == (2,) and sd.shape == (2, cfg12.max_gamma) and masks[:, 1].all() and masks[1, 3]
+    b.apply(np.array([1, 3]))  # round 0: AD; round 1: SD at depth 2
+    assert b.share[0, 0] == ad[0] and b.share[1, 1] == sd[1, 1]
