@@ -291,7 +291,7 @@ def test_soak_fast(pair, profile, tmp_path):
 @pytest.mark.slow
 def test_soak_5000(pair, profile, tmp_path):
     """>= 5,000 requests: loadgen rounds, the openai client (mixed, disconnects, slow readers), a 10x burst of 640, a fault, a stop."""
-    assert _soak(pair, profile, tmp_path, n_client=1500, loadgen_rounds=350, burst_rounds=10) >= 5000
+    assert _soak(pair, profile, tmp_path, n_client=1600, loadgen_rounds=350, burst_rounds=10) >= 5000
 
 
 def test_serve_command_validates_before_loading_and_stops_on_sigterm(pair, profile, tmp_path):
