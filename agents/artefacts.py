@@ -46,6 +46,17 @@ def write_csv_atomic(df: pd.DataFrame, path: str | Path, **kwargs: Any) -> Path:
     return write_text_atomic(path, df.to_csv(**kwargs))
 
 
+def save_figure_atomic(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """``fig.savefig(path)`` for a matplotlib figure (format from the suffix), atomically; closes it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return write_bytes_atomic(path, buf.getvalue())
+
+
 def save_model_atomic(model: Any, path: str | Path) -> Path:
     """``model.save(path)`` for a stable-baselines3 model, atomically (SB3 itself writes in place)."""
     buf = io.BytesIO()

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from agents.artefacts import write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
 from agents.evaluate import summarize  # noqa: E402
 from agents.paired_stats import t_interval  # noqa: E402
 
@@ -145,11 +145,7 @@ def plot(rows: pd.DataFrame, curves: dict[str, list[tuple[int, pd.DataFrame]]], 
     if ax2.lines:
         ax2.legend(fontsize=6)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure_atomic(fig, path)
 
 
 def markdown(rows: pd.DataFrame, means: pd.DataFrame) -> str:

@@ -42,7 +42,7 @@ import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from agents.artefacts import write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
 from agents.evaluate import evaluate_schedulers, format_summary, summarize  # noqa: E402
 from agents.paired_stats import paired_difference, t_interval  # noqa: E402
 from agents.train import TrainConfig, train  # noqa: E402
@@ -87,11 +87,7 @@ def learning_curve(progress_csv: Path) -> pd.DataFrame:
 
 
 def _savefig(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)  # atomic: a kill never leaves a half-written picture
-    plt.close(fig)
-    return path
+    return save_figure_atomic(fig, path)  # a kill never leaves a half-written picture
 
 
 def seed_rows(runs: dict[int, Path], evaluations: dict[int, pd.DataFrame], train_s: dict[int, float]) -> pd.DataFrame:

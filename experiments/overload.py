@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from agents.artefacts import write_csv_atomic, write_text_atomic
 from experiments.sim_vs_real import ROOT, free_port, serve
 from runtime.loadgen import run as loadgen
 from runtime.pair import build_pair
@@ -145,10 +146,9 @@ def main(argv: list[str] | None = None) -> None:
         table.to_markdown(index=False, floatfmt=".3g"), "",
         f"Reproduce: `{cmd}`", "",
     ])
-    for path, write in ((args.out / "overload.csv", lambda p: pd.concat(frames, ignore_index=True).to_csv(p, index=False)), (args.out / "overload.md", lambda p: p.write_text(text))):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        write(tmp)
-        tmp.replace(path)  # atomic: a reader never sees half a table
+    # atomic: a reader never sees half a table
+    write_csv_atomic(pd.concat(frames, ignore_index=True), args.out / "overload.csv")
+    write_text_atomic(args.out / "overload.md", text)
     print(text)
 
 

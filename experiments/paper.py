@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from agents.artefacts import write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
 from agents.evaluate import evaluate_schedulers  # noqa: E402
 from agents.paired_stats import paired_difference  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
@@ -253,10 +253,7 @@ def report(study: Study, df: pd.DataFrame, rounds: int, elapsed_s: float, out_di
     ax.legend(fontsize=8)
     fig.tight_layout()
     png = out_dir / f"{study.name}.png"
-    tmp = png.with_name(f".{png.stem}.tmp{png.suffix}")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(png)  # atomic: a kill never leaves a half-written picture
+    save_figure_atomic(fig, png)  # a kill never leaves a half-written picture
     return text
 
 

@@ -22,7 +22,6 @@ Outputs ``results/paper_fidelity.{csv,md,png}`` (written to a temporary file, th
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
 from agents.evaluate import evaluate_schedulers  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
 from envs.feasibility import CostModel, sd_iterations  # noqa: E402
@@ -313,16 +313,7 @@ def plot(summary: pd.DataFrame, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    save_figure_atomic(fig, path)
 
 
 def _previous_run(out: Path, cands: list[Candidate]) -> tuple[pd.DataFrame, int, int, float, dict[str, str]]:
@@ -346,7 +337,7 @@ def _report_only(out: Path, cands: list[Candidate]) -> None:
     df, rounds, seed, elapsed, skipped = _previous_run(out, cands)
     summary = summarize(df, cands)
     text = report(summary, df, skipped, cands, rounds, seed, elapsed)
-    _write_atomic(out / "paper_fidelity.md", text)
+    write_text_atomic(out / "paper_fidelity.md", text)
     plot(summary, out / "paper_fidelity.png")
     print(text)
 
@@ -400,10 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     df = pd.concat(frames, ignore_index=True)
     summary = summarize(df, cands)
     text = report(summary, df, skipped, cands, args.rounds, args.seed, elapsed)
-    tmp = args.out / "paper_fidelity.csv.tmp"
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, args.out / "paper_fidelity.csv")
-    _write_atomic(args.out / "paper_fidelity.md", text)
+    write_csv_atomic(df, args.out / "paper_fidelity.csv")
+    write_text_atomic(args.out / "paper_fidelity.md", text)
     plot(summary, args.out / "paper_fidelity.png")
     print(text)
 

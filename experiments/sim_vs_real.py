@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
 from envs.feasibility import CostModel
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     df = pd.concat(frames, ignore_index=True)
     table, modes = pd.DataFrame(summary), pd.DataFrame(by_mode)
     args.out.mkdir(parents=True, exist_ok=True)
-    _atomic(args.out / "sim_vs_real.csv", lambda p: df.to_csv(p, index=False))
+    write_csv_atomic(df, args.out / "sim_vs_real.csv")  # a reader never sees half a table
     cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
     cmd += (f" --profile {args.profile}" if args.profile != "cpu1_specsched-pair" else "") + (" --pair PATH" if args.pair else "")
     profile_file = args.profile if args.profile.endswith((".yaml", ".yml")) else f"conf/profile/{args.profile}.yaml"
@@ -172,17 +173,8 @@ def main(argv: list[str] | None = None) -> None:
         modes.to_markdown(index=False, floatfmt=".3g"), "",
         f"Reproduce: `{cmd}`", "",
     ])
-    _atomic(args.out / "sim_vs_real.md", lambda p: p.write_text(text))
+    write_text_atomic(args.out / "sim_vs_real.md", text)
     print(text)
-
-
-def _atomic(path: Path, write) -> None:
-    """Write through a temp file and rename: a reader never sees half a table."""
-    import os
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    tmp.replace(path)
 
 
 def compare(both: pd.DataFrame, name: str) -> dict:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 from coverage import Coverage
+
+from agents.artefacts import write_text_atomic
 
 TARGETS = {"envs": 90.0, "agents": 90.0, "runtime": 85.0}  #: issue 17's targets, percent of statements
 
@@ -69,11 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "## Files", "", "| file | statements | missed | coverage |", "|---|---:|---:|---:|"]
     for rel, n, miss in sorted(rows, key=lambda r: (pct(r[1], r[2]), r[0])):
         lines.append(f"| {rel} | {n} | {miss} | {pct(n, miss):.1f} % |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=".coverage.", suffix=".md")
-    with os.fdopen(fd, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.replace(tmp, args.out)
+    write_text_atomic(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}: " + ", ".join(f"{p}/ {pct(*per_pkg[p]):.1f} %" for p in sorted(per_pkg)))
     return 0
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
+
+from agents.artefacts import write_text_atomic
 
 KILLED = {"killed", "timeout", "segfault", "suspicious"}  # the tests did not pass on the mutant
 NOT_RUN = {"not checked", "skipped"}
@@ -154,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         lines.append("None.")
     text = "\n".join(lines) + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=".mutation.", suffix=".md")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, args.out)
+    write_text_atomic(args.out, text)
     print(f"wrote {args.out}: {score(total)} over {sum(total.values())} mutants")
     return 0
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from agents.artefacts import write_text_atomic
 from agents.evaluate import make_rounds
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
@@ -56,10 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     load = f"1-minute load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end ({cpus} CPUs)"
     print(text + "\n\n" + load)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(text + f"\n\n{load}.\n\nReproduce: `python -m experiments.bench.balance_speed --ks {args.ks} --rounds {args.rounds}`\n")
-        tmp.replace(args.out)  # never leave a half-written table behind
+        # never leave a half-written table behind
+        write_text_atomic(args.out, text + f"\n\n{load}.\n\nReproduce: `python -m experiments.bench.balance_speed --ks {args.ks} --rounds {args.rounds}`\n")
 
 
 if __name__ == "__main__":
