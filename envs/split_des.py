@@ -1,0 +1,382 @@
+"""Discrete-event simulation of split (SpecEdge) serving: N edge clients draft, one server verifies.
+
+This is the *check* of the split mode's closed form (``envs.split_cost``): it is built only from
+primitive latencies -- one target pass on the server for ``b`` clients x ``q`` tokens, one draft
+pass on an edge device, the network's round-trip time, jitter and bandwidth -- and never from the
+closed form's iteration formulas, so agreement between the two is evidence, not an identity.
+
+## What is simulated (simpy, one process per client and one for the server)
+
+Every client loops over iterations:
+
+1. **Draft** on its own edge device: one pass per entry of ``DraftShape.pass_widths`` (a chain of
+   depth ``g`` is ``g`` passes of one token; a tree forwards up to its beam count per level), each
+   ``draft_pass_s(width, context)`` seconds.
+2. **Send** the ``verify_tokens`` drafted tokens: one-way delay ``rtt/2`` (+ jitter) plus
+   ``bytes / bandwidth``.
+3. The **server** batches requests: when it is free it takes the oldest waiting request's cohort
+   and waits (at most ``batch_window_s`` after that first arrival) until every client of that
+   cohort has arrived, then runs one verify pass ``verify_s(b, verify_tokens, mean context)`` for
+   the whole batch. With two cohorts the batches alternate, so the server verifies one cohort
+   while the other drafts (pipeline-aware verification); with one cohort the server idles while
+   everyone drafts.
+4. The **verdict** comes back (``rtt/2`` + jitter + bytes / bandwidth). Acceptance is drawn level
+   by level: level ``d`` is accepted with probability ``level_accept[d]`` given that the levels
+   above it were (a chain: ``alpha`` per token); tokens gained = accepted levels + 1 (the bonus).
+5. **Proactive drafting** (switch ``proactive``): right after sending, the edge drafts the *next*
+   block assuming every draft is accepted. The block is reused only if all levels were accepted
+   **and** the target's bonus token equals the edge's guess (probability ``bonus_match``); then
+   the passes already done are not repeated. Otherwise the block is discarded.
+
+## Modelling choices (where the papers leave room)
+
+* Proactive drafting stops when the verdict arrives; ``proactive_interrupt="step"`` (default)
+  lets the pass in flight finish first (the edge GPU cannot abandon a kernel; SpecEdge's code even
+  blocks for whole layers), ``"immediate"`` drops it at once (an idealised interruptible edge).
+* The verify pass is priced at the batch's **mean** context (its sequences' KV are read once
+  each; exact for the roofline, whose bytes are linear in the context sum).
+* A client's context grows by the tokens it gains and restarts at ``prompt_tokens`` once it has
+  produced ``output_tokens`` (a new request of the same shape), so a long run sees the same mean
+  context as one request's lifetime.
+* Jitter: each one-way delay is ``max(0, rtt/2 + N(0, rtt_jitter_s))``.
+* Clients start staggered over one draft time per cohort so that cohorts settle into alternation;
+  the first ``warmup_iterations`` of each client are dropped from every summary.
+
+Outputs: per-iteration records (:class:`DesResult.records`) and the summary the closed form is
+compared with -- mean client iteration time (one verdict to the next), inter-token latency
+(iteration time per token gained), server throughput (tokens gained per second, all clients) and
+the server's busy fraction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from envs.profile import Profile
+
+PROACTIVE_INTERRUPTS = ("step", "immediate")
+
+
+class DesConfigError(ValueError):
+    """A simulation setting is out of range; the message names the field and the allowed range."""
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """What one client drafts, sends and may get accepted per iteration.
+
+    ``pass_widths``: tokens forwarded by each draft pass on the edge, in order; ``verify_tokens``:
+    tokens per client in the server's verify pass (the drafts plus the root / previous bonus);
+    ``level_accept``: probability that level ``d`` (1-based) is accepted given levels ``< d`` were.
+    """
+
+    kind: str
+    pass_widths: tuple[int, ...]
+    verify_tokens: int
+    level_accept: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("chain", "tree"):
+            raise DesConfigError(f"draft shape field 'kind' must be 'chain' or 'tree', got {self.kind!r}")
+        if len(self.pass_widths) < 1 or any(int(w) != w or w < 1 for w in self.pass_widths):
+            raise DesConfigError(f"draft shape field 'pass_widths' must be a non-empty tuple of integers >= 1, got {self.pass_widths!r}")
+        if len(self.level_accept) < 1 or any(not 0.0 <= p <= 1.0 for p in self.level_accept):
+            raise DesConfigError(f"draft shape field 'level_accept' must be a non-empty tuple of probabilities in [0, 1], got {self.level_accept!r}")
+        if int(self.verify_tokens) != self.verify_tokens or self.verify_tokens < len(self.level_accept) + 1:
+            raise DesConfigError(f"draft shape field 'verify_tokens' must be an integer >= depth + 1 = {len(self.level_accept) + 1}, got {self.verify_tokens!r}")
+
+    @classmethod
+    def chain(cls, depth: int, alpha: float) -> DraftShape:
+        """A chain of ``depth`` drafts: ``depth`` one-token passes, ``depth + 1`` verified tokens."""
+        if int(depth) != depth or depth < 1:
+            raise DesConfigError(f"chain depth must be an integer >= 1, got {depth!r}")
+        return cls("chain", (1,) * int(depth), int(depth) + 1, (float(alpha),) * int(depth))
+
+    @property
+    def depth(self) -> int:
+        return len(self.level_accept)
+
+    def expected_tokens(self) -> float:
+        """Expected tokens gained per iteration: ``1 + sum_d prod_{i <= d} level_accept[i]``."""
+        return 1.0 + float(np.cumprod(self.level_accept).sum())
+
+    def all_accepted(self) -> float:
+        """Probability that every level is accepted."""
+        return float(np.prod(self.level_accept))
+
+
+@dataclass(frozen=True)
+class SplitPrimitives:
+    """The primitive latencies the simulation is built from (seconds, bytes).
+
+    ``verify_s(b, q, c)``: one target pass on the server for ``b`` clients, ``q`` new tokens each,
+    context ``c`` (including the ``q`` tokens). ``draft_pass_s(width, c)``: one draft pass on an
+    edge device, batch 1, ``width`` tokens at context ``c``.
+    """
+
+    verify_s: Callable[[int, int, float], float]
+    draft_pass_s: Callable[[int, float], float]
+    rtt_s: float
+    bandwidth_bytes_per_s: float = math.inf
+    bytes_per_draft_token: float = 0.0  #: uplink bytes per verified token (id, position, parent, slot)
+    bytes_per_reply_token: float = 0.0  #: downlink bytes per verified token (the target's sample)
+    request_overhead_bytes: float = 0.0  #: framing bytes per message, each direction
+    rtt_jitter_s: float = 0.0  #: standard deviation of each one-way delay
+
+    @classmethod
+    def from_profile(cls, profile: Profile, rtt_s: float | None = None, rtt_jitter_s: float = 0.0) -> SplitPrimitives:
+        """The primitives of a profile with ``edge`` and ``network`` sections (RTT: the network's unless given).
+
+        Verify passes are the profile's target ``tau_llm`` on its (server) device; draft passes the
+        edge section's ``tau_draft`` at batch 1.
+        """
+        if profile.edge is None or profile.network is None:
+            raise DesConfigError(f"profile {profile.name!r} has no 'edge' and 'network' sections; the split simulation needs both")
+        net, tau_l, tau_d = profile.network, profile.tau_llm, profile.edge.tau_draft
+        return cls(
+            verify_s=lambda b, q, c: tau_l.tau1(b, q, c),
+            draft_pass_s=lambda w, c: tau_d.tau1(1, w, c),
+            rtt_s=net.rtt_s if rtt_s is None else float(rtt_s),
+            bandwidth_bytes_per_s=net.bandwidth_bytes_per_s,
+            bytes_per_draft_token=net.bytes_per_draft_token,
+            bytes_per_reply_token=net.bytes_per_reply_token,
+            request_overhead_bytes=net.request_overhead_bytes,
+            rtt_jitter_s=float(rtt_jitter_s),
+        )
+
+    def __post_init__(self) -> None:
+        for name in ("rtt_s", "bytes_per_draft_token", "bytes_per_reply_token", "request_overhead_bytes", "rtt_jitter_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise DesConfigError(f"split primitive field '{name}' must be a finite number >= 0, got {v!r}")
+        if not self.bandwidth_bytes_per_s > 0:
+            raise DesConfigError(f"split primitive field 'bandwidth_bytes_per_s' must be > 0, got {self.bandwidth_bytes_per_s!r}")
+
+
+@dataclass(frozen=True)
+class DesConfig:
+    """One simulated setting (see the module docstring for each switch's meaning)."""
+
+    num_clients: int
+    shape: DraftShape
+    cohorts: int = 2
+    proactive: bool = True
+    bonus_match: float = 1.0  #: probability that the edge's guessed bonus token is the target's
+    proactive_interrupt: str = "step"
+    prompt_tokens: int = 512
+    output_tokens: int = 256
+    batch_window_s: float = math.inf  #: longest the server waits for a cohort's stragglers
+    iterations: int = 200  #: recorded iterations per client (after the warm-up)
+    warmup_iterations: int = 20
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise DesConfigError(f"simulation field '{name}' must be {allowed}, got {getattr(self, name)!r}")
+
+        need(isinstance(self.num_clients, int) and self.num_clients >= 1, "num_clients", "an integer >= 1")
+        need(self.cohorts in (1, 2), "cohorts", "1 or 2")
+        need(self.cohorts <= self.num_clients, "cohorts", f"<= num_clients ({self.num_clients})")
+        need(0.0 <= self.bonus_match <= 1.0, "bonus_match", "in [0, 1]")
+        need(self.proactive_interrupt in PROACTIVE_INTERRUPTS, "proactive_interrupt", f"one of {list(PROACTIVE_INTERRUPTS)}")
+        need(isinstance(self.prompt_tokens, int) and self.prompt_tokens >= 1, "prompt_tokens", "an integer >= 1")
+        need(isinstance(self.output_tokens, int) and self.output_tokens >= 1, "output_tokens", "an integer >= 1")
+        need(self.batch_window_s >= 0, "batch_window_s", ">= 0 seconds")
+        need(isinstance(self.iterations, int) and self.iterations >= 1, "iterations", "an integer >= 1")
+        need(isinstance(self.warmup_iterations, int) and self.warmup_iterations >= 0, "warmup_iterations", "an integer >= 0")
+
+
+RECORD_FIELDS = (
+    "client", "cohort", "iteration", "draft_start_s", "sent_s", "verify_start_s", "verify_end_s", "reply_s",
+    "batch_size", "accepted", "tokens", "reused", "proactive_passes",
+)
+
+
+@dataclass
+class DesResult:
+    """Per-iteration records (arrays keyed by :data:`RECORD_FIELDS`, warm-up included) and summaries."""
+
+    config: DesConfig
+    records: dict[str, np.ndarray]
+    server_busy_s: float  #: seconds the server spent in verify passes within the measured window
+    window_s: tuple[float, float]  #: (start, end) of the measured window (seconds of simulated time)
+    summary: dict[str, float] = field(default_factory=dict)
+
+
+class _Request:
+    __slots__ = ("client", "cohort", "context", "reply", "verify_start", "verify_end", "batch_size")
+
+    def __init__(self, env: simpy.Environment, client: int, cohort: int, context: float):
+        self.client, self.cohort, self.context = client, cohort, context
+        self.reply = env.event()
+        self.verify_start = self.verify_end = math.nan
+        self.batch_size = 0
+
+
+class _Server:
+    """One verifying GPU: cohort-at-a-time batches, at most ``batch_window_s`` of waiting for stragglers."""
+
+    def __init__(self, env: simpy.Environment, cfg: DesConfig, prim: SplitPrimitives, cohort_sizes: list[int], net_delay: Callable[[float], float]):
+        self.env, self.cfg, self.prim = env, cfg, prim
+        self.cohort_sizes = cohort_sizes
+        self.queue: list[_Request] = []
+        self.arrival = env.event()
+        self.busy: list[tuple[float, float]] = []
+        self.net_delay = net_delay
+        env.process(self.run())
+
+    def submit(self, req: _Request) -> None:
+        self.queue.append(req)
+        if not self.arrival.triggered:
+            self.arrival.succeed()
+
+    def _wait_arrival(self):
+        if self.arrival.triggered:
+            self.arrival = self.env.event()
+        return self.arrival
+
+    def run(self):
+        env, cfg = self.env, self.cfg
+        q = self.cfg.shape.verify_tokens
+        while True:
+            if not self.queue:
+                yield self._wait_arrival()
+                continue
+            cohort = self.queue[0].cohort
+            deadline = env.now + cfg.batch_window_s
+            while sum(r.cohort == cohort for r in self.queue) < self.cohort_sizes[cohort] and env.now < deadline:
+                waits = [self._wait_arrival()]
+                if math.isfinite(deadline):
+                    waits.append(env.timeout(deadline - env.now))
+                yield env.any_of(waits)
+            batch = [r for r in self.queue if r.cohort == cohort]
+            self.queue = [r for r in self.queue if r.cohort != cohort]
+            mean_ctx = float(np.mean([r.context for r in batch])) + q
+            start = env.now
+            yield env.timeout(self.prim.verify_s(len(batch), q, mean_ctx))
+            self.busy.append((start, env.now))
+            down = (self.prim.request_overhead_bytes + q * self.prim.bytes_per_reply_token) / self.prim.bandwidth_bytes_per_s
+            for r in batch:
+                r.verify_start, r.verify_end, r.batch_size = start, env.now, len(batch)
+                env.process(self._deliver(r, down))
+
+    def _deliver(self, req: _Request, transfer_s: float):
+        yield self.env.timeout(self.net_delay(transfer_s))
+        req.reply.succeed()
+
+
+def simulate(cfg: DesConfig, prim: SplitPrimitives) -> DesResult:
+    """Run one setting to ``warmup_iterations + iterations`` iterations per client."""
+    env = simpy.Environment()
+    rng = np.random.default_rng(cfg.seed)
+    shape = cfg.shape
+    cohort_of = [i % cfg.cohorts for i in range(cfg.num_clients)]
+    cohort_sizes = [cohort_of.count(c) for c in range(cfg.cohorts)]
+    half_rtt, jitter = prim.rtt_s / 2.0, prim.rtt_jitter_s
+
+    def net_delay(transfer_s: float) -> float:
+        base = half_rtt + (rng.normal(0.0, jitter) if jitter > 0 else 0.0)
+        return max(0.0, base) + transfer_s
+
+    server = _Server(env, cfg, prim, cohort_sizes, net_delay)
+    total = cfg.warmup_iterations + cfg.iterations
+    rec: dict[str, list] = {k: [] for k in RECORD_FIELDS}
+    up_transfer = (prim.request_overhead_bytes + shape.verify_tokens * prim.bytes_per_draft_token) / prim.bandwidth_bytes_per_s
+    levels = np.asarray(shape.level_accept)
+
+    def draft_time(context: float, passes: range) -> list[float]:
+        return [prim.draft_pass_s(shape.pass_widths[i], context + i) for i in passes]
+
+    def client(i: int):
+        cohort = cohort_of[i]
+        generated = 0
+        # stagger the second cohort by one draft block so cohorts start out of phase
+        if cohort > 0:
+            yield env.timeout(sum(draft_time(cfg.prompt_tokens, range(len(shape.pass_widths)))) * cohort / cfg.cohorts)
+        ready = 0  # passes of the current block already drafted (proactively)
+        for it in range(total):
+            context = cfg.prompt_tokens + generated
+            draft_start = env.now
+            for t in draft_time(context, range(ready, len(shape.pass_widths))):
+                yield env.timeout(t)
+            req = _Request(env, i, cohort, context)
+            sent = env.now
+            yield env.timeout(net_delay(up_transfer))
+            server.submit(req)
+            done = 0
+            if cfg.proactive:
+                # draft the next block while the verdict is in flight, one pass at a time
+                next_ctx = context + shape.depth + 1
+                steps = draft_time(next_ctx, range(len(shape.pass_widths)))
+                while done < len(steps) and not req.reply.triggered:
+                    step = env.timeout(steps[done])
+                    if cfg.proactive_interrupt == "step":
+                        yield step
+                        done += 1
+                    else:
+                        got = yield step | req.reply
+                        if step in got:
+                            done += 1
+            yield req.reply  # returns at once if the verdict is already here
+            # acceptance: levels pass in order until the first rejection
+            draws = rng.random(shape.depth)
+            fails = np.flatnonzero(draws >= levels)
+            accepted = int(fails[0]) if len(fails) else shape.depth
+            bonus_ok = rng.random() < cfg.bonus_match
+            reused = cfg.proactive and accepted == shape.depth and bonus_ok
+            ready = done if reused else 0
+            tokens = accepted + 1
+            generated = generated + tokens
+            if generated >= cfg.output_tokens:
+                generated = 0
+            for key, val in zip(RECORD_FIELDS, (i, cohort, it, draft_start, sent, req.verify_start, req.verify_end, env.now, req.batch_size, accepted, tokens, reused, done), strict=True):
+                rec[key].append(val)
+
+    for i in range(cfg.num_clients):
+        env.process(client(i))
+    env.run()
+    records = {k: np.asarray(v) for k, v in rec.items()}
+    return _summarise(cfg, records, server.busy)
+
+
+def _summarise(cfg: DesConfig, records: dict[str, np.ndarray], busy: list[tuple[float, float]]) -> DesResult:
+    it = records["iteration"]
+    # the measured window: from the last client's end of warm-up to the first client's last reply,
+    # so every client is in steady state throughout
+    if cfg.warmup_iterations > 0:
+        t0 = float(records["reply_s"][it == cfg.warmup_iterations - 1].max())
+    else:
+        t0 = 0.0
+    last = cfg.warmup_iterations + cfg.iterations - 1
+    t1 = float(records["reply_s"][it == last].min())
+    inside = (records["reply_s"] > t0) & (records["reply_s"] <= t1)
+    keep = it >= cfg.warmup_iterations
+    # a client's iteration time: from its previous verdict to this one
+    order = np.lexsort((it, records["client"]))
+    reply = records["reply_s"][order]
+    client = records["client"][order]
+    prev = np.concatenate([[np.nan], reply[:-1]])
+    prev[np.concatenate([[True], client[1:] != client[:-1]])] = np.nan
+    cycle = np.empty_like(reply)
+    cycle[order] = reply - prev
+    measured = keep & np.isfinite(cycle)
+    span = max(t1 - t0, 1e-12)
+    busy_s = sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in busy)
+    tokens = records["tokens"]
+    summary = {
+        "iteration_s": float(cycle[measured].mean()),
+        "itl_s": float(cycle[measured].sum() / tokens[measured].sum()),
+        "tokens_per_iteration": float(tokens[keep].mean()),
+        "server_throughput_tok_s": float(tokens[inside].sum() / span),
+        "server_busy_fraction": busy_s / span,
+        "mean_batch": float(records["batch_size"][keep].mean()),
+        "reuse_rate": float(records["reused"][keep].mean()),
+        "verify_wait_s": float((records["reply_s"] - records["sent_s"])[keep].mean()),
+    }
+    return DesResult(cfg, records, busy_s, (t0, t1), summary)
