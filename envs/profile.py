@@ -15,6 +15,10 @@ threads, torch version, dtype, the pair's recipe hash) and may carry a ``calibra
 the profile. Comparing ``measured_on`` with the running machine is the runtime's job
 (``runtime.fingerprint``): this module only stores it.
 
+Optional ``edge`` and ``network`` sections describe SpecEdge's split (the draft model on an edge
+device, the target on this profile's device, a network between them): see :class:`EdgeSpec`,
+:class:`NetworkSpec` and ``envs.split_cost``.
+
 Conventions used everywhere: ``b`` is the batch size (sequences), ``q`` the new tokens per
 sequence in the pass, ``c`` the context length attended to *including* the ``q`` new tokens.
 All times are seconds, all sizes bytes.
@@ -88,8 +92,8 @@ class DeviceSpec:
     reserve_bytes: float  #: activations, runtime context, fragmentation: taken off Q first
 
     @classmethod
-    def from_dict(cls, d: dict) -> DeviceSpec:
-        w = "device."
+    def from_dict(cls, d: dict, where: str = "device.") -> DeviceSpec:
+        w = where
         return cls(
             name=str(_require(d, "name", w)),
             memory_bytes=_positive(d, "memory_bytes", w),
@@ -335,6 +339,75 @@ class EngineOverhead:
 
 
 @dataclass(frozen=True)
+class NetworkSpec:
+    """The link between an edge device and the server in SpecEdge's split (``network:`` section).
+
+    Per verification request the edge sends ``request_overhead_bytes + bytes_per_draft_token * n``
+    for ``n`` tree/chain nodes (token id, position, parent, KV slot) and gets back
+    ``request_overhead_bytes + bytes_per_reply_token * n`` (the target's sampled token per node).
+    ``rtt_ms`` is the default round trip; a user may carry its own (``Round.rtt_s``).
+    """
+
+    rtt_ms: float
+    bandwidth_bytes_per_s: float  #: each direction
+    bytes_per_draft_token: float
+    bytes_per_reply_token: float
+    request_overhead_bytes: float = 0.0  #: framing and header bytes per message, each direction
+
+    @property
+    def rtt_s(self) -> float:
+        return self.rtt_ms / 1e3
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NetworkSpec:
+        w = "network."
+        if not isinstance(d, dict):
+            raise ProfileError("profile field 'network' must be a mapping with rtt_ms, bandwidth_bytes_per_s, bytes_per_draft_token, bytes_per_reply_token")
+        return cls(
+            rtt_ms=_positive(d, "rtt_ms", w, allow_zero=True),
+            bandwidth_bytes_per_s=_positive(d, "bandwidth_bytes_per_s", w),
+            bytes_per_draft_token=_positive(d, "bytes_per_draft_token", w, allow_zero=True),
+            bytes_per_reply_token=_positive(d, "bytes_per_reply_token", w, allow_zero=True),
+            request_overhead_bytes=_positive({"v": d.get("request_overhead_bytes", 0.0)}, "v", f"{w}request_overhead_bytes", allow_zero=True),
+        )
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    """The edge device of SpecEdge's split and the draft model's pass time on it (``edge:`` section).
+
+    ``edge.device`` has the fields of ``device``; ``edge.latency`` is ``roofline`` (efficiencies and
+    ``layer_overhead_s`` as in ``latency``) or ``table`` (a measured grid ``slm: {b, q, c, tau_s}``).
+    The draft model is the profile's ``slm``; ``tau_draft(b, q, c)`` is its pass time on the edge.
+    """
+
+    device: DeviceSpec
+    latency_source: str
+    tau_draft: LatencyModel = field(compare=False)
+
+    @classmethod
+    def from_dict(cls, d: dict, slm: ModelSpec) -> EdgeSpec:
+        if not isinstance(d, dict):
+            raise ProfileError("profile field 'edge' must be a mapping with device and latency")
+        device = DeviceSpec.from_dict(_require(d, "device", "edge."), "edge.device.")
+        lat = _require(d, "latency", "edge.")
+        source = _require(lat, "source", "edge.latency.")
+        if source == "roofline":
+            w = "edge.latency."
+            eff = {k: _positive(lat, k, w) for k in ("flops_efficiency", "bandwidth_efficiency")}
+            for key, value in eff.items():
+                if value > 1:
+                    raise ProfileError(f"profile field 'edge.latency.{key}' must be in (0, 1], got {value}")
+            over = _positive({"v": lat.get("layer_overhead_s", 0.0)}, "v", "edge.latency.layer_overhead_s", allow_zero=True)
+            tau = RooflineLatency(model=slm, device=device, layer_overhead_s=over, **eff)
+        elif source == "table":
+            tau = _table("slm", lat, "edge.latency.")
+        else:
+            raise ProfileError(f"profile field 'edge.latency.source' must be one of ['roofline', 'table'], got {source!r}")
+        return cls(device, source, tau)
+
+
+@dataclass(frozen=True)
 class Profile:
     """Everything the cost model needs about the hardware and the model pair."""
 
@@ -351,6 +424,9 @@ class Profile:
     measured_on: dict = field(default_factory=dict, compare=False)
     #: scale curves measured later on another (the running) machine; already applied to tau_llm / tau_slm
     calibration: Calibration | None = field(default=None, compare=False)
+    #: SpecEdge's split (optional): the edge device drafting with the slm, and the link to the server
+    edge: EdgeSpec | None = None
+    network: NetworkSpec | None = None
 
     def provenance(self) -> dict:
         """The machine the profile's times describe: the calibration's if it has one, else the table's."""
@@ -425,6 +501,8 @@ class Profile:
             engine=EngineOverhead.from_dict(d["engine"]) if d.get("engine") is not None else None,
             measured_on=measured_on,
             calibration=calibration,
+            edge=EdgeSpec.from_dict(d["edge"], slm) if d.get("edge") is not None else None,
+            network=NetworkSpec.from_dict(d["network"]) if d.get("network") is not None else None,
         )
 
     def with_memory(self, memory_bytes: float) -> Profile:
@@ -435,9 +513,9 @@ class Profile:
         return replace(self, device=dev)
 
 
-def _table(key: str, lat: dict) -> TableLatency:
-    sub = _require(lat, key, "latency.")
-    w = f"latency.{key}."
+def _table(key: str, lat: dict, where: str = "latency.") -> TableLatency:
+    sub = _require(lat, key, where)
+    w = f"{where}{key}."
     axes = [_axis(sub, ax, w) for ax in ("b", "q", "c")]
     try:
         tau = np.asarray(_require(sub, "tau_s", w), dtype=float)
