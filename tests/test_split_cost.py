@@ -1,0 +1,152 @@
+"""The split mode's closed form (envs.split_cost) against hand-derived values and its own invariants."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envs.profile import load_profile
+from envs.split_cost import DraftTree, SplitCostModel, SplitOptions, expected_tokens, tree_shape
+
+GPU = "split_a100-40gb_qwen3-14b_qwen3-1.7b"
+TREE = DraftTree(budget=32, beams=32, branch=16, depth=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return SplitCostModel(load_profile(GPU))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 0.999), st.integers(1, 12))
+def test_chain_expected_tokens_is_the_closed_form_and_the_tree_model_reduces_to_it(alpha, g):
+    closed = (1 - alpha ** (g + 1)) / (1 - alpha)
+    assert float(expected_tokens(alpha, DraftTree.chain(g))) == pytest.approx(closed, rel=1e-12)
+    # a "tree" with one beam and one child per node is the chain, through the general best-first path
+    shape = tree_shape(alpha, DraftTree(budget=g, beams=1, branch=2, depth=g))
+    assert shape.expected_tokens >= closed - 1e-12  # a second child per node can only add
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0.05, 0.95), st.integers(1, 40), st.integers(1, 8), st.integers(1, 8), st.integers(1, 10))
+def test_tree_shape_invariants(alpha, budget, beams, branch, depth):
+    tree = DraftTree(budget, beams, branch, depth)
+    s = tree_shape(alpha, tree)
+    assert sum(s.level_nodes) <= budget and len(s.level_nodes) <= depth
+    assert 1.0 <= s.expected_tokens <= len(s.level_nodes) + 1 + 1e-9
+    # the per-level conditional acceptances rebuild the expectation (what the DES consumes)
+    assert 1.0 + float(np.cumprod(s.level_accept).sum()) == pytest.approx(s.expected_tokens, rel=1e-9)
+    assert s.pass_widths[0] == 1 and all(w <= beams for w in s.pass_widths)
+    # more budget never hurts
+    assert tree_shape(alpha, DraftTree(budget + 1, beams, branch, depth)).expected_tokens >= s.expected_tokens - 1e-12
+
+
+def test_hand_derived_small_tree():
+    # alpha 0.5: p1 = 0.5, p2 = 0.25. Budget 3, two children, depth 2: best nodes 0.5 (a), 0.25 (a's child
+    # and the root's 2nd child tie); all three drafted: E = 1 + 0.5 + 0.25 + 0.25 = 2.0
+    s = tree_shape(0.5, DraftTree(budget=3, beams=2, branch=2, depth=2))
+    assert s.expected_tokens == pytest.approx(2.0)
+    assert sum(s.level_nodes) == 3
+
+
+def test_edge_network_and_verify_components_by_hand(model):
+    p = model.profile
+    c = 300.0
+    g = 3
+    tree = DraftTree.chain(g)
+    expect_draft = sum(p.edge.tau_draft.tau1(1, 1, c + i + 1) for i in range(g))
+    assert model.edge_draft_s(0.8, tree, c) == pytest.approx(expect_draft, rel=1e-12)
+    net = p.network
+    bytes_total = 2 * net.request_overhead_bytes + (g + 1) * (net.bytes_per_draft_token + net.bytes_per_reply_token)
+    assert model.network_s(tree, 0.04) == pytest.approx(0.04 + bytes_total / net.bandwidth_bytes_per_s)
+    assert model.network_s(tree) == pytest.approx(net.rtt_s + bytes_total / net.bandwidth_bytes_per_s)
+    assert model.verify_s(5, tree, c) == pytest.approx(p.tau_llm.tau1(5, g + 1, c + g + 1))
+    assert model.verify_s(0, tree, c) == 0.0
+
+
+def test_proactive_reuse_probability_and_saving(model):
+    tree = DraftTree.chain(4)
+    assert model.reuse_probability(0.8, tree) == pytest.approx(0.8**4 * 0.8)
+    fixed = SplitCostModel(model.profile, SplitOptions(bonus_match=0.5))
+    assert fixed.reuse_probability(0.8, tree) == pytest.approx(0.8**4 * 0.5)
+    passes = model.edge_pass_s(tree_shape(0.8, tree), 200.0)
+    long_wait = model.proactive(0.8, tree, 200.0, wait_s=10.0)
+    assert long_wait.saved_s == pytest.approx(0.8**5 * sum(passes)) and long_wait.delay_s == 0.0
+    # a wait of 1.5 passes: one pass saved on reuse, half a pass of delay (the "step" interrupt)
+    mid = model.proactive(0.8, tree, 200.0, wait_s=passes[0] + 0.5 * passes[1])
+    assert mid.saved_s == pytest.approx(0.8**5 * passes[0])
+    assert mid.delay_s == pytest.approx(0.5 * passes[1])
+    off = SplitCostModel(model.profile, SplitOptions(proactive=False)).proactive(0.8, tree, 200.0, 10.0)
+    assert off.saved_s == 0.0 and off.delay_s == 0.0
+
+
+def test_steady_state_one_cohort_and_two_cohorts_by_hand(model):
+    opts = SplitOptions(proactive=False)
+    m = SplitCostModel(model.profile, opts)
+    tree, c, n, a = DraftTree.chain(4), 400.0, 10, 0.7
+    x = m.edge_draft_s(a, tree, c) + m.network_s(tree)
+    e = (1 - a**5) / (1 - a)
+    one = m.steady_state(n, a, tree, c, pipeline=False)
+    t1 = m.verify_s(n, tree, c) + x
+    assert one.iteration_s == pytest.approx(t1)
+    assert one.throughput_tok_s == pytest.approx(n * e / t1)
+    assert one.itl_s == pytest.approx(t1 / e)
+    two = m.steady_state(n, a, tree, c, pipeline=True)
+    v = m.verify_s(5, tree, c)
+    t2 = max(2 * v, v + x)
+    assert two.iteration_s == pytest.approx(t2)
+    assert two.server_busy == pytest.approx(2 * v / t2)
+    assert two.throughput_tok_s >= one.throughput_tok_s  # pipelining never hurts here
+
+
+def test_steady_state_with_proactive_is_no_slower_when_the_wait_covers_the_draft(model):
+    tree, c = DraftTree.chain(3), 400.0
+    with_p = model.steady_state(8, 0.9, tree, c, pipeline=False)
+    without = SplitCostModel(model.profile, SplitOptions(proactive=False, interrupt="immediate")).steady_state(8, 0.9, tree, c, pipeline=False)
+    assert with_p.iteration_s <= without.iteration_s + 1e-12
+
+
+def test_server_only_by_hand(model):
+    p = model.profile
+    tree, c, n = DraftTree.chain(3), 256.0, 4
+    draft = sum(p.tau_slm.tau1(n, 1, c + i + 1) for i in range(3))
+    period = draft + p.tau_llm.tau1(n, 4, c + 4)
+    so = model.server_only(n, 0.8, tree, c)
+    assert so.iteration_s == pytest.approx(period)
+    assert so.throughput_tok_s == pytest.approx(n * (1 - 0.8**4) / 0.2 / period)
+
+
+def test_memory(model):
+    tree = DraftTree.chain(4)
+    per = model.server_kv_bytes(1000, tree)
+    assert per == pytest.approx(1005 * model.profile.kv_llm_bytes)
+    k = model.max_clients(1000, tree)
+    assert k * per <= model.kv_budget_bytes < (k + 1) * per
+    ss = model.steady_state(k + 1, 0.8, tree, 500, context_max=1000)
+    assert not ss.fits_memory
+
+
+def test_calibrated_depth_is_the_brute_force_argmin(model):
+    alphas, rtts = np.array([0.6, 0.8, 0.95]), np.array([0.005, 0.015, 0.06])
+    got = model.calibrated_depth(alphas, 512.0, rtts, verify_clients=16, max_depth=8)
+    for a, r, g in zip(alphas, rtts, got, strict=True):
+        gaps = [abs(model.edge_iteration_s(a, DraftTree.chain(d), 512.0, r) - model.verify_s(16, DraftTree.chain(d), 512.0)) for d in range(1, 9)]
+        best = max(d for d in range(1, 9) if gaps[d - 1] == min(gaps))
+        assert g == best
+    assert isinstance(model.calibrated_depth(0.8, 512.0), int)
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="budget"):
+        DraftTree(budget=0)
+    with pytest.raises(ValueError, match="bonus_match"):
+        SplitOptions(bonus_match=1.5)
+    with pytest.raises(ValueError, match="edge"):
+        SplitCostModel(load_profile("rtx4090_llama2-7b_tinyllama-1.1b"))
+    with pytest.raises(ValueError, match="num_clients"):
+        SplitCostModel(load_profile(GPU)).steady_state(0, 0.8, TREE, 100)
+    assert math.isfinite(SplitCostModel(load_profile(GPU)).steady_state(3, 0.8, TREE, 100).itl_s)
