@@ -10,6 +10,11 @@ it is the target's argmax, so the output is exactly greedy AD's. Sampling: the e
 (accept ``x`` with probability ``min(1, p(x)/q(x))``, else resample from ``norm(max(0, p - q))``),
 so the output is distributed exactly as the target's.
 
+**Per-row sampling** (:mod:`runtime.sampling`): ``temperature``, ``top_p`` and ``seed`` are one
+value for the batch or one per row. Greedy rows take the argmax path above unchanged (bit-identical
+tokens whatever rows sit beside them); a sampled row's ``p`` and ``q`` are both its processed
+distributions (its temperature, then its nucleus), so SD stays exact for each row's own setting.
+
 **Rollback.** Rows accept different numbers of tokens, so rejected KV entries are first masked
 out of attention per row (the position ids of the kept tokens stay contiguous), and the cache is
 physically cropped wherever the tail is rejected in every row. The draft's cache lags the
@@ -20,10 +25,12 @@ never fed to it); both cases are fed in one padded draft pass.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from runtime.sampling import RowSampler, inverse_cdf
 
 # ------------------------------------------------------------------------------------- helpers
 
@@ -108,19 +115,6 @@ class RowEnd:
     rejections: int = 0  #: iterations that ended in a rejection
 
 
-class _Sampler:
-    def __init__(self, temperature: float, seed: int, device):
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        self.temperature = temperature
-        self.gen = torch.Generator(device=device).manual_seed(seed)
-
-    def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.temperature == 0:
-            return logits.argmax(dim=-1)
-        return torch.multinomial(probs(logits, self.temperature), 1, generator=self.gen)[:, 0]
-
-
 # ------------------------------------------------------------------------------------------ AD
 
 
@@ -151,19 +145,21 @@ def ad_steps(
     model,
     prompts: list[list[int]],
     max_new_tokens: int | list[int],
-    temperature: float = 0.0,
+    temperature: float | Sequence[float] = 0.0,
     eos_id: int | None = None,
     pad_id: int = 0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     on_finish: Callable[[RowEnd], None] | None = None,
+    top_p: float | Sequence[float] = 1.0,
 ) -> Generator[None, None, GenerationResult]:
     """Batched AD as a generator: it yields after every forward pass (so a caller can share the
     device between batches) and returns the :class:`GenerationResult`; ``on_tokens(row, ids)``
-    streams output and ``on_finish`` reports each row as soon as it is done."""
+    streams output and ``on_finish`` reports each row as soon as it is done. ``temperature``,
+    ``top_p`` and ``seed``: one for the batch or one per row (:mod:`runtime.sampling`)."""
     device = next(model.parameters()).device
     limits = _limits(max_new_tokens, len(prompts))
-    sampler = _Sampler(temperature, seed, device)
+    sampler = RowSampler(len(prompts), temperature, top_p, seed, device)
     start = time.perf_counter()
     ids, mask = left_pad(prompts, pad_id, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -213,23 +209,26 @@ def sd_steps(
     prompts: list[list[int]],
     gamma: int,
     max_new_tokens: int | list[int],
-    temperature: float = 0.0,
+    temperature: float | Sequence[float] = 0.0,
     eos_id: int | None = None,
     pad_id: int = 0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     on_finish: Callable[[RowEnd], None] | None = None,
+    top_p: float | Sequence[float] = 1.0,
 ) -> Generator[None, None, GenerationResult]:
     """Batched speculative decoding (module docstring) as a generator that yields after every
     draft-verify iteration; lossless for greedy and for sampling. ``on_finish`` reports each row,
-    with its acceptance counters, as soon as it is done."""
+    with its acceptance counters, as soon as it is done. ``temperature``, ``top_p`` and ``seed``:
+    one for the batch or one per row (:mod:`runtime.sampling`)."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     device = next(target.parameters()).device
     limits = _limits(max_new_tokens, len(prompts))
-    sampler = _Sampler(temperature, seed, device)
-    greedy = temperature == 0
     b = len(prompts)
+    sampler = RowSampler(b, temperature, top_p, seed, device)
+    srows = sampler.rows  # [sampled] the rows that sample; the others are greedy
+    s_idx = torch.arange(len(srows), device=device)
     rows = torch.arange(b, device=device)
     start = time.perf_counter()
     ids, mask = left_pad(prompts, pad_id, device)
@@ -263,11 +262,14 @@ def sd_steps(
             dmask = torch.cat([dmask, torch.ones((b, 1), dtype=dmask.dtype, device=device)], dim=1)
         logits = _forward(draft, d_ids, dmask, d_pos, dcache)[:, -1]
         d_passes += 1
-        drafts, q = [], []
+        # a sampled row's uniforms for this iteration: gamma drafts, gamma acceptance tests, one target token
+        u = None if sampler.greedy else sampler.uniforms(2 * gamma + 1)  # [sampled, 2 gamma + 1]
+        drafts, q = [], []  # q: the sampled rows' draft distributions, gamma x [sampled, V]
         for g in range(1, gamma + 1):
-            if not greedy:
-                q.append(probs(logits, temperature))
-            x = sampler.pick(logits)
+            x = logits.argmax(dim=-1)  # [B]
+            if not sampler.greedy:
+                q.append(sampler.probs(logits[srows]))
+                x[srows] = inverse_cdf(q[-1], u[:, g - 1])
             drafts.append(x)
             if g < gamma:
                 dmask = torch.cat([dmask, torch.ones((b, 1), dtype=dmask.dtype, device=device)], dim=1)
@@ -280,26 +282,25 @@ def sd_steps(
         t_logits = _forward(target, torch.cat([pending[:, None], x], dim=1), tmask, seq_len[:, None] - 1 + offsets[None, :], tcache)
         t_passes += 1
 
-        # 3. accept a prefix per row, then one target token
-        if greedy:
-            t_arg = t_logits.argmax(dim=-1)  # (B, gamma + 1)
-            ok = x == t_arg[:, :gamma]
-        else:
-            p = probs(t_logits, temperature)  # (B, gamma + 1, V)
-            qs = torch.stack(q, dim=1)  # (B, gamma, V)
-            px = p[:, :gamma].gather(-1, x[..., None])[..., 0]
-            qx = qs.gather(-1, x[..., None])[..., 0]
-            u = torch.rand(px.shape, generator=sampler.gen, device=device, dtype=px.dtype)
-            ok = u <= px / qx
+        # 3. accept a prefix per row, then one target token (greedy rows: argmax agreement)
+        t_arg = t_logits.argmax(dim=-1)  # (B, gamma + 1)
+        ok = x == t_arg[:, :gamma]
+        if not sampler.greedy:  # sampled rows: the exact rejection rule on the processed p and q
+            p = sampler.probs(t_logits[srows])  # (sampled, gamma + 1, V)
+            qs = torch.stack(q, dim=1)  # (sampled, gamma, V)
+            xs = x[srows]
+            px = p[:, :gamma].gather(-1, xs[..., None])[..., 0]
+            qx = qs.gather(-1, xs[..., None])[..., 0]  # > 0: xs was drawn from qs
+            ok[srows] = u[:, gamma : 2 * gamma] < px / qx  # strict: a token the target's nucleus cut is never accepted
         n = torch.cumprod(ok.long(), dim=1).sum(dim=1)  # accepted drafts per row
-        if greedy:
-            y = t_arg[rows, n]
-        else:
-            p_n = p[rows, n]
-            q_n = torch.cat([qs, torch.zeros_like(qs[:, :1])], dim=1)[rows, n]  # no draft after gamma: bonus
+        y = t_arg[rows, n]
+        if not sampler.greedy:
+            ns = n[srows]
+            p_n = p[s_idx, ns]  # (sampled, V)
+            q_n = torch.cat([qs, torch.zeros_like(qs[:, :1])], dim=1)[s_idx, ns]  # no draft after gamma: bonus
             residual = torch.clamp(p_n - q_n, min=0)
             residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
-            y = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1, generator=sampler.gen)[:, 0]
+            y[srows] = inverse_cdf(residual, u[:, 2 * gamma])
 
         # 4. commit, stream, stop
         n_list, x_list, y_list = n.tolist(), x.tolist(), y.tolist()
