@@ -1,0 +1,584 @@
+"""Fast, sharp tests of the agents core: the per-mode solver, BALANCE and the optimum.
+
+These are the tests the mutation run (``bash scripts/mutation.sh agents``) selects for every
+mutant of ``agents/mode_solver.py``, ``agents/balance.py`` and ``agents/optimal.py``, so they run
+in seconds and every expected value comes from outside the code under test:
+
+* brute force on tiny rounds (K <= 6): every subset for one mode (``2^K``), every plan (``3^K``),
+  each checked with the exact feasibility check of ``envs`` -- never with the solver's own tables;
+* hand-derived rounds (numbers in the comments) on a linear "golden" profile, where the
+  expected count, draft depth, grid point or trace follows from a few lines of arithmetic.
+
+Self-contained on purpose: only names that ``envs`` exports (plus ``envs.feasibility``'s ``EPS``
+and ``BatchStats``) are imported, so the file runs unchanged on the committed tree the mutation
+run copies.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from agents.balance import Balance, BalanceGammaSearch, grid, split_search
+from agents.cost_envelope import CostEnvelope
+from agents.mode_solver import build_table, solve_mode, upper_bound_grid
+from agents.optimal import Exhaustive, Optimal, _node_bound, certify, exhaustive_search, split_upper_bound
+from envs import AD, SD, CostModel, EnvConfig, Plan, Profile, Round, check_plan, check_plans
+from envs.feasibility import EPS, BatchStats, shares_respected
+
+# ---------------------------------------------------------------------------------------------
+# the golden system (as tests/golden_round.py): pass times multilinear in (b, q, c), so the table
+# profile reproduces them exactly; kv_L = 2000 B/token, kv_SD = 3000, W_L = 2e6, W_S = 2e4,
+# reserve 1e5: KV budget Q - 2.1e6 without SD and Q - 2.12e6 with SD (180_000 at Q = 2.3e6).
+Q = 2_300_000.0
+BUDGET_SD = Q - 2_120_000.0  # 180_000
+BUDGET_AD = Q - 2_100_000.0  # 200_000
+
+
+def _profile(memory_bytes: float = Q, ctx_coef: float = 0.0001) -> Profile:
+    """tau_L = 0.010 + 0.001 b q + ctx_coef b c; tau_S = 0.002 + 0.0002 b q + ctx_coef / 5 b c.
+
+    A negative ``ctx_coef`` makes the pass time fall with the context: a non-monotone profile
+    (``CostEnvelope.monotone`` is False), on which the optimum skips the split bound.
+    """
+
+    def grid3(a0, a1, a2):
+        axis = [1.0, 2.0]
+        tau = [[[a0 + a1 * b * q + a2 * b * c for c in axis] for q in axis] for b in axis]
+        return {"b": axis, "q": axis, "c": axis, "tau_s": tau}
+
+    def model(name, params, layers):
+        return {"name": name, "params": params, "layers": layers, "hidden": 500, "ffn_hidden": 1000, "heads": 2,
+                "kv_heads": 1, "head_dim": 250, "vocab": 100, "dtype_bytes": 2}
+
+    return Profile.from_dict({
+        "name": "golden",
+        "device": {"name": "golden", "memory_bytes": memory_bytes, "bandwidth_bytes_per_s": 1e12,
+                   "flops_per_s": 1e15, "reserve_bytes": 100_000.0},
+        "llm": model("llm", 1e6, 2),
+        "slm": model("slm", 1e4, 1),
+        "latency": {"source": "table", "llm": grid3(0.010, 0.001, ctx_coef), "slm": grid3(0.002, 0.0002, ctx_coef / 5)},
+    })
+
+
+def golden(kv: str = "per_user", memory_bytes: float = Q, ctx_coef: float = 0.0001) -> CostModel:
+    return CostModel(_profile(memory_bytes, ctx_coef), kv)
+
+
+def make_round(inp, out, deadline, alpha, up, down) -> Round:
+    o = np.asarray(out, dtype=np.int64)
+    a = np.asarray(alpha, dtype=float)
+    d = np.asarray(down, dtype=float)
+    return Round(input_tokens=np.asarray(inp, dtype=np.int64), output_tokens=o, deadline_s=np.asarray(deadline, dtype=float),
+                 alpha=a, distance_m=np.full(len(o), 100.0), uplink_s=np.asarray(up, dtype=float), downlink_s=d,
+                 realized_output_tokens=o.copy(), realized_alpha=a.copy(), realized_downlink_s=d.copy())
+
+
+def random_round(rng: np.random.Generator, k: int) -> Round:
+    """Users on the golden system's scale: memory and deadlines both bind for a few users."""
+    return make_round(rng.integers(1, 16, k), rng.integers(1, 18, k), rng.uniform(0.04, 0.6, k),
+                      rng.choice([0.5, 0.7, 0.8, 0.9, 0.95], k), rng.uniform(0.0, 0.04, k), rng.uniform(0.0, 0.02, k))
+
+
+def scheduler(cls, cost: CostModel, max_gamma: int, gamma: int, **kw):
+    """Build a scheduler with either constructor: (cost, cfg, gamma) or (cost, max_gamma, draft_depth)."""
+    if "cfg" in inspect.signature(cls.__init__).parameters:
+        return cls(cost, EnvConfig(max_gamma=max_gamma), gamma, **kw)
+    return cls(cost, max_gamma, gamma, **kw)
+
+
+# ---------------------------------------------------------------------------------- oracles
+def subset_masks(k: int) -> np.ndarray:
+    return ((np.arange(2**k)[:, None] >> np.arange(k)[None, :]) & 1).astype(bool)
+
+
+def all_plans(k: int) -> np.ndarray:
+    return np.array(list(itertools.product((0, AD, SD), repeat=k)), dtype=np.int8).reshape(-1, k)
+
+
+def mode_need(cost: CostModel, rnd: Round, masks: np.ndarray, mode: int, gamma: int):
+    """(compute share needed, KV bytes) of each subset run alone in ``mode`` (DESIGN.md §1)."""
+    st = BatchStats.of(rnd, masks, gamma)
+    if mode == AD:
+        c = cost.ad_time(st.b, st.s_max, st.n_max)
+        m = cost.ad_memory(st.b, st.s_max, st.n_max, st.sum_out)
+    else:
+        c = cost.sd_time(st.b, st.s_max, st.n_max, st.j_max, gamma)
+        m = np.where(st.b > 0, cost.sd_memory(st.b, st.s_max, st.n_max, st.sum_out, gamma), 0.0)
+    beta = st.slack_min - st.u_max
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(beta > 0, c / np.where(beta > 0, beta, 1.0), np.inf)
+    return np.where(st.b > 0, need, 0.0), np.asarray(m, dtype=float)
+
+
+def best_subset(cost, rnd, mode, gamma, share, mem, avail=None) -> int:
+    """The most users of ``avail`` one mode serves with ``share`` and ``mem`` bytes (all subsets)."""
+    if share <= 0 or mem <= 0:
+        return 0
+    masks = subset_masks(rnd.num_users)
+    if avail is not None:
+        masks = masks[~(masks & ~avail[None, :]).any(axis=1)]
+    need, m = mode_need(cost, rnd, masks, mode, gamma)
+    ok = (need <= share * (1 + EPS)) & (m <= mem * (1 + EPS))
+    return int(np.where(ok, masks.sum(axis=1), 0).max())
+
+
+def brute_optimum(cost, rnd, gamma) -> int:
+    modes = all_plans(rnd.num_users)
+    rep = check_plans(cost, rnd, modes, gamma)
+    return int(np.where(rep.feasible, (modes != 0).sum(axis=1), 0).max())
+
+
+def tiny_cases():
+    """(cost, round) pairs: random rounds on the golden system at three memory sizes, both KV models."""
+    rng = np.random.default_rng(2026)
+    cases = []
+    for i in range(16):
+        kv = ("per_user", "padded")[i % 2]
+        mem = Q + (0.0, -60_000.0, 200_000.0, -100_000.0)[i % 4]
+        cases.append((golden(kv, mem), random_round(rng, 4 + i % 3)))
+    return cases
+
+
+CASES = tiny_cases()
+
+
+# ------------------------------------------------------------------------ the per-mode solver
+def _chosen_ok(cost, rnd, mode, gamma, share, mem, chosen, avail):
+    mask = np.zeros(rnd.num_users, dtype=bool)
+    mask[chosen] = True
+    assert len(set(chosen.tolist())) == len(chosen), "a user chosen twice"
+    assert not (mask & ~avail).any(), "a user outside avail was chosen"
+    need, m = mode_need(cost, rnd, mask[None, :], mode, gamma)
+    assert need[0] <= share * (1 + 1e-6) and m[0] <= mem * (1 + 1e-6), "the chosen set does not fit"
+
+
+@pytest.mark.parametrize("mode", [AD, SD])
+def test_solve_mode_equals_subset_brute_force(mode):
+    rng = np.random.default_rng(7)
+    for cost, rnd in CASES:
+        gamma = int(rng.integers(1, 5))
+        tab = build_table(cost, rnd, mode, gamma)
+        budget = float(cost.memory_budget(True))
+        k = rnd.num_users
+        for share in (0.3, 0.65, 1.0):
+            for frac in (0.2, 0.5, 1.0):
+                mem = frac * budget
+                everyone = np.ones(k, dtype=bool)
+                opt = best_subset(cost, rnd, mode, gamma, share, mem)
+                got = solve_mode(tab, everyone, share, mem)
+                assert len(got) == opt, (mode, share, frac, rnd)
+                _chosen_ok(cost, rnd, mode, gamma, share, mem, got, everyone)
+                # only sets larger than at_least are searched for
+                assert len(solve_mode(tab, everyone, share, mem, at_least=opt)) == 0
+                if opt > 0:
+                    assert len(solve_mode(tab, everyone, share, mem, at_least=opt - 1)) == opt
+                avail = rng.random(k) < 0.6
+                opt_a = best_subset(cost, rnd, mode, gamma, share, mem, avail)
+                got_a = solve_mode(tab, avail, share, mem)
+                assert len(got_a) == opt_a, (mode, share, frac, avail, rnd)
+                _chosen_ok(cost, rnd, mode, gamma, share, mem, got_a, avail)
+
+
+def test_solve_mode_with_nothing_to_give_is_empty():
+    cost, rnd = CASES[0]
+    tab = build_table(cost, rnd, AD, 2)
+    everyone = np.ones(rnd.num_users, dtype=bool)
+    assert best_subset(cost, rnd, AD, 2, 1.0, BUDGET_SD) > 0  # the round is servable at all
+    for share, mem in ((0.0, BUDGET_SD), (1.0, 0.0), (-0.5, BUDGET_SD), (1.0, -1.0)):
+        assert solve_mode(tab, everyone, share, mem).tolist() == []
+    assert solve_mode(tab, np.zeros(rnd.num_users, dtype=bool), 1.0, BUDGET_SD).tolist() == []
+
+
+def _identical_users(slack, kv="per_user", mem=Q):
+    """Users alike in I, O, alpha and uplink (one threshold row): only their slacks differ."""
+    k = len(slack)
+    return golden(kv, mem), make_round([6] * k, [9] * k, np.asarray(slack) + 0.01, [0.8] * k, [0.01] * k, [0.01] * k)
+
+
+@pytest.mark.parametrize("kv", ["per_user", "padded"])
+def test_upper_bounds_are_valid_and_exact_on_one_row_rounds(kv):
+    shares = np.array([-0.1, 0.0, 0.2, 0.45, 0.7, 1.0])
+    mems = np.array([-5.0, 0.0, 30_000.0, 60_000.0, 120_000.0, BUDGET_SD])
+    # valid (never below the single-mode optimum) on random rounds ...
+    for cost, rnd in CASES[kv == "padded" :: 2][:5]:
+        for mode in (AD, SD):
+            ub = upper_bound_grid(build_table(cost, rnd, mode, 3), shares, mems)
+            assert ub.shape == (len(shares), len(mems))
+            for i, s in enumerate(shares):
+                for j, m in enumerate(mems):
+                    assert ub[i, j] >= best_subset(cost, rnd, mode, 3, s, m), (mode, s, m)
+            assert (ub[shares <= 0, :] == 0).all() and (ub[:, mems <= 0] == 0).all()
+    # ... and exact when every user has the same I, O, alpha and uplink: a batch of b is feasible
+    # iff its b-th largest slack covers C(b) / share and b users' KV fits, which is the bound
+    cost, rnd = _identical_users([0.05, 0.12, 0.2, 0.3, 0.45, 0.6], kv)
+    for mode in (AD, SD):
+        ub = upper_bound_grid(build_table(cost, rnd, mode, 2), shares, mems)
+        exact = np.array([[best_subset(cost, rnd, mode, 2, s, m) for m in mems] for s in shares])
+        assert (ub == exact).all(), (mode, ub, exact)
+        assert exact.max() >= 3 and len(np.unique(exact)) >= 4  # the round exercises the bound
+
+
+# ------------------------------------------------------------------------------------ BALANCE
+def test_grid_contains_both_ends_and_rejects_bad_steps():
+    assert grid(0.25).tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert grid(1.0).tolist() == [0.0, 1.0]
+    assert grid(0.3).tolist() == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])  # round(1 / 0.3) = 3 intervals
+    assert grid(0.4).tolist() == pytest.approx([0.0, 0.5, 1.0])  # round(2.5) = 2 intervals
+    assert len(grid(0.05)) == 21
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="grid_step must be in"):
+            grid(bad)
+
+
+def _full_scan(cost, rnd, gamma, zs, lams):
+    """BALANCE by its definition (balance.md): every grid point, AD optimally then SD among the rest."""
+    k = rnd.num_users
+    best = -1
+    for z in zs:
+        for lam in lams:
+            m_rem = float(cost.memory_budget(z < 1.0))
+            ad = solve_mode(build_table(cost, rnd, AD, gamma), np.ones(k, dtype=bool), z, lam * m_rem)
+            rest = np.ones(k, dtype=bool)
+            rest[ad] = False
+            sd = solve_mode(build_table(cost, rnd, SD, gamma), rest, 1.0 - z, (1.0 - lam) * m_rem) if z < 1.0 else []
+            best = max(best, len(ad) + len(sd))
+    return best
+
+
+def test_split_search_is_feasible_and_between_the_corners_and_the_optimum():
+    g = grid(0.25)
+    for cost, rnd in CASES:
+        gamma = 3
+        plan = split_search(cost, rnd, gamma, g, g)
+        opt = brute_optimum(cost, rnd, gamma)
+        ad_only = best_subset(cost, rnd, AD, gamma, 1.0, float(cost.memory_budget(False)))
+        sd_only = best_subset(cost, rnd, SD, gamma, 1.0, float(cost.memory_budget(True)))
+        assert check_plan(cost, rnd, plan).feasible and shares_respected(cost, rnd, plan)
+        assert plan.gamma == gamma and plan.z in g and plan.lam in g
+        assert max(ad_only, sd_only) <= plan.admitted <= opt
+        assert plan.admitted == _full_scan(cost, rnd, gamma, g, g)
+        assert 2 <= plan.extra["grid_points_solved"] <= len(g) ** 2 + 2
+
+
+def test_split_search_counts_and_picks_grid_points_as_documented():
+    cost = golden()
+    g3 = np.array([0.0, 0.5, 1.0])
+    # nobody servable: both corners are solved (2), the rest pruned by their zero bounds; the
+    # first corner visited, (z, lam) = (0, 0), is the plan
+    nobody = make_round([5, 5], [10, 10], [0.02, 0.03], [0.9, 0.9], [0.01, 0.01], [0.005, 0.005])
+    assert brute_optimum(cost, nobody, 4) == 0
+    plan = split_search(cost, nobody, 4, g3, g3)
+    assert plan.admitted == 0 and (plan.z, plan.lam, plan.gamma) == (0.0, 0.0, 4)
+    assert plan.extra["grid_points_solved"] == 2
+    # no corner on the grid: the single point (0.5, 0.5) is solved and becomes the plan
+    plan = split_search(cost, nobody, 4, [0.5], [0.5])
+    assert (plan.admitted, plan.z, plan.lam, plan.extra["grid_points_solved"]) == (0, 0.5, 0.5, 1)
+    # no corner and nothing servable anywhere: still the point's own (z, lam)
+    plan = split_search(cost, nobody, 4, [0.5, 0.25], [0.5])
+    assert (plan.admitted, plan.z, plan.lam, plan.extra["grid_points_solved"]) == (0, 0.5, 0.5, 1)
+    # one user either mode serves alone: the SD corner (visited first) wins the tie with AD's.
+    # Solved: the two corners, then (0.5, 0.5), whose bounds count the same user in both modes
+    # (1 + 1 > 1): AD takes it, SD gets no one -- not better. (0.5, 1) is dominated (AD bound 1
+    # is not above the previous AD set), every other point has a bound of at most 1.
+    one = make_round([5], [10], [1.0], [0.9], [0.01], [0.01])
+    plan = split_search(cost, one, 4, g3, g3)
+    assert plan.modes.tolist() == [SD] and (plan.z, plan.lam) == (0.0, 0.0)
+    assert plan.extra["grid_points_solved"] == 3
+
+
+def test_split_search_mixed_round_hand_walk():
+    """Grid z in {0, 0.2, 1}, lam in {0, 0.7, 1} (default budget: 180_000 B with SD, 200_000 without).
+
+    User A: I=7, O=50, deadline 10 s -- SD KV (7 + 50 + 4) * 3000 = 183_000 > 180_000, so AD only;
+    AD KV 57 * 2000 = 114_000 fits lam * 180_000 for lam >= 0.634 (and 0.7 * 200_000 without SD).
+    User S: I=2, O=10, alpha 0.95, budget 0.21 - 0.02 = 0.19 s. AD alone takes 0.1175 s: S runs AD
+    at share 1 (AD-only serves one user: A and S together cost far more than S's budget), but not
+    at share 0.2 (0.59 s). SD alone at depth 4 takes 0.091 s <= 0.8 * 0.19, and S's SD KV
+    (2 + 10 + 4) * 3000 = 48_000 B fits (1 - 0.7) * 180_000 = 54_000 B.
+
+    Walk (corners first, then z descending, lam ascending): (0, 0) SD-only serves S (best 1,
+    solved 1); (1, 1) AD-only serves one (not better, solved 2); z = 1: every point's bound is
+    <= 1 (SD has nothing at z = 1); z = 0.2: lam = 0 has no AD memory (bound 0 + 1), lam = 0.7 bounds
+    1 + 1 > 1 -- solved (3): AD takes A, SD takes S, best 2; lam = 1 is dominated (AD bound 1 is not
+    above the previous AD set). z = 0: AD has no share: bounds <= 1. So 3 points solved, plan
+    (0.2, 0.7) with A on AD and S on SD.
+    """
+    cost = golden()
+    rnd = make_round([7, 2], [50, 10], [10.0, 0.21], [0.9, 0.95], [0.01, 0.01], [0.01, 0.01])
+    # preconditions, by brute force
+    assert best_subset(cost, rnd, SD, 4, 1.0, BUDGET_SD, np.array([True, False])) == 0  # A never SD
+    assert best_subset(cost, rnd, AD, 4, 1.0, BUDGET_AD) == 1  # AD-only serves one of them
+    assert best_subset(cost, rnd, AD, 4, 0.2, 0.7 * BUDGET_SD, np.array([True, False])) == 1
+    assert best_subset(cost, rnd, SD, 4, 0.8, 0.3 * BUDGET_SD, np.array([False, True])) == 1
+    assert brute_optimum(cost, rnd, 4) == 2
+    plan = split_search(cost, rnd, 4, [0.0, 0.2, 1.0], [0.0, 0.7, 1.0])
+    assert plan.modes.tolist() == [AD, SD]
+    assert (plan.z, plan.lam, plan.gamma) == (0.2, 0.7, 4)
+    assert plan.extra["grid_points_solved"] == 3
+    # the order of the candidate lists does not matter
+    plan = split_search(cost, rnd, 4, [1.0, 0.0, 0.2], [1.0, 0.7, 0.0])
+    assert (plan.z, plan.lam, plan.extra["grid_points_solved"]) == (0.2, 0.7, 3)
+    # the Balance scheduler runs the same search on its grid
+    b = scheduler(Balance, cost, 4, 4, grid_step=0.1).plan(rnd)
+    assert b.modes.tolist() == [AD, SD] and b.gamma == 4
+
+
+def test_balance_scheduler_grid_and_overrides():
+    cost = golden()
+    b = scheduler(Balance, cost, 4, 2, grid_step=0.25)
+    assert b.grid_step == 0.25
+    assert b._z.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0] and b._lam.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+    class Fixed(Balance):
+        z_grid = [0.5]
+        lam_grid = [0.25, 0.75]
+
+    f = scheduler(Fixed, cost, 4, 2)
+    assert f._z.tolist() == [0.5] and f._lam.tolist() == [0.25, 0.75]
+    assert scheduler(Balance, cost, 4, 2)._z.tolist() == pytest.approx(np.linspace(0, 1, 21).tolist())
+    rnd = CASES[0][1]
+    plan = f.plan(rnd)
+    assert plan.z == 0.5 and plan.lam in (0.25, 0.75) and plan.gamma == 2
+
+
+# ------------------------------------------------------------------ BALANCE with the depth search
+def test_gamma_search_tries_depth_one():
+    """Two users (I=9, O=20, alpha 0.95), budget T - t_d - t_u = 0.27 s, KV budget 180_000 B.
+
+    SD at depth 1 holds both: KV 2 (9 + 1) + 40 = 60 tokens * 3000 = 180_000 B (exactly the budget),
+    time 0.2685 s <= 0.27; at depth 2 the KV is 62 tokens = 186_000 B: only one fits. AD serves one
+    (0.265 s alone, 0.33 s for two). So only depth 1 serves both.
+    """
+    cost = golden()
+    rnd = make_round([9, 9], [20, 20], [0.29, 0.29], [0.95, 0.95], [0.01, 0.01], [0.01, 0.01])
+    assert [brute_optimum(cost, rnd, g) for g in (1, 2, 3)] == [2, 1, 1]
+    plan = scheduler(BalanceGammaSearch, cost, 3, 2, grid_step=0.5).plan(rnd)
+    assert (plan.gamma, plan.admitted) == (1, 2) and plan.modes.tolist() == [SD, SD]
+
+
+def test_gamma_search_tries_the_largest_depth_and_no_further():
+    """I=4, O=40, alpha 0.95 (KV budget 380_000 B so memory never binds). SD alone takes 0.378 /
+    0.332 / 0.289 / 0.274 s at depths 1..4; two users 0.492 / 0.441 / 0.391 / 0.374 s; AD alone 0.537 s.
+
+    One user with budget 0.30 s: only depth 3 serves it. Two users with budget 0.375 s: depths 2
+    and 3 serve one, depth 4 (beyond max_gamma = 3) would serve both -- the search must stop at 3
+    and keep the first best depth, 2.
+    """
+    cost = golden(memory_bytes=2_500_000.0)
+    one = make_round([4], [40], [0.32], [0.95], [0.01], [0.01])
+    assert [brute_optimum(cost, one, g) for g in (1, 2, 3)] == [0, 0, 1]
+    plan = scheduler(BalanceGammaSearch, cost, 3, 1, grid_step=0.5).plan(one)
+    assert (plan.gamma, plan.admitted) == (3, 1)
+    two = make_round([4, 4], [40, 40], [0.395, 0.395], [0.95, 0.95], [0.01, 0.01], [0.01, 0.01])
+    assert [brute_optimum(cost, two, g) for g in (1, 2, 3, 4)] == [0, 1, 1, 2]
+    plan = scheduler(BalanceGammaSearch, cost, 3, 1, grid_step=0.5).plan(two)
+    assert (plan.gamma, plan.admitted) == (2, 1)
+
+
+def test_gamma_search_keeps_the_first_depth_on_ties():
+    cost = golden()
+    nobody = make_round([5, 5], [10, 10], [0.02, 0.03], [0.9, 0.9], [0.01, 0.01], [0.005, 0.005])
+    plan = scheduler(BalanceGammaSearch, cost, 3, 2, grid_step=0.5).plan(nobody)
+    assert (plan.gamma, plan.admitted) == (1, 0)
+    everyone = make_round([5], [5], [5.0], [0.9], [0.01], [0.01])
+    plan = scheduler(BalanceGammaSearch, cost, 3, 3, grid_step=0.5).plan(everyone)
+    assert (plan.gamma, plan.admitted) == (1, 1)
+
+
+# ------------------------------------------------------------------------ the exhaustive search
+def test_exhaustive_search_equals_brute_force():
+    for i, (cost, rnd) in enumerate(CASES):
+        gamma = 1 + i % 4
+        opt = brute_optimum(cost, rnd, gamma)
+        modes, complete, ub = exhaustive_search(cost, rnd, gamma)
+        assert complete and ub == opt
+        if opt == 0:
+            assert modes is None
+            continue
+        assert np.count_nonzero(modes) == opt and check_plans(cost, rnd, modes[None, :], gamma).feasible[0]
+        # with an incumbent: a plan only if it beats it
+        m2, c2, ub2 = exhaustive_search(cost, rnd, gamma, incumbent=opt - 1, chunk=1)
+        assert c2 and ub2 == opt and np.count_nonzero(m2) == opt
+        assert exhaustive_search(cost, rnd, gamma, incumbent=opt) == (None, True, opt)
+
+
+def test_exhaustive_search_stops_at_its_time_limit_with_a_valid_bound():
+    cost, rnd = CASES[3]
+    k = rnd.num_users
+    # the first node is popped after the limit has passed: nothing explored, the bound is K
+    modes, complete, ub = exhaustive_search(cost, rnd, 2, time_limit_s=0.0)
+    assert (modes, complete, ub) == (None, False, k)
+    modes, complete, ub = exhaustive_search(cost, rnd, 2, incumbent=1, time_limit_s=-1.0)
+    assert (modes, complete, ub) == (None, False, k)
+    # an incumbent of K leaves nothing to search, whatever the limit
+    assert exhaustive_search(cost, rnd, 2, incumbent=k, time_limit_s=0.0) == (None, True, k)
+
+
+def test_node_bound_is_valid_and_exact_when_only_one_user_fits():
+    """At the root, the bound covers the optimum; on rounds where users are identical and memory
+    takes one at a time, it is exactly 1."""
+    from envs import PlanBuilder
+
+    for i, (cost, rnd) in enumerate(CASES[:8]):
+        gamma = 1 + i % 3
+        k = rnd.num_users
+        order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
+        env = CostEnvelope(cost, rnd, gamma)
+        alive, bound = _node_bound(PlanBuilder(cost, 1, gamma), np.ones((1, k), dtype=bool), np.zeros(1, dtype=np.int64), (env, rnd, order, gamma), 0)
+        assert bound[0] >= brute_optimum(cost, rnd, gamma)
+        assert bound[0] <= k and alive.shape == (1, k)
+    # KV budget 70_000 B: one AD user (I=6, O=9: 15 tokens * 2000 = 30_000 B) fits twice, but
+    # with the slacks 0.05 s apart only one meets its deadline in a batch... simpler: 3 users of
+    # 25 tokens (AD 50_000 B, SD 87_000 B) and a budget of 70_000 B: one user at most
+    cost = golden(memory_bytes=2_120_000.0 + 70_000.0)
+    rnd = make_round([10] * 3, [15] * 3, [5.0] * 3, [0.9] * 3, [0.01] * 3, [0.01] * 3)
+    assert brute_optimum(cost, rnd, 2) == 1
+    env = CostEnvelope(cost, rnd, 2)
+    order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
+    alive, bound = _node_bound(PlanBuilder(cost, 1, 2), np.ones((1, 3), dtype=bool), np.zeros(1, dtype=np.int64), (env, rnd, order, 2), 0)
+    assert bound.tolist() == [1] and alive.tolist() == [[True, True, True]]
+
+
+def test_exhaustive_scheduler_limits_and_extras():
+    cost, rnd = CASES[5]
+    gamma = 2
+    opt = brute_optimum(cost, rnd, gamma)
+    for warm in (True, False):
+        plan = scheduler(Exhaustive, cost, 4, gamma, warm_start=warm).plan(rnd)
+        assert plan.admitted == opt and check_plan(cost, rnd, plan).feasible
+        assert plan.extra["gap"] == 0 and plan.extra["upper_bound"] == opt
+    ex = scheduler(Exhaustive, cost, 4, gamma, max_users=3, time_limit_s=7.5)
+    assert (ex.max_users, ex.time_limit_s, ex.warm_start) == (3, 7.5, True)
+    with pytest.raises(ValueError, match=f"exhaustive search is limited to num_users <= 3, got {rnd.num_users}; use 'optimal'"):
+        ex.plan(rnd)
+    with pytest.raises(TimeoutError, match="did not finish within time_limit_s=0.0"):
+        scheduler(Exhaustive, cost, 4, gamma, time_limit_s=0.0).plan(rnd)
+    nobody = make_round([5, 5], [10, 10], [0.02, 0.03], [0.9, 0.9], [0.01, 0.01], [0.005, 0.005])
+    plan = scheduler(Exhaustive, golden(), 4, gamma).plan(nobody)
+    assert plan.admitted == 0 and (plan.z, plan.lam) == (1.0, 1.0) and plan.extra == {"gap": 0, "upper_bound": 0}
+
+
+# ------------------------------------------------------------------------------ the split bound
+def test_split_upper_bound_covers_the_optimum_and_ignores_the_incumbent():
+    for i, (cost, rnd) in enumerate(CASES):
+        gamma = 1 + i % 4
+        opt = brute_optimum(cost, rnd, gamma)
+        ub = split_upper_bound(cost, rnd, gamma, 0.25)
+        assert opt <= ub <= rnd.num_users
+        assert split_upper_bound(cost, rnd, gamma, 0.25, incumbent=rnd.num_users) == ub
+
+
+def test_split_upper_bound_hand_values():
+    cost = golden()
+    nobody = make_round([5, 5], [10, 10], [0.02, 0.03], [0.9, 0.9], [0.01, 0.01], [0.005, 0.005])
+    assert split_upper_bound(cost, nobody, 4, 0.1) == 0
+    # the AD-and-SD round of test_split_search_mixed_round_hand_walk: 2 (A on AD, S on SD)
+    rnd = make_round([7, 2], [50, 10], [10.0, 0.21], [0.9, 0.95], [0.01, 0.01], [0.01, 0.01])
+    assert split_upper_bound(cost, rnd, 4, 0.1) == 2
+    # identical users, memory for one at a time (see test_node_bound_...): 1
+    one = golden(memory_bytes=2_120_000.0 + 70_000.0)
+    rnd = make_round([10] * 3, [15] * 3, [5.0] * 3, [0.9] * 3, [0.01] * 3, [0.01] * 3)
+    assert split_upper_bound(one, rnd, 2, 0.1) == 1
+
+
+# --------------------------------------------------------------------- certify and the optimum
+def _events(plan):
+    return [(e["event"], e["lower"], e["upper"]) for e in plan.extra["trace"]]
+
+
+def _check_trace_times(plan, wall_s):
+    ts = [e["t_s"] for e in plan.extra["trace"]]
+    assert all(0.0 <= a <= b for a, b in zip(ts, ts[1:])) and ts[-1] <= wall_s + 1e-3
+
+
+# a non-monotone profile (pass time falls with the context) disables the split bound, so the
+# descent on the target starts at K
+DESCENT_COST = golden(ctx_coef=-0.00001)
+DESCENT_ROUND = make_round([8, 9, 12, 15, 2, 4], [13, 15, 4, 5, 14, 7], [0.422, 0.234, 0.297, 0.062, 0.389, 0.292],
+                           [0.9, 0.6, 0.8, 0.9, 0.6, 0.6], [0.0142, 0.0049, 0.0127, 0.0069, 0.0086, 0.0228], [0.01] * 6)
+
+
+def test_certify_descent_trace_without_warm_start():
+    """No incumbent (lower 0), upper K = 6, optimum 4 (brute force). With all the time in the world
+    proofs are cheap, so the step doubles from the first try: step 2 -> target max(0 + 1, 6 - 2 + 1)
+    = 5: none serves 5 (upper 4); step 4 -> target max(1, 4 - 4 + 1) = 1, a plan is found, and the
+    search keeps the best it meets ... until lower = upper = 4."""
+    cost, rnd = DESCENT_COST, DESCENT_ROUND
+    assert not CostEnvelope(cost, rnd, 2).monotone
+    assert brute_optimum(cost, rnd, 2) == 4
+    t0 = time.perf_counter()
+    plan = certify(cost, rnd, 2, 1e4, [], bound_step=0.1)
+    wall = time.perf_counter() - t0
+    assert _events(plan) == [("warm start", 0, 6), ("exhaustive search: none serves 5", 0, 4), ("exhaustive search found 4", 4, 4)]
+    _check_trace_times(plan, wall)
+    assert plan.admitted == 4 and check_plan(cost, rnd, plan).feasible
+    assert plan.extra["upper_bound"] == 4 and plan.extra["gap"] == 0
+    assert plan.extra["optimal"] is True and plan.extra["certified"] is True
+    assert plan.extra["milp_solves"] == 0 and plan.extra["cuts"] == 0
+    assert plan.gamma == 2
+
+
+def test_certify_with_warm_plans_split_bound_and_milp():
+    cost = golden()
+    rnd = make_round([2, 5, 8, 8, 3, 15], [12, 15, 2, 11, 5, 9], [0.175, 0.122, 0.486, 0.282, 0.102, 0.331],
+                     [0.8, 0.9, 0.8, 0.8, 0.9, 0.9], [0.0021, 0.0163, 0.0143, 0.0028, 0.0196, 0.0257], [0.01] * 6)
+    assert CostEnvelope(cost, rnd, 2).monotone
+    opt = brute_optimum(cost, rnd, 2)
+    assert opt == 3
+    sb = split_upper_bound(cost, rnd, 2, 0.1)
+    # an infeasible warm plan (everyone on AD) is ignored; a feasible one of 2 is the incumbent
+    infeasible = Plan(np.full(6, AD, dtype=np.int8), gamma=2)
+    two = split_search(cost, rnd, 2, [1.0], [1.0])
+    assert not check_plan(cost, rnd, infeasible).feasible and two.admitted == 2
+    plan = certify(cost, rnd, 2, 1e4, [infeasible, two], bound_step=0.1)
+    ev = _events(plan)
+    assert ev[0] == ("warm start", 2, 6)
+    assert ev[1] == ("split bound", 2, sb) and sb == 3
+    assert ev[-1][1:] == (3, 3) and plan.admitted == 3 and plan.extra["gap"] == 0
+    # no descent: the MILP closes the gap instead
+    plan = certify(cost, rnd, 2, 1e4, [two], bound_step=0.1, exhaustive_share=0.0)
+    ev = _events(plan)
+    assert ev[:2] == [("warm start", 2, 6), ("split bound", 2, 3)]
+    assert all(e[0].startswith("MILP") or e[0] == "relaxation cannot beat the incumbent" for e in ev[2:])
+    assert plan.extra["milp_solves"] >= 1 and plan.admitted == 3 and plan.extra["optimal"]
+
+
+def test_certify_out_of_time_reports_the_warm_plan_and_gap():
+    cost, rnd = DESCENT_COST, DESCENT_ROUND
+    two = split_search(cost, rnd, 2, [1.0], [1.0])
+    assert two.admitted >= 1
+    # the clock started 100 s ago with a 1 s limit: only the warm start is recorded
+    plan = certify(cost, rnd, 2, 1.0, [two], start=time.perf_counter() - 100.0)
+    assert _events(plan) == [("warm start", two.admitted, 6)]
+    assert plan.extra["trace"][0]["t_s"] >= 100.0
+    assert plan.admitted == two.admitted and plan.modes.tolist() == two.modes.tolist()
+    assert plan.extra["upper_bound"] == 6 and plan.extra["gap"] == 6 - two.admitted
+    assert plan.extra["optimal"] is False and plan.extra["certified"] is False
+    assert plan.extra["milp_solves"] == 0
+
+
+def test_optimal_scheduler_arguments_and_solve():
+    cost, rnd = DESCENT_COST, DESCENT_ROUND
+    o = scheduler(Optimal, cost, 4, 2, time_limit_s=100, bound_step=0.1, incumbent_step=0.25, exhaustive_share=0.5)
+    assert (o.time_limit_s, o.bound_step, o.incumbent_step, o.exhaustive_share) == (100.0, 0.1, 0.25, 0.5)
+    assert isinstance(o.time_limit_s, float)
+    for bad, msg in (({"time_limit_s": 0}, "time_limit_s must be > 0, got 0"), ({"exhaustive_share": 1.5}, r"exhaustive_share must be in \[0, 1\], got 1.5"),
+                     ({"exhaustive_share": -0.1}, r"exhaustive_share must be in \[0, 1\], got -0.1")):
+        with pytest.raises(ValueError, match=msg):
+            scheduler(Optimal, cost, 4, 2, **bad)
+    for share in (0.0, 1.0):
+        scheduler(Optimal, cost, 4, 2, exhaustive_share=share)  # both ends allowed
+    plan = scheduler(Optimal, cost, 4, 2, time_limit_s=1e4).plan(rnd)
+    assert plan.admitted == 4 and plan.extra["optimal"] and plan.gamma == 2
+    # BALANCE's incumbent is the first trace entry's lower value
+    bal = split_search(cost, rnd, 2, grid(0.05), grid(0.05)).admitted
+    assert plan.extra["trace"][0] == {**plan.extra["trace"][0], "event": "warm start", "lower": bal, "upper": 6}
+    # a warm plan better than BALANCE's is taken
+    best = certify(cost, rnd, 2, 1e4, [])
+    plan = scheduler(Optimal, cost, 4, 2, time_limit_s=1e4).solve(rnd, warm=[best])
+    assert plan.extra["trace"][0]["lower"] == 4 and _events(plan) == [("warm start", 4, 6), ("exhaustive search: none serves 5", 4, 4)]
