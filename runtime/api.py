@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -204,7 +205,8 @@ class ServeApp:
                 raise BadRequest(400, f"'max_tokens' must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens}", "max_tokens")
             live = LiveRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens,
                                deadline_s=float(req.deadline_s if req.deadline_s is not None else cfg.default_deadline_s),
-                               text=TextStream(tokenizer.decode, req.stop_list()), stream=req.stream, queue=asyncio.Queue() if req.stream else None)
+                               text=TextStream(tokenizer.decode, req.stop_list()), stream=req.stream, queue=asyncio.Queue() if req.stream else None,
+                               temperature=req.temperature, top_p=req.top_p, seed=req.seed if req.seed is not None else secrets.randbits(63))
             rounds.submit(live)
             return live
 

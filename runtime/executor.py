@@ -149,6 +149,11 @@ class Outbox:
             self.loop.call_soon_threadsafe(self.deliver, texts, ends)
 
 
+def row_sampling(members: list[LiveRequest]) -> dict[str, list]:
+    """The engines' per-row sampling arguments: each request's own temperature, top_p and seed."""
+    return {"temperature": [r.temperature for r in members], "top_p": [r.top_p for r in members], "seed": [r.seed for r in members]}
+
+
 def batch_callbacks(members: list[LiveRequest], outbox: Outbox) -> dict[str, Any]:
     """The engine callbacks for one batch: rows are the members' positions."""
     return {"on_tokens": lambda row, new: outbox.tokens(members[row], new), "on_finish": lambda end: outbox.finish_row(members[end.row], end)}

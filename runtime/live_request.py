@@ -26,6 +26,9 @@ class LiveRequest:
     deadline_s: float  #: seconds from arrival
     text: TextStream
     stream: bool = False
+    temperature: float = 0.0  #: 0: greedy
+    top_p: float = 1.0
+    seed: int = 0  #: the request's own random stream (drawn by the server when the client gives none)
     arrival: float = field(default_factory=time.monotonic)
     mode: str = "-"
     first_token_at: float | None = None
@@ -56,5 +59,5 @@ class LiveRequest:
             "ttft_s": (self.first_token_at - self.arrival) if self.first_token_at else None, "completion_tokens": self.completion_tokens,
             "deadline_s": self.deadline_s, "wait_s": (self.round_start - self.arrival) if self.round_start else None,
             "plan_s": (self.planned_at - self.round_start) if self.round_start and self.planned_at else None,
-            "alpha_planned": self.alpha_planned, "sd_iterations": self.sd_iterations, "sd_accepted": self.sd_accepted, "sd_rejections": self.sd_rejections,
+            "seed": self.seed if self.temperature > 0 else None, "alpha_planned": self.alpha_planned, "sd_iterations": self.sd_iterations, "sd_accepted": self.sd_accepted, "sd_rejections": self.sd_rejections,
         }

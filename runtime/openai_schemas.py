@@ -2,8 +2,10 @@
 
 Supported request fields: ``model``, ``prompt`` / ``messages``, ``max_tokens`` (chat:
 ``max_completion_tokens`` too), ``stream``, ``stream_options.include_usage``, ``temperature``
-(0 = greedy, the only value the batched engines take today), ``top_p`` (1 only), ``seed``,
-``stop``, ``user`` and SpecSched's ``deadline_s`` (seconds from arrival). Parameters the server
+(0 = greedy, the default; up to 2), ``top_p`` (nucleus, in (0, 1]), ``seed`` (a request with a
+seed is reproducible when it runs in the same mode and draft depth: :mod:`runtime.sampling`),
+``stop``, ``user`` and SpecSched's ``deadline_s`` (seconds from arrival). Each request samples
+with its own parameters, whatever else is in its batch. Parameters the server
 does not implement (``n > 1``, ``logprobs``, ``echo``, ``suffix``, penalties, ``logit_bias``,
 ``best_of``, tools) get a 400 naming the parameter; any other unknown field too.
 
@@ -72,10 +74,6 @@ class _Common(BaseModel):
             if name in UNSUPPORTED:
                 raise UnsupportedParameter(name, f"'{name}' = {value!r} is not supported by this server (only {neutral!r})")
             raise UnsupportedParameter(name, f"unknown parameter '{name}'")
-        if self.temperature != 0.0:
-            raise UnsupportedParameter("temperature", "only temperature 0 (greedy) is supported: the batched engines sample one temperature per batch")
-        if self.top_p != 1.0:
-            raise UnsupportedParameter("top_p", "only top_p 1 is supported")
 
 
 class CompletionRequest(_Common):

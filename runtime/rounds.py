@@ -43,7 +43,7 @@ from envs.profile import load_profile
 from envs.workload import Round
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.engines import ad_steps, drain, sd_steps
-from runtime.executor import BatchRun, Cancelled, Outbox, batch_callbacks, run_parallel, run_shared
+from runtime.executor import BatchRun, Cancelled, Outbox, batch_callbacks, row_sampling, run_parallel, run_shared
 from runtime.fingerprint import machine_fingerprint, warn_if_measured_elsewhere
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
@@ -312,7 +312,8 @@ class RoundServer:
         outbox = Outbox(loop, self.deliver, self.cfg.stream_interval_s, self.metrics)
         jobs = {}
         for mode, members in groups.items():
-            common = dict(max_new_tokens=[r.max_tokens for r in members], eos_id=tok.eos_id, pad_id=tok.pad_id, **batch_callbacks(members, outbox))
+            common = dict(max_new_tokens=[r.max_tokens for r in members], eos_id=tok.eos_id, pad_id=tok.pad_id, **batch_callbacks(members, outbox),
+                          **row_sampling(members))
             prompts = [r.prompt_ids for r in members]
             if mode == "ad":
                 jobs[mode] = (ad_steps(self.ad_target, prompts, **common), max(plan.z, 1e-6))

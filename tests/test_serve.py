@@ -72,6 +72,36 @@ def test_openai_client_async_and_models(server):
     assert pieces[-1].choices[0].finish_reason == "length"
 
 
+def test_per_request_sampling_through_the_openai_client(pair, profile):
+    """Requests with their own temperature / top_p / seed in one batch: a seeded request gives the
+    same text alone and beside others, greedy requests are unchanged by sampled neighbours, a
+    sampled request samples (another seed, another text). SD only: one seed is reproducible within
+    a mode and draft depth."""
+    from openai import AsyncOpenAI
+
+    prompt, n = "def parse(line):", 24
+
+    async def go(url):
+        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+        async def ask(**kw):
+            r = await client.completions.create(model="specsched", prompt=prompt, max_tokens=n, extra_body={"deadline_s": 60}, **kw)
+            assert r.model_extra["specsched"]["outcome"] == "served" and r.model_extra["specsched"]["mode"] == "sd"
+            return r.choices[0].text
+
+        greedy_alone = await ask()
+        seeded_alone = await ask(temperature=1.0, top_p=0.9, seed=1234)
+        batch = await asyncio.gather(ask(), ask(temperature=1.0, top_p=0.9, seed=1234), ask(temperature=1.5, seed=99),
+                                     ask(temperature=0.3, top_p=0.5, seed=7), ask(temperature=1.0, top_p=0.9, seed=4321))
+        return greedy_alone, seeded_alone, batch
+
+    with running(pair, profile, scheduler="sd_only") as srv:
+        greedy_alone, seeded_alone, (greedy, seeded, hot, cool, other_seed) = asyncio.run(go(srv.url))
+    assert greedy == greedy_alone
+    assert seeded == seeded_alone
+    assert other_seed != seeded and hot != greedy
+
+
 def test_stop_sequence_ends_with_stop(server):
     ref = httpx.post(f"{server}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 24}, timeout=60).json()["choices"][0]["text"]
     stop = ref[3:5]
@@ -116,7 +146,11 @@ def _nested(depth: int) -> bytes:
         (json.dumps({"prompt": "x", "n": 2}).encode(), 400, "n", "not supported"),
         (json.dumps({"prompt": "x", "logprobs": 3}).encode(), 400, "logprobs", "not supported"),
         (json.dumps({"prompt": "x", "echo": True}).encode(), 400, "echo", "not supported"),
-        (json.dumps({"prompt": "x", "temperature": 0.7}).encode(), 400, "temperature", "temperature"),
+        (json.dumps({"prompt": "x", "temperature": 2.5}).encode(), 400, "temperature", "less than or equal to 2"),
+        (json.dumps({"prompt": "x", "temperature": -0.1}).encode(), 400, "temperature", "greater than or equal to 0"),
+        (json.dumps({"prompt": "x", "top_p": 0}).encode(), 400, "top_p", "greater than 0"),
+        (json.dumps({"prompt": "x", "top_p": 1.01}).encode(), 400, "top_p", "less than or equal to 1"),
+        (json.dumps({"prompt": "x", "seed": 2**64}).encode(), 400, "seed", "less than or equal to"),
         (json.dumps({"prompt": "x", "frobnicate": 1}).encode(), 400, "frobnicate", "unknown parameter"),
         (json.dumps({"prompt": "x", "model": "gpt-9"}).encode(), 404, "model", "does not exist"),
     ],
