@@ -20,6 +20,7 @@ USER_ORDERS = ("arrival", "deadline", "slack", "output", "slack_desc")
 COMPLETIONS = ("batch", "own")
 SHARINGS = ("fixed", "work_conserving")
 REWARD_TIMINGS = ("admission", "episode_end")
+RTT_DISTRIBUTIONS = ("uniform", "loguniform")
 
 
 class ConfigError(ValueError):
@@ -70,6 +71,10 @@ class EnvConfig:
     verify_flops_efficiency: float | None = None  #: null = roofline verify; e in (0, 1]: + its compute at e * peak, not overlapped
     sd_user_workspace_bytes: float = 0.0  #: bytes each SD user holds beyond its KV (verify-pass workspace)
     sd_overhead_bytes: float = 0.0  #: bytes the SD mode holds once beyond the SLM weights
+    # --- SpecEdge split (EdgeSchedule-v1; drawn from a separate child stream, so v0 rounds are unchanged)
+    edge_fraction: float = 0.0  #: share of users with their own edge GPU (may run ED: edge drafts, server verifies)
+    rtt_ms: list = _pair((15.0, 15.0))  #: each user's edge-server round trip, drawn from [low, high]
+    rtt_distribution: str = "uniform"  #: 'uniform' or 'loguniform' over rtt_ms
 
     def __post_init__(self) -> None:
         self.validate()
@@ -121,6 +126,13 @@ class EnvConfig:
             raise bad("sharing", f"one of {list(SHARINGS)}", self.sharing)
         if self.reward_timing not in REWARD_TIMINGS:
             raise bad("reward_timing", f"one of {list(REWARD_TIMINGS)}", self.reward_timing)
+        if not (isinstance(self.edge_fraction, int | float) and not isinstance(self.edge_fraction, bool) and 0.0 <= self.edge_fraction <= 1.0):
+            raise bad("edge_fraction", "a number in [0, 1]", self.edge_fraction)
+        self.rtt_ms = self._range("rtt_ms", self.rtt_ms, 0.0, 1e5)
+        if self.rtt_distribution not in RTT_DISTRIBUTIONS:
+            raise bad("rtt_distribution", f"one of {list(RTT_DISTRIBUTIONS)}", self.rtt_distribution)
+        if self.rtt_distribution == "loguniform" and self.rtt_ms[0] <= 0:
+            raise bad("rtt_ms", "a [low, high] pair with low > 0 for rtt_distribution='loguniform'", self.rtt_ms)
         problem = choice_problem(self.draft_kv, self.verify_flops_efficiency, self.sd_user_workspace_bytes, self.sd_overhead_bytes)
         if problem:
             raise ConfigError(f"env config {problem}")

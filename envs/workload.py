@@ -39,6 +39,10 @@ class Round:
     realized_output_tokens: np.ndarray
     realized_alpha: np.ndarray
     realized_downlink_s: np.ndarray
+    #: SpecEdge split (EdgeSchedule-v1): whether the user has its own edge GPU, and its edge-server
+    #: round trip; None on rounds built without them (nobody has an edge)
+    has_edge: np.ndarray | None = None
+    rtt_s: np.ndarray | None = None
 
     @property
     def num_users(self) -> int:
@@ -50,7 +54,7 @@ class Round:
         return self.deadline_s - self.downlink_s
 
     def subset(self, idx) -> Round:
-        return Round(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        return Round(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx] for f in fields(self)})
 
     def order(self, how: str) -> np.ndarray:
         """Presentation order: 'arrival' (as drawn), ascending 'deadline', 'slack' or predicted 'output', or 'slack_desc'."""
@@ -121,7 +125,25 @@ def sample_round(rng: np.random.Generator, cfg: EnvConfig, num_users: int | None
         rnd.realized_output_tokens = np.clip(realized, 1, 4 * cfg.output_tokens[1]).astype(np.int64)
         _, down = link_rates_bps(d, cfg)
         rnd.realized_downlink_s = transfer_time_s(rnd.realized_output_tokens, down, cfg)
+    rnd.has_edge, rnd.rtt_s = draw_edge_users(rng.spawn(1)[0], cfg, k)
     return rnd
+
+
+def draw_edge_users(rng: np.random.Generator, cfg: EnvConfig, num_users: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each user has an edge GPU (probability ``edge_fraction``) and its RTT in seconds.
+
+    ``sample_round`` calls it with a child of the round's generator (``rng.spawn``), which leaves
+    the parent's stream untouched: v0 rounds from the same seed are unchanged, and rounds that
+    differ only in ``edge_fraction`` or ``rtt_ms`` share their users (common random numbers).
+    """
+    u_edge = rng.random(num_users)
+    u_rtt = rng.random(num_users)
+    lo, hi = cfg.rtt_ms
+    if cfg.rtt_distribution == "loguniform":
+        rtt_ms = np.exp(np.log(lo) + u_rtt * (np.log(hi) - np.log(lo)))
+    else:
+        rtt_ms = lo + u_rtt * (hi - lo)
+    return u_edge < cfg.edge_fraction, rtt_ms / 1e3
 
 
 # ------------------------------------------------------------------------------------ round streams
