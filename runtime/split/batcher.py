@@ -1,0 +1,181 @@
+"""Server side: the verification loop -- one thread owns the :class:`BatchVerifier` and forms
+batches from the requests its clients submit.
+
+**Pipeline-aware cohorts.** Each client joins one of ``cohorts`` cohorts (the least populated).
+A batch holds requests of one cohort only; once a cohort's first request is queued the batch
+waits at most ``window_s`` for the rest of that cohort's active clients, then runs. Cohorts take
+turns (the next one after the last served that has a request queued), so with two cohorts one is
+verified while the other drafts and travels (SpecEdge's pipeline; ``cohorts=1`` batches
+everyone together and the server idles while they all draft).
+
+Every submitted request ends with exactly one outcome: its future gets a :class:`Reply`, an
+:class:`InvalidRequest` (its own row was bad) or the batch's exception (a fault in one batch does
+not stop the next); on :meth:`stop` every queued future fails with ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from runtime.split.messages import Reply
+from runtime.split.verifier import BatchVerifier, InvalidRequest, VerifyRequest
+
+
+@dataclass
+class _Queued:
+    req: VerifyRequest
+    future: Future
+    arrived: float  #: perf_counter
+    arrived_wall: float
+
+
+@dataclass
+class BatcherStats:
+    batches: int = 0
+    rows: int = 0
+    busy_s: float = 0.0  #: time inside target forwards
+    first_at: float | None = None  #: perf_counter of the first batch start
+    last_at: float | None = None  #: perf_counter of the last batch end
+    tokens: int = 0  #: tokens committed (accepted + bonus)
+    batch_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def utilisation(self) -> float:
+        span = (self.last_at or 0.0) - (self.first_at or 0.0)
+        return self.busy_s / span if span > 0 else float("nan")
+
+
+class VerificationBatcher:
+    def __init__(self, verifier: BatchVerifier, cohorts: int = 1, window_s: float = 0.005, max_batch: int = 64):
+        if cohorts < 1 or window_s < 0 or max_batch < 1:
+            raise ValueError(f"cohorts must be >= 1 (got {cohorts}), window_s >= 0 (got {window_s}), max_batch >= 1 (got {max_batch})")
+        self.verifier, self.cohorts, self.window_s, self.max_batch = verifier, cohorts, window_s, max_batch
+        self.stats = BatcherStats()
+        self._cond = threading.Condition()
+        self._queue: list[_Queued] = []
+        self._members: dict[str, int] = {}  #: client -> cohort
+        self._releases: list[str] = []
+        self._last_cohort = -1
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="verification-batcher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ client side (any thread)
+    def join(self, client: str) -> int:
+        with self._cond:
+            sizes = [sum(1 for c in self._members.values() if c == k) for k in range(self.cohorts)]
+            cohort = self._members.setdefault(client, sizes.index(min(sizes)))
+            self._cond.notify_all()
+            return cohort
+
+    def leave(self, client: str) -> None:
+        """The client is gone: drop its queued requests (failed) and free its state."""
+        with self._cond:
+            self._members.pop(client, None)
+            for q in [q for q in self._queue if q.req.client == client]:
+                self._queue.remove(q)
+                q.future.set_exception(ConnectionAbortedError(f"client {client} left"))
+            self._releases.append(client)
+            self._cond.notify_all()
+
+    def release(self, client: str) -> None:
+        """The client's user request ended: free its target state (it stays a member)."""
+        with self._cond:
+            self._releases.append(client)
+            self._cond.notify_all()
+
+    def submit(self, req: VerifyRequest) -> Future:
+        """Queue a request (statically checked first: :class:`InvalidRequest` raises here)."""
+        self.verifier.check(req)
+        fut: Future = Future()
+        with self._cond:
+            if self._stopped:
+                raise RuntimeError("the verification server is stopping")
+            if req.client not in self._members:
+                raise InvalidRequest(f"client {req.client!r} has not joined")
+            if any(q.req.client == req.client for q in self._queue):
+                raise InvalidRequest(f"client {req.client!r} already has a request in flight")
+            self._queue.append(_Queued(req, fut, time.perf_counter(), time.time()))
+            self._cond.notify_all()
+        return fut
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------------- the batcher thread
+    def _pick_cohort(self) -> int | None:
+        queued = {self._members.get(q.req.client, 0) for q in self._queue}
+        for step in range(1, self.cohorts + 1):
+            c = (self._last_cohort + step) % self.cohorts
+            if c in queued:
+                return c
+        return None
+
+    def _apply_releases(self) -> None:
+        for client in self._releases:
+            self.verifier.release(client)
+        self._releases.clear()
+
+    def _take_batch(self) -> list[_Queued]:
+        """Wait for a cohort's first request, then up to ``window_s`` for the rest of the cohort."""
+        with self._cond:
+            while not self._stopped:
+                self._apply_releases()
+                cohort = self._pick_cohort()
+                if cohort is None:
+                    self._cond.wait(0.1)
+                    continue
+                deadline = time.perf_counter() + self.window_s
+                while not self._stopped:
+                    mine = [q for q in self._queue if self._members.get(q.req.client, 0) == cohort]
+                    members = sum(1 for c in self._members.values() if c == cohort)
+                    left = deadline - time.perf_counter()
+                    if len(mine) >= min(members, self.max_batch) or left <= 0:
+                        break
+                    self._cond.wait(left)
+                mine = [q for q in self._queue if self._members.get(q.req.client, 0) == cohort][: self.max_batch]
+                if not mine:
+                    continue
+                for q in mine:
+                    self._queue.remove(q)
+                self._apply_releases()  # every release was issued before these requests were queued
+                self._last_cohort = cohort
+                return mine
+            for q in self._queue:
+                q.future.set_exception(RuntimeError("the verification server stopped"))
+            self._queue.clear()
+            self._apply_releases()
+            return []
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if not batch:
+                return
+            start = time.perf_counter()
+            try:
+                results = self.verifier.verify([q.req for q in batch])
+            except Exception as exc:  # noqa: BLE001 - the batch's requests get the fault; the loop goes on
+                for q in batch:
+                    q.future.set_exception(exc)
+                continue
+            end = time.perf_counter()
+            st = self.stats
+            st.first_at = start if st.first_at is None else st.first_at
+            st.last_at, st.busy_s = end, st.busy_s + (end - start)
+            st.batches, st.rows = st.batches + 1, st.rows + len(batch)
+            st.batch_sizes.append(len(batch))
+            cohort = self._last_cohort
+            for q, res in zip(batch, results):
+                if isinstance(res, Exception):
+                    q.future.set_exception(res)
+                    continue
+                st.tokens += res.accepted + 1
+                q.future.set_result(Reply(res.accepted, res.bonus, res.committed, q.arrived_wall, 1e3 * (start - q.arrived),
+                                          1e3 * (end - start), len(batch), cohort))

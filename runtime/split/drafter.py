@@ -1,0 +1,84 @@
+"""Edge side: one user's drafting session -- the draft model's KV, its proposals, proactive
+speculation while a verification is in flight, rollback on rejection.
+
+The session keeps the committed text (``tokens``: prompt plus every emitted token) and a
+``chain`` of draft tokens beyond it, drafted greedily (argmax) one after another. A proposal of
+depth ``d`` is ``chain[:d]`` (drafted on demand). While those ``d`` tokens are being verified the
+edge may keep extending the chain (proactive drafting, PEARL's post-verify): ``chain[d]`` is the
+draft's guess for the server's bonus token "if everything is accepted", the tokens after it the
+next block. When the verdict ``(n accepted, bonus)`` comes back the session keeps the longest
+consistent prefix: if ``chain[n] == bonus`` the rest of the chain was drafted on exactly the
+context that is now committed and becomes the next block's head start (a *proactive hit*);
+otherwise the chain is dropped and the draft KV is cropped back to the common prefix.
+
+Greedy drafting is what maximises sample-and-match acceptance (``p(argmax q)`` rather than
+``sum p q``); it never affects losslessness, which the server's rule guarantees on its own.
+
+Drafting is exposed one token at a time (:meth:`DraftSession.draft_one`) so the caller can
+interleave it with waiting for a reply: proactive drafting stops as soon as the verdict arrives.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from runtime.engines import _cache as new_cache
+
+
+class DraftSession:
+    """The draft side of one user request (batch 1)."""
+
+    def __init__(self, draft, prompt: list[int]):
+        if not prompt:
+            raise ValueError("prompt needs at least one token")
+        self.model = draft
+        self.device = next(draft.parameters()).device
+        self.tokens: list[int] = list(prompt)  #: committed text
+        self.chain: list[int] = []  #: draft tokens beyond the committed text, in order
+        self.cache = new_cache()
+        self.fed = 0  #: tokens of ``tokens + chain`` whose KV the draft cache holds
+        self.draft_seconds = 0.0  #: time spent in draft forwards (all of them)
+        self.draft_steps = 0
+
+    @torch.no_grad()
+    def draft_one(self) -> int:
+        """Extend the chain by one draft token (feeds every token the draft has not seen yet)."""
+        t0 = time.perf_counter()
+        seq = self.tokens + self.chain
+        new = torch.tensor([seq[self.fed :]], dtype=torch.long, device=self.device)  # (1, unseen)
+        positions = torch.arange(self.fed, len(seq), device=self.device)[None, :]  # (1, unseen)
+        logits = self.model(input_ids=new, position_ids=positions, past_key_values=self.cache, use_cache=True).logits
+        self.fed = len(seq)
+        token = int(logits[0, -1].argmax())
+        self.chain.append(token)
+        self.draft_seconds += time.perf_counter() - t0
+        self.draft_steps += 1
+        return token
+
+    def propose(self, depth: int) -> list[int]:
+        """The next ``depth`` draft tokens (drafting only what the chain lacks)."""
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        while len(self.chain) < depth:
+            self.draft_one()
+        return self.chain[:depth]
+
+    def commit(self, depth: int, accepted: int, bonus: int) -> bool:
+        """Apply the verdict on ``chain[:depth]``: the text grows by ``chain[:accepted] + [bonus]``.
+        Returns whether speculation beyond the block was reused (a proactive hit)."""
+        if not 0 <= accepted <= depth <= len(self.chain):
+            raise ValueError(f"verdict accepted={accepted} does not fit the proposed depth {depth} (chain {len(self.chain)})")
+        keep = len(self.chain) > accepted and self.chain[accepted] == bonus
+        hit = keep and accepted == depth  # the guessed bonus was right: the speculation stands
+        self.tokens.extend(self.chain[:accepted] + [bonus])
+        if keep:
+            self.chain = self.chain[accepted + 1 :]
+        else:
+            self.chain = []
+            valid = len(self.tokens) - 1  # the bonus is new to the draft
+            if self.fed > valid:
+                self.cache.crop(valid - self.fed)  # transformers 5: a negative count drops that many
+                self.fed = valid
+        return hit

@@ -1,0 +1,131 @@
+"""One edge client: serves its user's requests one after another by drafting locally and asking
+the server (through any :class:`~runtime.split.transport.VerifierLink`) to verify.
+
+Per iteration: propose ``depth`` drafts (the chain may already hold them from proactive drafting),
+send, and -- with ``proactive`` on -- keep drafting one token at a time until the reply arrives
+(at most ``depth + 1 + max_depth`` tokens ahead: the guessed bonus and a whole next block), then
+commit the verdict. Every iteration is logged (:class:`IterationLog`); every request ends with
+exactly one :class:`RequestOutcome` (``length``, ``eos``, ``error`` or ``timeout``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+from runtime.split.depth import DepthController
+from runtime.split.drafter import DraftSession
+from runtime.split.transport import VerifierLink
+from runtime.split.verifier import VerifyRequest
+
+
+@dataclass(frozen=True)
+class IterationLog:
+    request_id: str
+    iteration: int
+    depth: int
+    sent_at: float  #: edge wall clock, s
+    arrived_at: float  #: server wall clock when queued, s (same clock on one host)
+    reply_at: float  #: edge wall clock, s
+    draft_ms: float  #: drafting before the send (proactive drafting excluded)
+    proactive_ms: float  #: drafting while the reply was in flight
+    queue_wait_ms: float
+    server_compute_ms: float
+    network_ms: float  #: round trip minus queue and compute
+    batch_size: int
+    cohort: int
+    accepted: int
+    proactive_hit: bool
+
+
+@dataclass
+class RequestOutcome:
+    request_id: str
+    prompt_tokens: int
+    tokens: list[int]
+    outcome: str  #: length | eos | error | timeout
+    started_at: float  #: wall clock, s
+    ended_at: float
+    first_token_at: float | None = None
+    error: str = ""
+    iterations: list[IterationLog] = field(default_factory=list)
+
+
+class EdgeClient:
+    def __init__(self, draft, link: VerifierLink, depth: int | DepthController = 4, proactive: bool = True, max_depth: int = 8,
+                 eos_id: int | None = None, reply_timeout_s: float = 30.0, on_iteration: Callable[[IterationLog], None] | None = None):
+        if isinstance(depth, int) and not 0 <= depth <= max_depth:
+            raise ValueError(f"depth must lie in [0, {max_depth}], got {depth}")
+        self.draft, self.link, self.depth, self.proactive, self.max_depth = draft, link, depth, proactive, max_depth
+        self.eos_id, self.reply_timeout_s, self.on_iteration = eos_id, reply_timeout_s, on_iteration
+        self.broken = False  #: the last request failed on its link; use a new link before the next
+
+    def _next_depth(self) -> int:
+        return self.depth.current if isinstance(self.depth, DepthController) else self.depth
+
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, seed: int = 0, request_id: str | None = None) -> RequestOutcome:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        rid = request_id or uuid.uuid4().hex[:12]
+        out = RequestOutcome(rid, len(prompt), [], "length", time.time(), 0.0)
+        session = DraftSession(self.draft, prompt)
+        try:
+            self._loop(session, prompt, max_new_tokens, temperature, seed, out)
+        except FutureTimeout:
+            out.outcome, out.error = "timeout", f"no verdict within {self.reply_timeout_s} s"
+        except Exception as exc:  # noqa: BLE001 - a failed link ends this request with an outcome, not a crash
+            out.outcome, out.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            out.ended_at = time.time()
+            self.link.release()
+        # after an error or a timeout a late reply could answer the next request: the owner must
+        # give this client a fresh link (``broken``)
+        self.broken = out.outcome in ("error", "timeout")
+        return out
+
+    def _loop(self, session: DraftSession, prompt: list[int], max_new: int, temperature: float, seed: int, out: RequestOutcome) -> None:
+        first, it = True, 0
+        while True:
+            remaining = max_new - len(out.tokens)
+            depth = min(self._next_depth(), remaining - 1)  # never draft past the token limit
+            steps0, d0 = session.draft_steps, session.draft_seconds
+            drafts = session.propose(depth) if depth > 0 else []
+            new_drafted = session.draft_steps - steps0
+            draft_s = session.draft_seconds - d0
+            req = VerifyRequest("", tuple(drafts), tuple(prompt) if first else (), len(session.tokens), temperature, seed)
+            sent_at, t_send = time.time(), time.perf_counter()
+            fut = self.link.submit(req)
+            p0 = session.draft_seconds
+            if self.proactive:
+                while not fut.done() and len(session.chain) < depth + 1 + self.max_depth:
+                    session.draft_one()
+            reply = fut.result(timeout=self.reply_timeout_s)
+            t_reply = time.perf_counter()
+            proactive_s = session.draft_seconds - p0
+            before = len(session.tokens)
+            hit = session.commit(depth, reply.accepted, reply.bonus)
+            if reply.committed != len(session.tokens):
+                raise RuntimeError(f"desynchronised: the server holds {reply.committed} tokens, the edge {len(session.tokens)}")
+            new = session.tokens[before:][:remaining]
+            if self.eos_id is not None and self.eos_id in new:
+                new = new[: new.index(self.eos_id) + 1]
+                out.outcome = "eos"
+            if new and out.first_token_at is None:
+                out.first_token_at = time.time()
+            out.tokens.extend(new)
+            round_trip_ms = 1e3 * (t_reply - t_send)
+            network_ms = round_trip_ms - reply.queue_wait_ms - reply.compute_ms
+            log = IterationLog(out.request_id, it, depth, sent_at, reply.arrived_at, time.time(), 1e3 * draft_s, 1e3 * proactive_s,
+                               reply.queue_wait_ms, reply.compute_ms, network_ms, reply.batch_size, reply.cohort, reply.accepted, hit)
+            out.iterations.append(log)
+            if self.on_iteration:
+                self.on_iteration(log)
+            if isinstance(self.depth, DepthController):
+                per_token = draft_s / new_drafted if new_drafted else None
+                self.depth.observe(per_token, network_ms / 1e3, reply.compute_ms / 1e3, reply.accepted, depth)
+            first, it = False, it + 1
+            if out.outcome == "eos" or len(out.tokens) >= max_new:
+                return

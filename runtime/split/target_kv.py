@@ -1,0 +1,55 @@
+"""Server side: each client's target KV, stacked into one padded batch for a forward and split
+back afterwards.
+
+A client's KV is a tuple of per-layer ``(keys, values)``, each ``(1, kv_heads, length, head_dim)``,
+for the committed text minus its last token (the pending token, which the next query carries).
+A batch left-pads every client's past to the longest one (the padding columns are masked out and
+never kept) and right-pads the queries; the forward appends the queries' KV after the padded past,
+so row ``i``'s new KV is ``past columns [P - len_i, P)`` plus ``query columns [P, P + keep_i)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.engines import _cache as new_cache
+
+LayerKV = tuple[torch.Tensor, torch.Tensor]  # keys, values: (1, kv_heads, length, head_dim)
+ClientKV = tuple[LayerKV, ...]
+
+
+def kv_length(kv: ClientKV | None) -> int:
+    return 0 if not kv else int(kv[0][0].shape[2])
+
+
+def stack_past(pasts: list[ClientKV | None]):
+    """A cache holding every row's past, left-padded to the longest; returns ``(cache, width)``.
+    Rows without a past (a first request) are all padding; with no past at all the cache is empty."""
+    width = max(kv_length(p) for p in pasts)
+    cache = new_cache()
+    if width == 0:
+        return cache, 0
+    template = next(p for p in pasts if kv_length(p) == width)
+    layers = []
+    for layer, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros((len(pasts), k0.shape[1], width, k0.shape[3]))  # (B, kv_heads, P, head_dim)
+        values = v0.new_zeros((len(pasts), v0.shape[1], width, v0.shape[3]))
+        for row, past in enumerate(pasts):
+            n = kv_length(past)
+            if n:
+                keys[row, :, width - n :] = past[layer][0][0]
+                values[row, :, width - n :] = past[layer][1][0]
+        layers.append((keys, values))
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=layers), width
+
+
+def split_rows(cache, width: int, past_lengths: list[int], keep: list[int]) -> list[ClientKV]:
+    """Each row's KV after a forward: its own past plus the first ``keep[i]`` query columns."""
+    out = []
+    layers = [(layer.keys, layer.values) for layer in cache.layers]  # each (B, kv_heads, P + N, head_dim)
+    for row, (n_past, n_keep) in enumerate(zip(past_lengths, keep)):
+        lo, hi = width - n_past, width + n_keep
+        out.append(tuple((k[row : row + 1, :, lo:hi].clone(), v[row : row + 1, :, lo:hi].clone()) for k, v in layers))
+    return out

@@ -1,0 +1,186 @@
+"""Split runtime I: the edge drafter, batched server verification, the batcher's cohorts, the depth
+controller -- lossless against greedy AD and the target's sampling law, over the in-process link."""
+
+import copy
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from runtime.engines import generate_ad
+from runtime.split.acceptance import accepted_length, emitted
+from runtime.split.batcher import VerificationBatcher
+from runtime.split.depth import DepthController
+from runtime.split.drafter import DraftSession
+from runtime.split.edge_client import EdgeClient
+from runtime.split.transport import LocalLink
+from runtime.split.verifier import BatchVerifier, InvalidRequest, VerifyRequest
+
+
+def tiny(layers, hidden, vocab=40, seed=0, dtype=torch.float64):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(cfg).eval().to(dtype)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny(2, 32, seed=0)
+    close = copy.deepcopy(target)  # a perturbed copy: partial acceptance
+    with torch.no_grad():
+        for p in close.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    return target, close, tiny(1, 16, seed=1)
+
+
+def test_acceptance_rule():
+    assert emitted([], [7]) == (0, 7)
+    assert emitted([1, 2, 3], [1, 2, 3, 4]) == (3, 4)
+    assert emitted([1, 2, 3], [1, 5, 3, 4]) == (1, 5)
+    assert accepted_length([9], [1, 9]) == 0  # a later match after a miss does not count
+    with pytest.raises(ValueError):
+        accepted_length([1, 2], [1, 2])
+
+
+def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, temperature=0.0, window_s=0.002):
+    """Each job ``(prompts, limits)`` is one edge client serving its requests in order, all at once."""
+    batcher = VerificationBatcher(BatchVerifier(target), cohorts=cohorts, window_s=window_s)
+    results = [None] * len(jobs)
+
+    def client(i):
+        edge = EdgeClient(draft, LocalLink(batcher), depth=depth, proactive=proactive)
+        results[i] = [edge.generate(p, n, temperature=temperature, seed=1000 * i + k) for k, (p, n) in enumerate(zip(*jobs[i]))]
+        edge.link.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    batcher.stop()
+    return results, batcher
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_split_equals_greedy_ad(models, seed):
+    target, close, far = models
+    rng = random.Random(seed)
+    n_clients = [1, 2, 5, 8][seed]
+    jobs = []
+    for _ in range(n_clients):
+        prompts = [[rng.randrange(1, 40) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 2))]
+        jobs.append((prompts, [rng.randint(1, 20) for _ in prompts]))
+    for draft, depth, proactive, cohorts in ((close, 1 + seed, True, 1), (far, 4 - seed % 3, False, 2), (close, DepthController(initial=2), True, 2)):
+        results, batcher = run_clients(target, draft, jobs, cohorts=cohorts, depth=depth, proactive=proactive)
+        for (prompts, limits), outs in zip(jobs, results):
+            assert [o.tokens for o in outs] == generate_ad(target, prompts, limits).tokens, (seed, depth, proactive)
+            assert all(o.outcome == "length" for o in outs)
+        assert batcher.verifier.sessions == {}  # every finished request freed its state
+
+
+def test_proactive_hits_with_an_identical_draft(models):
+    target, _, _ = models
+    (outs,), _ = run_clients(target, target, [([[1, 2, 3]], [40])], depth=3, proactive=True)
+    logs = outs[0].iterations
+    assert all(log.accepted == log.depth for log in logs)
+    assert any(log.proactive_hit for log in logs[:-1])  # a draft equal to the target always guesses the bonus
+
+
+def test_drafter_rolls_back_to_the_committed_text(models):
+    _, close, _ = models
+    s = DraftSession(close, [4, 5, 6])
+    chain = s.propose(4)
+    for _ in range(3):
+        s.draft_one()  # proactive: beyond the block
+    bonus = (chain[1] + 1) % 40
+    assert not s.commit(4, 1, bonus)
+    assert s.tokens == [4, 5, 6, chain[0], bonus] and s.chain == [] and s.fed == len(s.tokens) - 1
+    assert s.cache.get_seq_length() == s.fed
+    fresh = DraftSession(close, s.tokens)
+    assert s.propose(3) == fresh.propose(3)  # the cropped cache drafts exactly what a fresh one does
+
+
+def test_sampling_split_matches_target_distribution():
+    """Chi-square on the joint law of the first two tokens, vocabulary of 6 (sample-and-match)."""
+    v, prompt, n = 6, [1, 2, 3], 3000
+    target, draft = tiny(1, 16, vocab=v, seed=3), tiny(1, 16, vocab=v, seed=4)
+    verifier = BatchVerifier(target)
+    counts = np.zeros((v, v))
+    for start in range(0, n, 500):  # 500 users per batch, each with its own seed
+        sessions = [DraftSession(draft, prompt) for _ in range(500)]
+        reqs = [VerifyRequest(f"u{start + i}", tuple(s.propose(2 if i % 2 else 1)), tuple(prompt), 3, 1.0, start + i) for i, s in enumerate(sessions)]
+        for s, r, res in zip(sessions, reqs, verifier.verify(reqs)):
+            s.commit(len(r.drafts), res.accepted, res.bonus)
+            if len(s.tokens) < 5:  # one token so far: verify one more step (no drafts)
+                (res2,) = verifier.verify([VerifyRequest(r.client, (), (), len(s.tokens), 1.0)])
+                s.commit(0, 0, res2.bonus)
+            counts[s.tokens[3], s.tokens[4]] += 1
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        joint = np.stack([(p1[a] * torch.softmax(target(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1)).numpy() for a in range(v)])
+    _, pvalue = stats.chisquare(counts.ravel(), joint.ravel() * n)
+    assert pvalue > 1e-3, pvalue
+
+
+def test_row_errors_do_not_fail_the_batch(models):
+    target, close, _ = models
+    verifier = BatchVerifier(target, max_depth=4)
+    good = VerifyRequest("a", (1, 2), (3, 4), 2)
+    res = verifier.verify([good, VerifyRequest("b", (1,), (), 5)])
+    assert res[0].committed >= 3 and isinstance(res[1], InvalidRequest)
+    stale = VerifyRequest("a", (1,), (), 99)
+    assert isinstance(verifier.verify([stale])[0], InvalidRequest)
+    for bad in (VerifyRequest("a", (40,), (1,), 1), VerifyRequest("a", (1,) * 5, (1,), 1), VerifyRequest("a", (), (1, 2), 5),
+                VerifyRequest("a", (), (), 0), VerifyRequest("a", (), (1,), 1, temperature=-1.0), VerifyRequest("", (), (1,), 1),
+                VerifyRequest("a", (1,), (1,) * 511, 511)):
+        with pytest.raises(InvalidRequest):
+            verifier.check(bad)
+
+
+def test_two_cohorts_alternate(models):
+    target, close, _ = models
+    jobs = [([[1 + i, 2, 3]], [24]) for i in range(4)]
+    _, batcher = run_clients(target, close, jobs, cohorts=2, depth=2, window_s=0.05)
+    assert max(batcher.stats.batch_sizes) <= 2  # a batch never mixes cohorts
+
+
+# ------------------------------------------------------------------------------ depth controller
+
+
+def simulated_pipeline(depth, alpha=0.8, t_draft=0.004, rtt=0.010, v0=0.030, v1=0.002):
+    """Per-client tokens/s of two alternating cohorts: a client's period is its own verification
+    plus the longer of (its drafting + network) and the other cohort's verification."""
+    verify = v0 + v1 * depth
+    edge = depth * t_draft + rtt
+    tokens = (1 - alpha ** (depth + 1)) / (1 - alpha)
+    return tokens / (verify + max(edge, verify)), verify, edge
+
+
+@pytest.mark.parametrize("params", [dict(), dict(t_draft=0.002, rtt=0.005), dict(rtt=0.02, v0=0.045), dict(alpha=0.9, t_draft=0.006)])
+@pytest.mark.parametrize("initial", [1, 8])
+def test_depth_controller_settles_near_the_best_depth_of_a_sweep(params, initial):
+    best = max(range(1, 9), key=lambda d: simulated_pipeline(d, **params)[0])
+    rng = np.random.default_rng(0)
+    ctl = DepthController(1, 8, initial=initial)
+    depth = initial
+    alpha = params.get("alpha", 0.8)
+    for _ in range(20):
+        _, verify, edge = simulated_pipeline(depth, **params)
+        t_draft = params.get("t_draft", 0.004)
+        jitter = lambda x: x * rng.uniform(0.9, 1.1)  # noqa: E731
+        draws = rng.random(depth) < alpha  # each draft accepted with probability alpha, up to the first rejection
+        accepted = depth if draws.all() else int(np.argmin(draws))
+        depth = ctl.observe(jitter(t_draft), jitter(edge - depth * t_draft), jitter(verify), accepted, depth)
+    assert abs(depth - best) <= 1, (depth, best)
+
+
+def test_depth_controller_rejects_bad_settings():
+    for kwargs in (dict(min_depth=0), dict(initial=9), dict(smoothing=0.0), dict(max_step=0)):
+        with pytest.raises(ValueError):
+            DepthController(**kwargs)
