@@ -1,0 +1,239 @@
+"""Mode ED in the round model: golden values, downward closure, incremental == exact, brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envs.config import EnvConfig
+try:
+    from envs.cost_model import CostModel
+    from envs.plan_builder import ScalarPlan
+except ImportError:  # until the feasibility split (envs.cost_model / envs.plan_builder) is committed
+    from envs.feasibility import CostModel, ScalarPlan
+from envs.plan import AD, ED, REJECT, SD, Plan
+from envs.profile import load_profile
+from envs.split_builder import SplitPlanBuilder, SplitScalarPlan
+from envs.split_cost import DraftTree, SplitCostModel
+from envs.split_plan import check_plan_split, ed_users, evaluate_split_plan
+from envs.workload import sample_round
+
+PROFILE = "split_a100-40gb_llama2-7b_tinyllama-1.1b"
+G = 4
+
+
+@pytest.fixture(scope="module")
+def models():
+    p = load_profile(PROFILE)
+    return CostModel(p), SplitCostModel(p)
+
+
+def round_of(k: int, seed: int, edge_fraction: float = 0.6):
+    cfg = EnvConfig(num_users=k, profile=PROFILE, edge_fraction=edge_fraction, rtt_ms=[5.0, 40.0], max_gamma=G, deadline_s=[0.5, 8.0])
+    return sample_round(np.random.default_rng(seed), cfg)
+
+
+def user_args(rnd, users, k: int):
+    ed = None
+    if users.allowed[k].any():
+        ed = (users.iterations[k].tolist(), users.edge_s[k].tolist(), users.allowed[k].tolist(), float(users.prefill_s[k]))
+    return (int(rnd.input_tokens[k]), int(rnd.output_tokens[k]), float(rnd.alpha[k]), float(rnd.uplink_s[k]), float(rnd.slack_s[k]), float(rnd.deadline_s[k]), ed)
+
+
+def decode(action: int):
+    """(mode, sd depth, ed depth) of a v1 action index."""
+    if action == 0:
+        return REJECT, 0, 0
+    if action == 1:
+        return AD, 0, 0
+    if action <= 1 + G:
+        return SD, action - 1, 0
+    return ED, 0, action - 1 - G
+
+
+def test_golden_one_ed_user(models):
+    cost, split = models
+    rnd = round_of(1, 0, edge_fraction=1.0)
+    rnd.input_tokens[:] = 100
+    rnd.output_tokens[:] = 60
+    rnd.alpha[:] = 0.8
+    rnd.deadline_s[:] = 5.0
+    rnd.rtt_s[:] = 0.02
+    users = ed_users(split, rnd, G)
+    g = 3
+    tree = DraftTree.chain(g)
+    c_k = 100 + 30.0
+    # hand: E, J, X from the closed form's scalar methods
+    e = (1 - 0.8**4) / 0.2
+    j = math.ceil(60 / e - 1e-9)
+    x = split.edge_iteration_s(0.8, tree, c_k, 0.02)
+    assert users.iterations[0, g - 1] == j
+    assert users.edge_s[0, g - 1] == pytest.approx(x, rel=1e-12)
+    tau = cost.tau_l.tau1
+    c = 100 + 60 / 2.0
+    c_e = tau(1, 100, 100) + j * tau(1, 4, c + 4)
+    prefill = split.tau_e.tau1(1, 100, 100)
+    budget = 5.0 - rnd.uplink_s[0] - prefill - j * x
+    rep = check_plan_split(cost, users, rnd, [ED], gamma=1, ed_depth=[g])
+    assert rep.feasible
+    assert rep.ed_time_s == pytest.approx(c_e, rel=1e-12)
+    assert rep.ed_share_min == pytest.approx(c_e / budget, rel=1e-12)
+    assert rep.ed_memory_bytes == pytest.approx((100 + 4 + 60) * load_profile(PROFILE).kv_llm_bytes)
+    assert rep.ad_share_min == 0 and rep.sd_share_min == 0 and rep.ed_share == 1.0
+    # the server holds no draft weights for ED: the budget is the AD-only one
+    assert rep.memory_budget_bytes == pytest.approx(cost.memory_budget1(False))
+
+
+def test_golden_one_ed_batch_with_own_depths(models):
+    cost, split = models
+    rnd = round_of(3, 1, edge_fraction=1.0)
+    rnd.input_tokens[:] = [50, 120, 80]
+    rnd.output_tokens[:] = [100, 40, 70]
+    rnd.alpha[:] = [0.9, 0.6, 0.75]
+    rnd.deadline_s[:] = [6.0, 7.0, 9.0]
+    users = ed_users(split, rnd, G)
+    depth = np.array([4, 1, 2])
+    rep = check_plan_split(cost, users, rnd, [ED, ED, ED], gamma=1, ed_depth=depth)
+    j = max(users.iterations[k, depth[k] - 1] for k in range(3))
+    x = max(users.edge_s[k, depth[k] - 1] for k in range(3))
+    c = 120 + 100 / 2.0
+    q = 5  # the deepest user's 4 drafts + root, padded for everyone
+    c_e = cost.tau_l.tau1(3, 120, 120) + j * cost.tau_l.tau1(3, q, c + q)
+    budget = 6.0 - rnd.uplink_s.max() - users.prefill_s.max() - j * x
+    assert rep.ed_time_s == pytest.approx(c_e, rel=1e-12)
+    assert rep.ed_share_min == pytest.approx(c_e / budget, rel=1e-12)
+    assert rep.ed_memory_bytes == pytest.approx((3 * (120 + q) + 210) * cost.kv_l)
+
+
+def test_users_without_an_edge_cannot_be_ed(models):
+    cost, split = models
+    rnd = round_of(4, 2, edge_fraction=0.0)
+    users = ed_users(split, rnd, G)
+    assert not users.allowed.any()
+    assert not check_plan_split(cost, users, rnd, [ED, REJECT, REJECT, REJECT], 1, [1, 0, 0, 0]).feasible
+
+
+def random_plan(rng, rnd, users):
+    k = rnd.num_users
+    modes = rng.choice([REJECT, AD, SD, ED], size=k, p=[0.2, 0.3, 0.2, 0.3])
+    modes = np.where((modes == ED) & ~users.allowed.any(axis=1), REJECT, modes)
+    depth = np.where(modes == ED, rng.integers(1, G + 1, size=k), 0)
+    depth = np.where(modes == ED, np.where(users.allowed[np.arange(k), np.maximum(depth, 1) - 1], depth, 1), 0)
+    modes = np.where((modes == ED) & ~users.allowed[np.arange(k), np.maximum(depth, 1) - 1], REJECT, modes)
+    return modes, depth, int(rng.integers(1, G + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 14))
+def test_downward_closed(seed, k):
+    cost, split = CostModel(load_profile(PROFILE)), SplitCostModel(load_profile(PROFILE))
+    rng = np.random.default_rng(seed)
+    rnd = round_of(k, seed)
+    users = ed_users(split, rnd, G)
+    for _ in range(5):
+        modes, depth, gamma = random_plan(rng, rnd, users)
+        if not check_plan_split(cost, users, rnd, modes, gamma, depth).feasible:
+            continue
+        for i in np.flatnonzero(modes != REJECT):
+            m = modes.copy()
+            m[i] = REJECT
+            assert check_plan_split(cost, users, rnd, m, gamma, depth).feasible
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_incremental_equals_exact_and_vector_equals_scalar(models, seed):
+    cost, split = models
+    rng = np.random.default_rng(seed)
+    k = 12
+    rnd = round_of(k, 100 + seed)
+    users = ed_users(split, rnd, G)
+    plan = SplitScalarPlan(cost, G)
+    vec = SplitPlanBuilder(cost, 1, G)
+    modes, depth = np.zeros(k, dtype=np.int8), np.zeros(k, dtype=np.int64)
+    gamma = 0
+    for t in range(k):
+        masks = plan.prepare(*user_args(rnd, users, t))
+        vm = vec.prepare(rnd.input_tokens[t:t + 1], rnd.output_tokens[t:t + 1], rnd.alpha[t:t + 1], rnd.uplink_s[t:t + 1], rnd.slack_s[t:t + 1],
+                         rnd.deadline_s[t:t + 1], users.iterations[t:t + 1], users.edge_s[t:t + 1], users.allowed[t:t + 1], users.prefill_s[t:t + 1])
+        assert vm[0].tolist() == masks
+        for a in range(2 + 2 * G):
+            mode, g_sd, g_ed = decode(a)
+            if mode == SD and gamma and g_sd != gamma:
+                assert not masks[a]
+                continue
+            m, d = modes.copy(), depth.copy()
+            m[t], d[t] = mode, g_ed
+            exact = check_plan_split(cost, users, rnd, m, (gamma or g_sd or 1), d).feasible
+            assert masks[a] == exact, (t, a)
+        allowed = np.flatnonzero(masks)
+        a = int(rng.choice(allowed))
+        assert plan.apply(a) and vec.apply([a])[0]
+        mode, g_sd, g_ed = decode(a)
+        modes[t], depth[t] = mode, g_ed
+        gamma = gamma or g_sd
+    rep = check_plan_split(cost, users, rnd, modes, max(gamma, 1), depth)
+    assert rep.feasible
+    assert plan.share == pytest.approx([rep.ad_share_min, rep.sd_share_min, rep.ed_share_min], rel=0, abs=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_brute_force_small_rounds(models, seed):
+    """Every assignment of 3 users: the builder accepts it in order iff the exact check passes the final plan."""
+    cost, split = models
+    rnd = round_of(3, 500 + seed, edge_fraction=1.0)
+    rnd.deadline_s[:] = np.array([1.5, 2.5, 4.0])  # tight enough that some plans fail
+    users = ed_users(split, rnd, G)
+    feasible_count = 0
+    for actions in itertools.product(range(2 + 2 * G), repeat=3):
+        sd_depths = {decode(a)[1] for a in actions if decode(a)[0] == SD}
+        if len(sd_depths) > 1:
+            continue  # one SD depth per round
+        plan = SplitScalarPlan(cost, G)
+        ok = True
+        for t, a in enumerate(actions):
+            plan.prepare(*user_args(rnd, users, t))
+            ok &= plan.apply(a)
+        modes = np.array([decode(a)[0] for a in actions])
+        depth = np.array([decode(a)[2] for a in actions])
+        exact = check_plan_split(cost, users, rnd, modes, next(iter(sd_depths), 1), depth).feasible
+        assert ok == exact, actions
+        feasible_count += exact
+    assert 0 < feasible_count
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_without_edges_the_v1_builder_is_v0s(models, seed):
+    cost, split = models
+    rng = np.random.default_rng(seed)
+    rnd = round_of(20, 900 + seed, edge_fraction=0.0)
+    users = ed_users(split, rnd, G)
+    v0, v1 = ScalarPlan(cost, G), SplitScalarPlan(cost, G)
+    for t in range(20):
+        args = user_args(rnd, users, t)
+        m0 = v0.prepare(*args[:5])
+        m1 = v1.prepare(*args)
+        assert m1[: 2 + G] == m0 and not any(m1[2 + G:])
+        a = int(rng.choice(np.flatnonzero(m0)))
+        assert v0.apply(a) == v1.apply(a)
+
+
+def test_outcome_with_ed_meets_deadlines_when_realised_equals_predicted(models):
+    cost, split = models
+    for seed in range(20):
+        rnd = round_of(10, 40 + seed)
+        users = ed_users(split, rnd, G)
+        plan = SplitScalarPlan(cost, G)
+        modes, depth = np.zeros(10, dtype=np.int8), np.zeros(10, dtype=np.int64)
+        for t in range(10):
+            masks = plan.prepare(*user_args(rnd, users, t))
+            a = max(np.flatnonzero(masks), key=lambda i: (decode(i)[0] == ED, i))  # prefer ED, then the deepest
+            plan.apply(int(a))
+            modes[t], depth[t] = decode(int(a))[0], decode(int(a))[2]
+        rep = check_plan_split(cost, users, rnd, modes, max(plan.gamma, 1), depth)
+        out = evaluate_split_plan(cost, split, rnd, Plan(modes, gamma=max(plan.gamma, 1), z=rep.z, lam=rep.lam, ed_depth=depth, ed_share=rep.ed_share))
+        assert np.all(out.served[modes != REJECT])
