@@ -73,6 +73,7 @@ SECTIONS = {
     "sd_vs_ad": lambda: _table(RESULTS / "sd_vs_ad.md"),
     "balance_speed": lambda: _table(RESULTS / "balance_speed.md"),
     "sim_vs_real": lambda: _body(RESULTS / "sim_vs_real.md"),
+    "sim_vs_real_cpu_hog": lambda: _body(RESULTS / "sim_vs_real_cpu_hog.md"),
     "overload": lambda: _body(RESULTS / "overload.md"),
     "pair": lambda: pair_summary(),
     "profile_fit": lambda: profile_fit(),

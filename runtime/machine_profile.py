@@ -1,0 +1,204 @@
+"""The planning profile for *this* machine: measured on first use, cached per machine fingerprint.
+
+A shipped ``table`` profile describes the machine it was timed on; another machine of the same
+kind (same CPU model name, same core count) can still run 15-30 % slower or faster. So the
+simulator (``experiments.sim_vs_real``) and the live server (``runtime.serve``) ask for
+``profile=auto`` by default and get a profile measured here:
+
+- the *base* is the shipped table measured with the same torch thread count
+  (:func:`default_base`: ``cpu1_specsched-pair`` for one thread, else ``cpu_specsched-pair``);
+- the cache holds that base plus a quick calibration (``runtime.profile.quick_calibration``: a
+  scale curve per model, measured here) at
+  ``<cache>/profiles/<fingerprint key>-<pair recipe>-<base>.yaml`` -- the fingerprint key hashes
+  CPU / GPU, cores, threads, torch, dtype and the pair's recipe (``runtime.fingerprint``), so a home
+  folder shared by two machines keeps one entry each;
+- on a miss (no file, or the base file changed since: its SHA-256 is stored in the entry) the
+  quick calibration runs (well under two minutes on the project's pair, with progress bars) and the
+  entry is written atomically (temporary file + rename: a killed run leaves no half-written file).
+
+``profile=NAME|PATH`` forces that profile as it is (a shipped or measured file is never
+recalibrated behind the user's back; a measured one from elsewhere still warns, see
+``runtime.fingerprint``). ``auto`` with the auto-measurement off (``auto_profile=false`` /
+``--no-auto-profile``) plans with the base as it is.
+
+    planning = resolve_profile("auto", pair=pair_folder, threads=1)
+    print(planning.describe())        # which file, why, calibration factors
+    load_profile(planning.path)       # the same file the server is given (profile=PATH)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from envs.profile import PROFILE_DIR, Profile, load_profile
+from runtime.fingerprint import fingerprint_key, machine_fingerprint
+
+log = logging.getLogger("specsched.profile")
+
+AUTO = "auto"  #: the profile name that asks for a profile measured on this machine
+SOURCES = ("forced", "cached", "measured", "base")  #: how a planning profile was chosen (see PlanningProfile.source)
+
+
+def default_cache_dir() -> Path:
+    """``$SPECSCHED_CACHE/profiles`` (default ``~/.cache/specsched/profiles``), the pair cache's sibling."""
+    from runtime.pair import CACHE
+
+    return CACHE / "profiles"
+
+
+def default_base(threads: int) -> str:
+    """The shipped table measured with ``threads`` torch threads (1: ``cpu1_...``, more: the two-thread one)."""
+    return "cpu1_specsched-pair" if int(threads) == 1 else "cpu_specsched-pair"
+
+
+def profile_file(name_or_path: str | Path) -> Path:
+    """The file a profile name (``conf/profile/NAME.yaml``) or ``.yaml`` path refers to (checked to exist)."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        load_profile(name_or_path)  # raises ProfileError naming the profile and the available ones
+    return path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cache_entry(cache_dir: Path, fingerprint: dict, base: Path) -> Path:
+    """Where the calibrated copy of ``base`` for the machine ``fingerprint`` lives."""
+    return Path(cache_dir) / f"{fingerprint_key(fingerprint)}-{fingerprint.get('pair_recipe') or 'pair'}-{base.stem}.yaml"
+
+
+@dataclass(frozen=True)
+class PlanningProfile:
+    """The profile a run plans with, and why.
+
+    ``source``: ``forced`` (asked for by name or path), ``cached`` (this machine's calibration
+    from the cache), ``measured`` (calibrated just now and cached), ``base`` (``auto`` with the
+    auto-measurement off: the shipped base as it is).
+    """
+
+    path: Path
+    source: str
+    base: Path
+    fingerprint: dict
+    profile: Profile = field(compare=False, repr=False)
+    measure_s: float | None = None  #: how long the quick calibration took (``measured`` only)
+
+    @property
+    def key(self) -> str:
+        return fingerprint_key(self.fingerprint)
+
+    def calibration_factors(self) -> dict[str, dict[int, float]]:
+        """``{model: {q: scale}}`` of the profile's calibration (empty without one)."""
+        cal = self.profile.calibration
+        if cal is None:
+            return {}
+        return {key: {int(q): float(s) for q, s in zip(curve.q, curve.scale, strict=True)} for key, curve in (("llm", cal.llm), ("slm", cal.slm)) if curve is not None}
+
+    def summary(self) -> dict:
+        """Flat fields for a report: path, source, machine key, where table and calibration were measured, factors."""
+        on = self.profile.measured_on
+        cal = self.profile.calibration
+        factors = self.calibration_factors()
+        return {
+            "profile": str(self.path), "source": self.source, "base": str(self.base), "machine key": self.key,
+            "table measured on": _on(on) if on else "not recorded",
+            "calibration measured on": _on(cal.measured_on) if cal is not None and cal.measured_on else "none",
+            "calibration": "; ".join(f"{k} " + ", ".join(f"x{s:.3g} at q {q}" for q, s in v.items()) for k, v in factors.items()) or "none",
+        }
+
+    def describe(self) -> str:
+        """One line for a log: which file, why, and its calibration factors."""
+        why = {"forced": "as asked", "cached": "this machine's cached calibration", "measured": f"calibrated here just now ({self.measure_s or 0:.0f} s) and cached",
+               "base": "auto-measurement off: the shipped base as it is"}[self.source]
+        s = self.summary()
+        return f"planning profile {self.path} ({why}; machine {self.key}); table measured on {s['table measured on']}; calibration: {s['calibration']}"
+
+
+def _on(d: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items())
+
+
+def _load_entry(path: Path, base_sha: str, key: str) -> Profile | None:
+    """A usable cache entry, or None when missing, unreadable, made from another base or on another machine."""
+    try:
+        data = yaml.safe_load(path.read_text())
+        prof = Profile.from_dict(data, name=path.stem)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        if path.exists():
+            log.warning("ignoring the unreadable profile cache entry %s (%s); measuring again", path, exc)
+        return None
+    derived = data.get("derived_from") or {}
+    if derived.get("base_sha256") != base_sha:
+        log.info("profile cache entry %s was made from another version of its base; measuring again", path)
+        return None
+    if prof.calibration is None or fingerprint_key(prof.calibration.measured_on) != key:
+        return None
+    return prof
+
+
+def measure_quick(pair, base: dict, fingerprint: dict, progress: bool) -> dict:
+    """The quick calibration section for ``base`` on ``pair`` (``runtime.profile.quick_calibration``)."""
+    from runtime.profile import quick_calibration
+
+    return quick_calibration(pair, base, measured_on=fingerprint, progress=progress)
+
+
+def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: str = "float32", threads: int | None = None, auto: bool = True,
+                    base: str | Path | None = None, refresh: bool = False, cache_dir: Path | None = None,
+                    measure: Callable[..., dict] = measure_quick, progress: bool = True) -> PlanningProfile:
+    """The profile to plan with (see the module docstring).
+
+    ``pair``: a loaded ``ModelPair`` or a pair folder (loaded only when a measurement is needed);
+    ``threads``: the torch thread count the run uses (default: torch's current), measured with;
+    ``base``: the table ``auto`` calibrates (default :func:`default_base` of ``threads``);
+    ``refresh``: measure again even when the cache has an entry (e.g. the first use was on a busy machine);
+    ``measure(pair, base_dict, fingerprint, progress) -> calibration section`` is replaceable for tests.
+    Raises ``ProfileError`` for an unknown profile and ``ValueError`` when the base does not describe the pair.
+    """
+    import torch
+
+    threads = int(threads or torch.get_num_threads())
+    fp = machine_fingerprint(device, dtype, threads, pair)
+    if str(requested) != AUTO:
+        path = profile_file(requested)
+        return PlanningProfile(path, "forced", path, fp, load_profile(path))
+    base = profile_file(base if base is not None else default_base(threads))
+    if not auto:
+        return PlanningProfile(base, "base", base, fp, load_profile(base))
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry, base_sha = cache_entry(cache_dir, fp, base), _sha256(base)
+    hit = None if refresh else _load_entry(entry, base_sha, fingerprint_key(fp))
+    if hit is not None:
+        return PlanningProfile(entry, "cached", base, fp, hit)
+    cache_dir.mkdir(parents=True, exist_ok=True)  # fails now, before minutes of measuring, if it cannot exist
+    data = yaml.safe_load(base.read_text())
+    if isinstance(pair, str | Path):
+        from runtime.pair import load_pair
+
+        pair = load_pair(pair, device=device, dtype=dtype)
+    log.warning("no profile measured on this machine (%s) in %s: calibrating %s here (quick profile, < 2 min)", fingerprint_key(fp), cache_dir, base.name)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # measured with the thread count the run uses
+    start = time.perf_counter()
+    try:
+        data["calibration"] = measure(pair, data, fp, progress)
+    finally:
+        torch.set_num_threads(before)
+    took = time.perf_counter() - start
+    data["name"] = entry.stem
+    data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "note": "runtime.machine_profile: the base table with a quick calibration measured on this machine"}
+    prof = Profile.from_dict(data, name=entry.stem)  # validate before writing
+    from runtime.profile import write_profile
+
+    write_profile(data, entry)
+    return PlanningProfile(entry, "measured", base, fp, prof, measure_s=took)

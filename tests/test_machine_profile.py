@@ -1,0 +1,179 @@
+"""A profile measured on the running machine: cache hit / miss / stale, forcing, atomic writes,
+and a real quick calibration on a tiny, artificially slowed pair that moves the predictions up."""
+
+import copy
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from envs.profile import PROFILE_DIR, ProfileError, load_profile
+from runtime.fingerprint import fingerprint_key, machine_fingerprint
+from runtime.machine_profile import AUTO, cache_entry, default_base, resolve_profile
+
+BASE = PROFILE_DIR / "cpu1_specsched-pair.yaml"
+
+
+class FakeMeasure:
+    """Stands in for the 2-minute quick calibration: a fixed scale, and a count of calls."""
+
+    def __init__(self, scale=1.25):
+        self.calls, self.scale = 0, scale
+
+    def __call__(self, pair, base, fingerprint, progress):
+        self.calls += 1
+        return {"measured_on": dict(fingerprint), "llm": {"q": [1, 64], "scale": [self.scale, self.scale]}, "slm": {"q": [1], "scale": [self.scale]}, "notes": "fake"}
+
+
+def _resolve(tmp_path, measure, **kw):
+    kw = {"pair": None, "threads": 1, "cache_dir": tmp_path / "cache", "measure": measure, "progress": False, **kw}
+    return resolve_profile(AUTO, **kw)
+
+
+def test_miss_measures_and_caches_then_hits(tmp_path):
+    m = FakeMeasure()
+    first = _resolve(tmp_path, m)
+    assert first.source == "measured" and m.calls == 1 and first.path.is_file()
+    assert first.path == cache_entry(tmp_path / "cache", machine_fingerprint("cpu", "float32", 1), BASE)
+    assert fingerprint_key(machine_fingerprint("cpu", "float32", 1)) in first.path.name and first.base == BASE
+    second = _resolve(tmp_path, m)
+    assert second.source == "cached" and m.calls == 1 and second.path == first.path
+    assert _resolve(tmp_path, m, refresh=True).source == "measured" and m.calls == 2  # asked to measure again
+    # the entry is the base table with this machine's calibration applied
+    prof, base = load_profile(second.path), load_profile(BASE)
+    assert np.isclose(float(prof.tau_llm.tau(4, 1, 256)), 1.25 * float(base.tau_llm.tau(4, 1, 256)))
+    second = _resolve(tmp_path, m)
+    assert second.calibration_factors() == {"llm": {1: 1.25, 64: 1.25}, "slm": {1: 1.25}}
+    text = second.describe()
+    assert str(second.path) in text and "cached" in text and "x1.25 at q 1" in text
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.suffix != ".yaml"]  # no temporary files left
+
+
+def test_other_thread_count_is_another_machine_entry(tmp_path):
+    m = FakeMeasure()
+    one, two = _resolve(tmp_path, m, threads=1), _resolve(tmp_path, m, threads=2)
+    assert m.calls == 2 and one.path != two.path
+    assert one.base.stem == default_base(1) == "cpu1_specsched-pair" and two.base.stem == default_base(2) == "cpu_specsched-pair"
+    assert load_profile(two.path).calibration.measured_on["threads"] == 2
+
+
+def test_changed_base_or_corrupt_entry_is_a_miss(tmp_path):
+    base = tmp_path / "mybase.yaml"
+    base.write_text(BASE.read_text())
+    m = FakeMeasure()
+    first = _resolve(tmp_path, m, base=base)
+    assert _resolve(tmp_path, m, base=base).source == "cached" and m.calls == 1
+    base.write_text(BASE.read_text() + "\n# re-measured\n")  # the base changed: the calibration was against the old one
+    assert _resolve(tmp_path, m, base=base).source == "measured" and m.calls == 2
+    first.path.write_text("latency: [not, a, profile")  # unreadable entry: measured again, overwritten
+    again = _resolve(tmp_path, m, base=base)
+    assert again.source == "measured" and m.calls == 3 and load_profile(again.path).calibration is not None
+
+
+def test_entry_from_another_machine_is_a_miss(tmp_path):
+    m = FakeMeasure()
+    first = _resolve(tmp_path, m)
+    data = yaml.safe_load(first.path.read_text())
+    data["calibration"]["measured_on"]["cpu_model"] = "Some Other CPU 9000"  # e.g. copied over from another host
+    first.path.write_text(yaml.safe_dump(data))
+    assert _resolve(tmp_path, m).source == "measured" and m.calls == 2
+
+
+def test_forced_and_disabled_never_measure(tmp_path):
+    m = FakeMeasure()
+    forced = resolve_profile("cpu_specsched-pair", pair=None, threads=1, cache_dir=tmp_path, measure=m)
+    assert forced.source == "forced" and forced.path == PROFILE_DIR / "cpu_specsched-pair.yaml"
+    by_path = resolve_profile(str(BASE), pair=None, threads=2, cache_dir=tmp_path, measure=m)
+    assert by_path.source == "forced" and by_path.path == BASE
+    off = _resolve(tmp_path, m, auto=False)
+    assert off.source == "base" and off.path == BASE and off.profile.calibration is None
+    assert m.calls == 0 and not (tmp_path / "cache").exists()
+    assert "auto-measurement off" in off.describe()
+    with pytest.raises(ProfileError, match="nosuch"):
+        resolve_profile("nosuch", pair=None, measure=m)
+
+
+def test_failed_measurement_leaves_no_entry(tmp_path):
+    def broken(*_):
+        raise KeyboardInterrupt  # e.g. Ctrl-C halfway through
+
+    with pytest.raises(KeyboardInterrupt):
+        _resolve(tmp_path, broken)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_measurement_runs_at_the_requested_thread_count(tmp_path):
+    seen = []
+
+    def spy(pair, base, fp, progress):
+        seen.append(torch.get_num_threads())
+        return FakeMeasure()(pair, base, fp, progress)
+
+    before = torch.get_num_threads()
+    _resolve(tmp_path, spy, threads=2)
+    assert seen == [2] and torch.get_num_threads() == before
+
+
+# ---------------------------------------------------------------- a real quick calibration, tiny pair
+def _tiny_pair():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from runtime.pair import ModelPair
+    from runtime.tokenizer import ByteTokenizer
+
+    def model(layers, hidden, seed):
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=259, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+        return LlamaForCausalLM(cfg).eval()
+
+    return ModelPair(model(2, 32, 0), model(1, 16, 1), ByteTokenizer())
+
+
+def _slowed(pair, seconds):
+    slow = copy.deepcopy(pair)
+    for m in (slow.target, slow.draft):
+        m.register_forward_pre_hook(lambda *_: time.sleep(seconds))
+    return slow
+
+
+def test_first_use_on_a_slowed_machine_plans_slower(tmp_path):
+    """The auto profile, measured on an engine slowed by 20 ms a pass, predicts slower passes than
+    the table it calibrates (which was measured on the same pair unslowed, here, now)."""
+    from runtime.profile import device_spec, measure, model_spec, quick_calibration
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pair = _tiny_pair()
+        base = {"name": "tiny-here", "measured_on": machine_fingerprint(threads=1), "device": device_spec("cpu"), "llm": model_spec(pair.target, "target"),
+                "slm": model_spec(pair.draft, "draft"), "latency": {"source": "table", **measure(pair, [1, 2], [1, 5], [16, 32], repeats=2, progress=False)}}
+    finally:
+        torch.set_num_threads(threads)
+    path = tmp_path / "tiny-here.yaml"
+    path.write_text(yaml.safe_dump(base))
+
+    def quick(pair, data, fp, progress):  # the real measurement, at fewer points than the default
+        return quick_calibration(pair, data, b=(1, 2), q=(1, 5), c=(16, 32), repeats=2, measured_on=fp, progress=progress)
+
+    planning = resolve_profile(AUTO, pair=_slowed(pair, 0.02), threads=1, base=path, cache_dir=tmp_path / "cache", measure=quick, progress=False)
+    assert planning.source == "measured"
+    slow, bare = load_profile(planning.path), load_profile(path)
+    for b, q, c in ((1, 1, 16), (2, 5, 32)):
+        assert float(slow.tau_llm.tau(b, q, c)) > 1.5 * float(bare.tau_llm.tau(b, q, c))
+        assert float(slow.tau_slm.tau(b, q, c)) > 1.5 * float(bare.tau_slm.tau(b, q, c))
+    assert resolve_profile(AUTO, pair=pair, threads=1, base=path, cache_dir=tmp_path / "cache", measure=quick, progress=False).source == "cached"
+
+
+def test_a_base_of_another_pair_is_refused_before_measuring(tmp_path):
+    from runtime.profile import quick_calibration
+
+    def quick(pair, data, fp, progress):
+        return quick_calibration(pair, data, b=(1,), q=(1,), c=(16,), repeats=1, measured_on=fp, progress=progress)
+
+    with pytest.raises(ValueError, match="not the profile's llm"):
+        resolve_profile(AUTO, pair=_tiny_pair(), threads=1, cache_dir=tmp_path, measure=quick, progress=False)
+    assert not [p for p in Path(tmp_path).iterdir() if p.is_file()]
+
