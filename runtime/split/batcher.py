@@ -63,6 +63,12 @@ class VerificationBatcher:
         self._thread = threading.Thread(target=self._loop, name="verification-batcher", daemon=True)
         self._thread.start()
 
+    @property
+    def members(self) -> int:
+        """Clients connected now."""
+        with self._cond:
+            return len(self._members)
+
     # ------------------------------------------------------------------ client side (any thread)
     def join(self, client: str) -> int:
         with self._cond:

@@ -38,6 +38,7 @@ class IterationLog:
     batch_size: int
     cohort: int
     accepted: int
+    emitted: int  #: tokens this iteration added to the output (after the limit and EOS)
     proactive_hit: bool
 
 
@@ -52,6 +53,14 @@ class RequestOutcome:
     first_token_at: float | None = None
     error: str = ""
     iterations: list[IterationLog] = field(default_factory=list)
+
+    @property
+    def itl_ms(self) -> float | None:
+        """Inter-token latency after the first iteration (which includes the prefill): the time
+        from the first iteration's reply to the last one's, per token emitted in between."""
+        its = self.iterations
+        emitted = sum(log.emitted for log in its[1:])
+        return 1e3 * (its[-1].reply_at - its[0].reply_at) / emitted if len(its) > 1 and emitted else None
 
 
 class EdgeClient:
@@ -119,7 +128,7 @@ class EdgeClient:
             round_trip_ms = 1e3 * (t_reply - t_send)
             network_ms = round_trip_ms - reply.queue_wait_ms - reply.compute_ms
             log = IterationLog(out.request_id, it, depth, sent_at, reply.arrived_at, time.time(), 1e3 * draft_s, 1e3 * proactive_s,
-                               reply.queue_wait_ms, reply.compute_ms, network_ms, reply.batch_size, reply.cohort, reply.accepted, hit)
+                               reply.queue_wait_ms, reply.compute_ms, network_ms, reply.batch_size, reply.cohort, reply.accepted, len(new), hit)
             out.iterations.append(log)
             if self.on_iteration:
                 self.on_iteration(log)

@@ -1,0 +1,147 @@
+"""The split runtime's edge process: ``--clients`` edge clients, each serving its own user's
+requests one after another by drafting with the draft model here and asking the verification
+server (``runtime.split_server``) over one gRPC stream per client, through an in-process WAN
+emulation (``--rtt-ms``, ``--jitter-ms``, ``--bandwidth-mbps``) on the real loopback sockets.
+
+    python -m runtime.edge --server 127.0.0.1:50051 --clients 4 --rtt-ms 20 --bandwidth-mbps 100 --proactive on --depth auto
+
+Every iteration is logged to ``--log`` (JSON lines: send, server arrival, server compute, queue
+wait, network, accepted, proactive hit, ...); ``--summary`` gets per-request outcomes and totals
+(tokens, ITL, proactive hit rate). Every request ends with exactly one outcome (``length``,
+``eos``, ``error`` -- e.g. the server went away -- or ``timeout``); after a failure the client
+opens a new stream before its next request. Requests are prompts from the pair's own prompt
+lists, cycled, with ``--max-new-tokens`` each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from agents.artefacts import write_text_atomic
+from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
+from runtime.split.depth import DepthController
+from runtime.split.edge_client import EdgeClient, RequestOutcome
+from runtime.split.pair_args import add_pair_args, load_pair_from_args
+from runtime.split.transport import DelayedLink, GrpcLink
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(ap)
+    ap.add_argument("--server", required=True, help="HOST:PORT of runtime.split_server")
+    ap.add_argument("--clients", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--rtt-ms", type=float, default=0.0)
+    ap.add_argument("--jitter-ms", type=float, default=0.0)
+    ap.add_argument("--bandwidth-mbps", type=float, default=1000.0)
+    ap.add_argument("--proactive", choices=["on", "off"], default="on")
+    ap.add_argument("--depth", default="auto", help="auto (the depth controller) or a fixed depth G")
+    ap.add_argument("--max-depth", type=int, default=8)
+    ap.add_argument("--reply-timeout-s", type=float, default=30.0)
+    ap.add_argument("--connect-timeout-s", type=float, default=30.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log", type=Path, default=None, help="per-iteration JSON lines")
+    ap.add_argument("--summary", type=Path, default=None, help="per-request outcomes and totals (JSON)")
+    args = ap.parse_args(argv)
+    if args.clients < 1 or args.requests < 1 or args.max_new_tokens < 1 or args.max_depth < 1:
+        raise SystemExit("--clients, --requests, --max-new-tokens and --max-depth must be >= 1")
+    if args.rtt_ms < 0 or args.jitter_ms < 0 or args.bandwidth_mbps <= 0 or args.temperature < 0:
+        raise SystemExit("--rtt-ms, --jitter-ms and --temperature must be >= 0 and --bandwidth-mbps > 0")
+    if args.depth != "auto":
+        try:
+            args.depth = int(args.depth)
+        except ValueError:
+            raise SystemExit(f"--depth must be auto or an integer in [1, {args.max_depth}], got {args.depth!r}") from None
+        if not 1 <= args.depth <= args.max_depth:
+            raise SystemExit(f"--depth must lie in [1, {args.max_depth}], got {args.depth}")
+    for path in (args.log, args.summary):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def summarise(outcomes: list[RequestOutcome], wall_s: float) -> dict:
+    logs = [log for o in outcomes for log in o.iterations]
+    itls = [o.itl_ms for o in outcomes if o.itl_ms is not None]
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.outcome] = counts.get(o.outcome, 0) + 1
+    later = [log for o in outcomes for log in o.iterations[:-1]]  # a request's last iteration has no next block
+    return {"requests": len(outcomes), "outcomes": counts, "tokens": sum(len(o.tokens) for o in outcomes), "wall_s": wall_s,
+            "tokens_per_s": sum(len(o.tokens) for o in outcomes) / wall_s if wall_s > 0 else None,
+            "itl_ms": statistics.fmean(itls) if itls else None, "iterations": len(logs),
+            "accepted_per_iteration": statistics.fmean(log.accepted for log in logs) if logs else None,
+            "mean_depth": statistics.fmean(log.depth for log in logs) if logs else None,
+            "proactive_hit_rate": statistics.fmean(log.proactive_hit for log in later) if later else None,
+            "network_ms": statistics.fmean(log.network_ms for log in logs) if logs else None,
+            "queue_wait_ms": statistics.fmean(log.queue_wait_ms for log in logs) if logs else None,
+            "server_compute_ms": statistics.fmean(log.server_compute_ms for log in logs) if logs else None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    pair = load_pair_from_args(args)
+    tok = pair.tokenizer
+    prompts = [tok.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
+    outcomes: list[RequestOutcome] = []
+    lock = threading.Lock()
+
+    def new_link(i: int):
+        return DelayedLink(GrpcLink(args.server, args.connect_timeout_s), args.rtt_ms, args.jitter_ms, args.bandwidth_mbps, seed=args.seed + i)
+
+    def client(i: int) -> None:
+        depth = DepthController(1, args.max_depth, initial=min(4, args.max_depth)) if args.depth == "auto" else args.depth
+        try:
+            edge = EdgeClient(pair.draft, new_link(i), depth=depth, proactive=args.proactive == "on", max_depth=args.max_depth,
+                              eos_id=tok.eos_id, reply_timeout_s=args.reply_timeout_s)
+        except ConnectionError as exc:
+            edge, error = None, str(exc)
+        for k in range(args.requests):
+            prompt = prompts[(args.seed + i * args.requests + k) % len(prompts)]
+            rid = f"c{i}r{k}"
+            if edge is None:
+                now = time.time()
+                out = RequestOutcome(rid, len(prompt), [], "error", now, now, error=error)
+            else:
+                out = edge.generate(prompt, args.max_new_tokens, args.temperature, seed=args.seed * 1000 + i * args.requests + k, request_id=rid)
+                if edge.broken:
+                    edge.link.close()
+                    try:
+                        edge.link = new_link(i)
+                    except ConnectionError as exc:
+                        edge, error = None, str(exc)
+            with lock:
+                outcomes.append(out)
+                print(f"[edge] {rid}: {out.outcome}, {len(out.tokens)} tokens, {len(out.iterations)} iterations"
+                      + (f", ITL {out.itl_ms:.1f} ms" if out.itl_ms else "") + (f" ({out.error})" if out.error else ""), flush=True)
+        if edge is not None:
+            edge.link.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,), name=f"edge-client-{i}") for i in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    summary = summarise(outcomes, time.perf_counter() - t0)
+    summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    if args.log is not None:
+        lines = [json.dumps(dataclasses.asdict(log)) for o in outcomes for log in o.iterations]
+        write_text_atomic(args.log, "\n".join(lines) + "\n")
+    if args.summary is not None:
+        summary["requests_detail"] = [{"request_id": o.request_id, "outcome": o.outcome, "tokens": len(o.tokens), "itl_ms": o.itl_ms,
+                                       "error": o.error, "latency_s": o.ended_at - o.started_at, "output_ids": o.tokens} for o in outcomes]
+        write_text_atomic(args.summary, json.dumps(summary, indent=2))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("config", "requests_detail")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The model-pair options the split entry points share (edge, server, benchmark, profile)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+
+def add_pair_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--pair", type=Path, default=None, help="a built pair folder (target/ + draft/); default: the project's own pair")
+    ap.add_argument("--preset", default="full", help="which own pair to build or load from the cache when --pair is not given (full, tiny, ...)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads in this process (>= 1)")
+
+
+def load_pair_from_args(args: argparse.Namespace):
+    from runtime.pair import PairQualityError, build_pair, load_pair
+
+    if args.threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    try:
+        path = args.pair or build_pair(recipe=args.preset, progress=False)
+        return load_pair(path, device=args.device, dtype=args.dtype)
+    except (PairQualityError, FileNotFoundError, ValueError) as exc:
+        raise SystemExit(str(exc)) from None
