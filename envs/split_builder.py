@@ -148,6 +148,10 @@ class SplitScalarPlan:
             self.sum_out[2] += out
         return True
 
+    def candidate_ad_share(self) -> float:
+        """The AD batch's least share if the prepared user joined it (1.0 when none is prepared)."""
+        return self._prepared[1][5] if self._prepared is not None else 1.0
+
 
 class SplitPlanBuilder:
     """:class:`SplitScalarPlan` for ``N`` rounds at once in numpy (the vector env's builder)."""

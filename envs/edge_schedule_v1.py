@@ -1,0 +1,268 @@
+"""EdgeSchedule-v1: admit each user of a round to AD, SD, ED (SpecEdge split) or reject.
+
+## Description
+
+v0's task (``envs.edge_schedule``) with SpecEdge's split as a third mode. One server GPU hosts the
+target (LLM) and a draft (SLM); some users (``edge_fraction``) also own an edge GPU (e.g. an RTX
+4090) holding the draft and reach the server over their own network (``rtt_ms``). The agent sees
+the users one at a time and decides: reject; **AD** (target alone); **SD@g** (draft and target on
+the server, depth ``g``; the first SD admission fixes the round's depth, as in v0); **ED@g** (the
+user's edge drafts a chain of depth ``g`` -- each ED user its own -- and the server verifies all ED
+users in one batched pass per iteration, holding only the target's KV for them). AD, SD and ED
+users form three batches sharing the GPU's compute and memory; ``envs.split_plan`` is the exact
+check (formulas and modelling choices in its docstring, the closed form in ``envs.split_cost``).
+The goal is to serve as many users as possible.
+
+## Action Space
+
+``Discrete(2 + 2G)`` (``G = max_gamma``, default 8):
+
+| Num | Action |
+|-----|--------|
+| 0 | reject the current user |
+| 1 | admit it to the AD batch |
+| 1 + g | admit it to the SD batch with draft depth g (1 <= g <= G; the round's depth once set) |
+| 1 + G + g | admit it to the ED batch, its edge drafting g tokens per iteration (1 <= g <= G) |
+
+``action_masks()`` returns exactly the actions that keep the plan feasible (ED only for a user
+with an edge whose draft and KV fit it). An action outside the mask -- or one naming no action --
+is treated as reject and flagged in ``info["invalid_action"]``.
+
+## Observation Space
+
+``Box(0, 1, (31 + 2G + 10 * (1 + K_max),), float32)``, all normalised to ``[0, 1]``. User
+features (10 each): v0's eight (input, predicted output, deadline, acceptance, slack, uplink, SD
+tokens per iteration at depth G, presence) then has-an-edge and RTT / 0.1 s (clipped).
+
+| Index | Observation |
+|-------|-------------|
+| 0-9 | the current user (10 user features) |
+| 10-15 | AD batch: size / K, longest input / I_hi, longest output / O_hi, compute share needed, KV memory used / SD-case budget, tightest slack / T_hi |
+| 16-21 | SD batch: the same six |
+| 22-27 | ED batch: the same six (its slack is the tightest deadline: ED has no downlink) |
+| 28 | SD depth / G (0 while SD is empty) |
+| 29 | compute share AD would need with the current user added (clipped at 1) |
+| 30 | progress: users decided / K |
+| 31 - 32+2G | the action mask as 0/1 |
+| then | the next ``K_max`` users, 10 user features each, zero-padded |
+
+## Rewards
+
++1 per served user, paid as in v0 (``reward_timing``); an episode returns the number served.
+
+## Starting State
+
+A round from the config (``envs.workload.sample_round``; edge users and RTTs from their own child
+stream) or ``reset(options={"round": Round})``. Users are presented in ``user_order``.
+
+## Episode End
+
+Terminated after the last user (``K`` steps); never truncated. The final ``info`` holds ``served``,
+``admitted_ad``, ``admitted_sd``, ``admitted_ed``, ``rejected``, ``late``, ``gamma``, ``z``,
+``ed_share``, ``lam``, ``modes`` and ``ed_depth`` (per user, the round's original order).
+
+## Arguments
+
+``gymnasium.make("EdgeSchedule-v1", num_users=12, profile="split_a100-40gb_llama2-7b_tinyllama-1.1b",
+edge_fraction=0.5)``: any :class:`envs.config.EnvConfig` field, plus the split switches
+``proactive`` (default True), ``bonus_match`` (None = the user's acceptance) and ``interrupt``
+(``"step"`` or ``"immediate"``) of ``envs.split_cost.SplitOptions``. v1's defaults differ from
+v0's in two fields: ``profile`` (a split profile, ``conf/profile/split_*.yaml``) and
+``edge_fraction`` (0.5). A profile without ``edge``/``network`` sections needs ``edge_fraction=0``;
+with ``edge_fraction=0`` v1 serves exactly what v0 serves on the same rounds.
+
+## Vectorized environment
+
+``gymnasium.make_vec("EdgeSchedule-v1", num_envs=N, vectorization_mode="vector_entry_point")``
+builds ``envs.edge_schedule_v1_vector.EdgeScheduleV1VectorEnv`` (numpy, autoreset ``NEXT_STEP``);
+sub-env ``i`` seeded ``seed + i`` reproduces this env seeded ``seed + i``.
+
+## Version History
+
+* v1: adds ED@g (SpecEdge split) and the edge/RTT user features.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from envs.actions import action_index
+from envs.config import ConfigError, EnvConfig
+from envs.edge_schedule import user_features
+from envs.feasibility import CostModel
+from envs.plan import AD, ED, REJECT, SD, Plan
+from envs.split_builder import SplitScalarPlan
+from envs.split_cost import SplitCostModel, SplitOptions
+from envs.split_plan import ed_users, evaluate_split_plan, shares_split
+from envs.workload import Round, sample_round
+
+V1_DEFAULTS = {"profile": "split_a100-40gb_llama2-7b_tinyllama-1.1b", "edge_fraction": 0.5}
+SPLIT_SWITCHES = ("proactive", "bonus_match", "interrupt")
+USER_FEATURES = 10
+HEAD = USER_FEATURES + 3 * 6 + 3
+RTT_SCALE_S = 0.1
+
+
+def make_models(kwargs: dict[str, Any]) -> tuple[EnvConfig, CostModel, SplitCostModel | None]:
+    """The config, cost model and split model of v1's keyword arguments (errors name the field)."""
+    kwargs = dict(kwargs)
+    switches = {k: kwargs.pop(k) for k in SPLIT_SWITCHES if k in kwargs}
+    cfg = EnvConfig.from_kwargs(**{**V1_DEFAULTS, **kwargs})
+    try:
+        options = SplitOptions(**switches)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"env config: {exc}") from None
+    cost = CostModel.from_config(cfg)
+    has_split = cost.profile.edge is not None and cost.profile.network is not None
+    if cfg.edge_fraction > 0 and not has_split:
+        raise ConfigError(f"env config field 'profile' must name a profile with edge and network sections when edge_fraction > 0 "
+                          f"(e.g. {V1_DEFAULTS['profile']}), got {cfg.profile!r}")
+    return cfg, cost, SplitCostModel(cost.profile, options) if has_split else None
+
+
+def observation_size(cfg: EnvConfig) -> int:
+    return HEAD + (2 + 2 * cfg.max_gamma) + USER_FEATURES * cfg.k_max
+
+
+def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
+    """(K, 10) user features in presentation order: v0's eight, has-an-edge, RTT / 0.1 s."""
+    k = rnd.num_users
+    has = np.zeros(k) if rnd.has_edge is None else rnd.has_edge[order].astype(float)
+    rtt = np.zeros(k) if rnd.rtt_s is None else np.clip(rnd.rtt_s[order] / RTT_SCALE_S, 0.0, 1.0)
+    return np.concatenate([user_features(rnd, order, cfg), has[:, None].astype(np.float32), rtt[:, None].astype(np.float32)], axis=1)
+
+
+def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rnd: Round, order: np.ndarray, modes_presented: np.ndarray,
+               depth_presented: np.ndarray, gamma: int, shares: tuple[float, float, float], rng: np.random.Generator) -> dict[str, Any]:
+    """The last step's ``info`` (modes and depths in the round's original order)."""
+    modes = np.zeros(rnd.num_users, dtype=np.int8)
+    depth = np.zeros(rnd.num_users, dtype=np.int64)
+    modes[order], depth[order] = modes_presented, depth_presented
+    z, ed_share, lam = shares
+    has_ed = bool(np.any(modes == ED))
+    plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if has_ed else None, ed_share=ed_share)
+    outcome = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing)
+    return {
+        "served": outcome.served_count, "admitted_ad": plan.admitted_ad, "admitted_sd": plan.admitted_sd, "admitted_ed": plan.admitted_ed,
+        "rejected": rnd.num_users - plan.admitted, "late": plan.admitted - outcome.served_count, "gamma": gamma, "z": z,
+        "ed_share": ed_share, "lam": lam, "modes": modes, "ed_depth": depth,
+    }
+
+
+class EdgeScheduleV1Env(gym.Env):
+    """One round per episode, users decided one at a time (see the module docstring)."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None, **kwargs: Any):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.render_mode = render_mode
+        self.cfg, self.cost, self.split = make_models(kwargs)
+        g = self.cfg.max_gamma
+        self.action_space = spaces.Discrete(2 + 2 * g)
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
+        self._plan = SplitScalarPlan(self.cost, g)
+        self._round: Round | None = None
+        self._n = 2 + 2 * g
+        self._masks = [True] + [False] * (self._n - 1)
+        self._done = True
+        self._budget = max(self.cost.memory_budget1(True), 1.0)
+
+    @property
+    def round(self) -> Round | None:
+        return self._round
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        rnd = (options or {}).get("round")
+        if rnd is None:
+            rnd = sample_round(self.np_random, self.cfg)
+        elif not isinstance(rnd, Round) or rnd.num_users != self.cfg.num_users:
+            raise ValueError(f"options['round'] must be a Round with num_users={self.cfg.num_users} users")
+        cfg, k = self.cfg, self.cfg.num_users
+        self._round = rnd
+        self._order = order = rnd.order(cfg.user_order)
+        self._feats = round_features(rnd, order, cfg)
+        r = rnd.subset(order)
+        users = ed_users(self.split, r, cfg.max_gamma) if (self.split is not None and r.has_edge is not None and r.has_edge.any()) else None
+        base = list(zip(r.input_tokens.tolist(), r.output_tokens.tolist(), r.alpha.tolist(), r.uplink_s.tolist(), r.slack_s.tolist(), r.deadline_s.tolist(), strict=True))
+        self._users = []
+        for i, u in enumerate(base):
+            ed = None
+            if users is not None and users.allowed[i].any():
+                ed = (users.iterations[i].tolist(), users.edge_s[i].tolist(), users.allowed[i].tolist(), float(users.prefill_s[i]))
+            self._users.append((*u, ed))
+        self._plan.reset()
+        self._t = 0
+        self._modes = np.zeros(k, dtype=np.int8)
+        self._depth = np.zeros(k, dtype=np.int64)
+        self._done = False
+        self._masks = self._plan.prepare(*self._users[0])
+        return self._encode(), {}
+
+    def action_masks(self) -> np.ndarray:
+        """Bool (2 + 2G,): which actions keep the plan feasible for the current user."""
+        return np.array(self._masks, dtype=bool)
+
+    def step(self, action):
+        if self._done:
+            raise RuntimeError("step() called after the episode ended; call reset()")
+        g = self.cfg.max_gamma
+        a = action_index(action, self._n)
+        valid = a >= 0 and self._plan.apply(a)
+        t = self._t
+        mode = REJECT if not valid or a == 0 else (AD if a == 1 else (SD if a <= 1 + g else ED))
+        self._modes[t] = mode
+        if mode == ED:
+            self._depth[t] = a - 1 - g
+        reward = 1.0 if (mode != REJECT and self.cfg.reward_timing == "admission") else 0.0
+        info: dict[str, Any] = {"invalid_action": not valid}
+        self._t = t + 1
+        terminated = self._t >= self.cfg.num_users
+        if terminated:
+            self._done = True
+            p = self._plan
+            shares = shares_split(*p.share, *p.mem, *p.b)
+            info.update(final_info(self.cfg, self.cost, self.split, self._round, self._order, self._modes, self._depth, p.gamma, shares, self.np_random))
+            reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
+            self._masks = [True] + [False] * (self._n - 1)
+        else:
+            self._masks = self._plan.prepare(*self._users[self._t])
+        return self._encode(), reward, terminated, False, info
+
+    def _encode(self) -> np.ndarray:
+        cfg, p, t, k = self.cfg, self._plan, self._t, self.cfg.num_users
+        obs = np.zeros(observation_size(cfg), dtype=np.float32)
+        live = t < k
+        if live:
+            obs[:USER_FEATURES] = self._feats[t]
+        i_hi, o_hi, t_hi = cfg.input_tokens[1], cfg.output_tokens[1], cfg.deadline_s[1]
+        head = []
+        for m in (0, 1, 2):
+            slack = p.slack_min[m] if p.slack_min[m] != math.inf else t_hi
+            head += (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, slack / t_hi)
+        share_ad = p.candidate_ad_share() if live else 1.0
+        head += (p.gamma / cfg.max_gamma, share_ad, t / k)
+        obs[USER_FEATURES:HEAD] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head]
+        obs[HEAD : HEAD + self._n] = self._masks
+        n = max(0, min(k - t - 1, cfg.k_max))
+        if n:
+            start = HEAD + self._n
+            obs[start : start + n * USER_FEATURES] = self._feats[t + 1 : t + 1 + n].ravel()
+        return obs
+
+    def render(self):
+        if self.render_mode != "ansi":
+            return None
+        p = self._plan
+        lines = [f"user {self._t}/{self.cfg.num_users}  SD depth={p.gamma}"]
+        for name, m in (("AD", 0), ("SD", 1), ("ED", 2)):
+            lines.append(f"{name}: {p.b[m]} users, share needed {p.share[m]:.3f}, KV {p.mem[m] / 1e9:.2f} GB")
+        lines.append("mask: " + "".join("1" if m else "0" for m in self._masks))
+        return "\n".join(lines) + "\n"
