@@ -98,7 +98,7 @@ from envs.feasibility import CostModel
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan
 from envs.split_cost import SplitCostModel, SplitOptions
-from envs.split_plan import ed_users, evaluate_split_plan, shares_split
+from envs.split_plan import EdUsers, ed_users, evaluate_split_plan, shares_split
 from envs.workload import Round, sample_round
 
 V1_DEFAULTS = {"profile": "split_a100-40gb_llama2-7b_tinyllama-1.1b", "edge_fraction": 0.5}
@@ -138,7 +138,7 @@ def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
 
 
 def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rnd: Round, order: np.ndarray, modes_presented: np.ndarray,
-               depth_presented: np.ndarray, gamma: int, shares: tuple[float, float, float], rng: np.random.Generator) -> dict[str, Any]:
+               depth_presented: np.ndarray, gamma: int, shares: tuple[float, float, float], rng: np.random.Generator, users: EdUsers | None = None) -> dict[str, Any]:
     """The last step's ``info`` (modes and depths in the round's original order)."""
     modes = np.zeros(rnd.num_users, dtype=np.int8)
     depth = np.zeros(rnd.num_users, dtype=np.int64)
@@ -146,7 +146,8 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
     z, ed_share, lam = shares
     has_ed = bool(np.any(modes == ED))
     plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if has_ed else None, ed_share=ed_share)
-    outcome = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing)
+    outcome = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing,
+                                  users=users)
     return {
         "served": outcome.served_count, "admitted_ad": plan.admitted_ad, "admitted_sd": plan.admitted_sd, "admitted_ed": plan.admitted_ed,
         "rejected": rnd.num_users - plan.admitted, "late": plan.admitted - outcome.served_count, "gamma": gamma, "z": z,
@@ -189,15 +190,15 @@ class EdgeScheduleV1Env(gym.Env):
         self._round = rnd
         self._order = order = rnd.order(cfg.user_order)
         self._feats = round_features(rnd, order, cfg)
-        r = rnd.subset(order)
-        users = ed_users(self.split, r, cfg.max_gamma) if (self.split is not None and r.has_edge is not None and r.has_edge.any()) else None
-        base = list(zip(r.input_tokens.tolist(), r.output_tokens.tolist(), r.alpha.tolist(), r.uplink_s.tolist(), r.slack_s.tolist(), r.deadline_s.tolist(), strict=True))
-        self._users = []
-        for i, u in enumerate(base):
-            ed = None
-            if users is not None and users.allowed[i].any():
-                ed = (users.iterations[i].tolist(), users.edge_s[i].tolist(), users.allowed[i].tolist(), float(users.prefill_s[i]))
-            self._users.append((*u, ed))
+        r = rnd if cfg.user_order == "arrival" else rnd.subset(order)
+        has_ed = self.split is not None and rnd.has_edge is not None and bool(rnd.has_edge.any())
+        self._ed = users = ed_users(self.split, rnd, cfg.max_gamma) if has_ed else None  # the round's original order
+        base = zip(r.input_tokens.tolist(), r.output_tokens.tolist(), r.alpha.tolist(), r.uplink_s.tolist(), r.slack_s.tolist(), r.deadline_s.tolist(), strict=True)
+        if users is None:
+            self._users = [(*u, None) for u in base]
+        else:  # per user: (J row, X row, allowed row, prefill) over depths 1..G, or None without an edge
+            j, x, ok, pre, any_ok = users.iterations.tolist(), users.edge_s.tolist(), users.allowed.tolist(), users.prefill_s.tolist(), users.allowed.any(axis=1).tolist()
+            self._users = [(*u, (j[i], x[i], ok[i], pre[i]) if any_ok[i] else None) for u, i in zip(base, order.tolist(), strict=True)]
         self._plan.reset()
         self._t = 0
         self._modes = np.zeros(k, dtype=np.int8)
@@ -229,7 +230,7 @@ class EdgeScheduleV1Env(gym.Env):
             self._done = True
             p = self._plan
             shares = shares_split(*p.share, *p.mem, *p.b)
-            info.update(final_info(self.cfg, self.cost, self.split, self._round, self._order, self._modes, self._depth, p.gamma, shares, self.np_random))
+            info.update(final_info(self.cfg, self.cost, self.split, self._round, self._order, self._modes, self._depth, p.gamma, shares, self.np_random, self._ed))
             reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
             self._masks = [True] + [False] * (self._n - 1)
         else:

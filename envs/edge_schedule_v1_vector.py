@@ -19,7 +19,7 @@ from envs.actions import action_indices
 from envs.edge_schedule_v1 import HEAD, USER_FEATURES, final_info, make_models, observation_size, round_features
 from envs.plan import AD, ED, REJECT, SD
 from envs.split_builder import SplitPlanBuilder
-from envs.split_plan import ed_users, shares_split
+from envs.split_plan import EdUsers, ed_users, shares_split
 from envs.workload import Round, sample_round
 
 INFO_KEYS = ("served", "admitted_ad", "admitted_sd", "admitted_ed", "rejected", "late", "gamma", "z", "ed_share", "lam")
@@ -38,6 +38,7 @@ class _V1Rounds:
         self.ed_ok = np.zeros((n, k, g), dtype=bool)
         self.feats = np.zeros((n, k, USER_FEATURES), dtype=np.float32)
         self.rounds: list[Round | None] = [None] * n
+        self.users: list[EdUsers | None] = [None] * n
 
     def load(self, i: int, rnd: Round, env: EdgeScheduleV1VectorEnv) -> None:
         cfg = env.cfg
@@ -48,10 +49,11 @@ class _V1Rounds:
         self.inp[i], self.out[i], self.alpha[i] = r.input_tokens, r.output_tokens, r.alpha
         self.up[i], self.slack[i], self.deadline[i] = r.uplink_s, r.slack_s, r.deadline_s
         self.feats[i] = round_features(rnd, order, cfg)
-        if env.split is not None and r.has_edge is not None and r.has_edge.any():
-            users = ed_users(env.split, r, cfg.max_gamma)
-            self.ed_j[i], self.ed_x[i], self.ed_ok[i], self.prefill[i] = users.iterations, users.edge_s, users.allowed, users.prefill_s
+        if env.split is not None and rnd.has_edge is not None and rnd.has_edge.any():
+            users = self.users[i] = ed_users(env.split, rnd, cfg.max_gamma)  # the round's original order
+            self.ed_j[i], self.ed_x[i], self.ed_ok[i], self.prefill[i] = users.iterations[order], users.edge_s[order], users.allowed[order], users.prefill_s[order]
         else:
+            self.users[i] = None
             self.ed_j[i], self.ed_x[i], self.ed_ok[i], self.prefill[i] = 1, 0.0, False, 0.0
 
     def user(self, t: np.ndarray):
@@ -133,7 +135,7 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
             for i in np.flatnonzero(terminated):
                 shares = shares_split(*(float(x) for x in b.share[:, i]), *(float(x) for x in b.mem[:, i]), *(int(x) for x in b.b[:, i]))
                 fi = final_info(self.cfg, self.cost, self.split, self._data.rounds[i], self._data.order[i], self._modes[i], self._depth[i],
-                                int(b.gamma[i]), shares, self._rngs[i])
+                                int(b.gamma[i]), shares, self._rngs[i], self._data.users[i])
                 for key in INFO_KEYS:
                     final[key][i] = fi[key]
                 rewards[i] += -fi["late"] if self.cfg.reward_timing == "admission" else fi["served"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from envs.actions import action_indices
 from envs.feasibility import EPS
-from envs.split_plan import ed_budget, ed_memory, ed_memory1, ed_share, ed_time, ed_time1
+from envs.split_plan import ed_budget, ed_memory, ed_share, ed_time
 
 if TYPE_CHECKING:
     from envs.cost_model import CostModel
@@ -98,24 +98,33 @@ class SplitScalarPlan:
             p_e = max(self.ed[2], prefill)
             sum_e = self.sum_out[2] + out
             budget_mem = c.memory_budget1(self.b[1] > 0) * (1 + EPS)
-            s_f, cc = max(float(s_e), 1.0), max(float(s_e), 1.0) + float(n_e) / 2.0
+            s_f = max(float(s_e), 1.0)
+            cc = s_f + float(n_e) / 2.0
             prefill_pass = c.tau_l.tau1(b_e, s_f, s_f)
-            verify = {}
+            # the hot loop inlines ed_time1 / ed_budget / ed_memory1 with their operations in their order
+            base = t_e - u_e - p_e
+            fb, fs, kv = float(b_e), float(s_e), c.kv_l
+            fsn = fs + n_e
+            per_user = c.kv_memory == "per_user"
+            sh01, mm01, lim = sh[0] + sh[1], mm[0] + mm[1], 1 + EPS
+            j_b, q_b, x_b = self.ed[0], self.ed[1], self.ed[3]
+            tau1, verify = c.tau_l.tau1, {}
             for g in range(1, g_max + 1):
                 if not allowed[g - 1]:
                     continue
-                j_e = max(self.ed[0], j_row[g - 1])
-                q_e = max(self.ed[1], g + 1)
-                x_e = max(self.ed[3], x_row[g - 1])
+                j_e = j_row[g - 1]
+                j_e = j_b if j_b > j_e else j_e
+                q_e = q_b if q_b > g + 1 else g + 1
+                x_e = x_row[g - 1]
+                x_e = x_b if x_b > x_e else x_e
                 v = verify.get(q_e)
                 if v is None:
-                    v = verify[q_e] = c.tau_l.tau1(b_e, float(q_e), cc + float(q_e))
-                time_e = prefill_pass + float(j_e) * v  # == ed_time1(c, b_e, s_e, n_e, j_e, q_e)
-                budget = ed_budget(t_e, u_e, p_e, j_e, x_e)
-                share_e = time_e / budget if budget > 0 else math.inf
-                mem_e = ed_memory1(c, b_e, s_e, n_e, sum_e, q_e)
+                    v = verify[q_e] = tau1(b_e, float(q_e), cc + float(q_e))
+                budget = base - j_e * x_e
+                share_e = (prefill_pass + float(j_e) * v) / budget if budget > 0 else math.inf
+                mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
                 eds[g] = (j_e, q_e, x_e, share_e, mem_e)
-                masks[1 + g_max + g] = sh[0] + sh[1] + share_e <= 1 + EPS and mm[0] + mm[1] + mem_e <= budget_mem
+                masks[1 + g_max + g] = sh01 + share_e <= lim and mm01 + mem_e <= budget_mem
             eds["agg"] = (b_e, s_e, n_e, u_e, t_e, p_e)
         self._prepared = ((inp, out), (b_a, s_a, n_a, u_a, sl_a, share_a, mem_a), (b_s, s_s, n_s, u_s, sl_s), sd, eds, masks)
         return masks

@@ -83,21 +83,23 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     net = split.net
     network = rtt[:, None] + (2.0 * net.request_overhead_bytes + (g + 1.0) * (net.bytes_per_draft_token + net.bytes_per_reply_token)) / net.bandwidth_bytes_per_s
     wait = network + split.tau_l.tau(1.0, g + 1.0, c[:, None] + (g + 1.0))
-    edge = np.empty((k, g_max))
     opts = split.options
-    beta = alpha if opts.bonus_match is None else np.full(k, opts.bonus_match)
-    rows = np.arange(k)
-    for j in range(g_max):
-        draft = cum[:, j]
-        if not opts.proactive:
-            edge[:, j] = draft + network[:, j]
-            continue
-        p = alpha ** (j + 1) * beta
-        fits = cum[:, : j + 1] <= wait[:, j, None]  # passes done before the verdict (a prefix)
-        h = fits.sum(axis=1)
+    if opts.proactive:
+        beta = alpha if opts.bonus_match is None else np.full(k, opts.bonus_match)
+        p = alpha[:, None] ** g * beta[:, None]
+        depth_idx = np.arange(g_max)
+        # for depth j (0-based) the passes 0..j; those finished within the wait form a prefix of length h
+        fits = (cum[:, None, :] <= wait[:, :, None]) & (depth_idx[None, :] <= depth_idx[:, None])[None]
+        h = fits.sum(axis=2)
+        rows = np.arange(k)[:, None]
         done = np.where(h > 0, cum[rows, np.maximum(h - 1, 0)], 0.0)
-        delay = np.where(h <= j, cum[rows, np.minimum(h, j)] - wait[:, j], 0.0) if opts.interrupt == "step" else 0.0
-        edge[:, j] = draft - p * done + delay + network[:, j]
+        if opts.interrupt == "step":  # the pass in flight when the verdict arrives finishes first
+            delay = np.where(h <= depth_idx[None, :], cum[rows, np.minimum(h, g_max - 1)] - wait, 0.0)
+        else:
+            delay = 0.0
+        edge = cum - p * done + delay + network
+    else:
+        edge = cum + network
     prof = split.profile
     room = prof.edge.device.memory_bytes - prof.edge.device.reserve_bytes - prof.slm.weight_bytes
     fits_edge = (inp + out)[:, None] + g + 1.0 <= room / split.kv_s
@@ -230,7 +232,7 @@ def shares_split(r_a: float, r_s: float, r_e: float, m_a: float, m_s: float, m_e
 
 
 def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Round, plan: Plan, rng: np.random.Generator | None = None,
-                        simulate_acceptance: bool = False, completion: str = "batch", sharing: str = "fixed") -> Outcome:
+                        simulate_acceptance: bool = False, completion: str = "batch", sharing: str = "fixed", users: EdUsers | None = None) -> Outcome:
     """Realised latency and served flags of a plan with AD, SD and ED users.
 
     Without ED users this *is* ``envs.outcome.evaluate_plan`` (v0's outcome). With them (choice):
@@ -238,7 +240,8 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     finishes at its end; ``completion`` and ``sharing`` other than the paper's are not modelled for
     such rounds. ED users' realised latency is ``U_E + C_E / zeta_E + P_E + J X_E`` with their
     realised outputs and acceptance (expected tokens per iteration: ``simulate_acceptance`` applies
-    to SD only).
+    to SD only). ``users``: the round's predicted :class:`EdUsers` (at least ``max ed_depth``
+    depths), reused when realised equals predicted (saves recomputing them).
     """
     ed_idx = np.flatnonzero(plan.modes == ED)
     if ed_idx.size == 0:
@@ -251,7 +254,9 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     a = evaluate_plan(cost, rnd, ad_only, rng=rng, simulate_acceptance=simulate_acceptance)
     s = evaluate_plan(cost, rnd, sd_only, rng=rng, simulate_acceptance=simulate_acceptance)
     latency = np.where(modes == AD, a.latency_s, np.where(modes == SD, s.latency_s, np.inf))
-    users = ed_users(split, rnd, int(plan.ed_depth[ed_idx].max()), realised=True)
+    exact = np.array_equal(rnd.realized_output_tokens, rnd.output_tokens) and np.array_equal(rnd.realized_alpha, rnd.alpha)
+    if users is None or not exact or users.tokens.shape[1] < int(plan.ed_depth[ed_idx].max()):
+        users = ed_users(split, rnd, int(plan.ed_depth[ed_idx].max()), realised=True)
     depth = plan.ed_depth[ed_idx]
     col = depth - 1
     b = ed_idx.size

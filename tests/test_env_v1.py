@@ -161,3 +161,16 @@ def test_defaults_and_render():
     assert "ED:" in env.render()
     env.step(0)
     assert env.unwrapped.action_masks()[REJECT]
+
+
+def test_speed_benchmark_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    from experiments.bench import v1_speed
+
+    out = tmp_path / "v1_speed.md"
+    monkeypatch.setattr("sys.argv", ["v1_speed", "--users", "5", "--num-envs", "4", "--seconds", "0.03", "--out", str(out)])
+    v1_speed.main()
+    text = out.read_text()
+    assert "EdgeSchedule-v1 steps" in text and "vector env user-decisions" in text and "Reproduce" in text
+    monkeypatch.setattr("sys.argv", ["v1_speed", "--users", "0"])
+    with pytest.raises(SystemExit):
+        v1_speed.main()

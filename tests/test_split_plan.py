@@ -237,3 +237,27 @@ def test_outcome_with_ed_meets_deadlines_when_realised_equals_predicted(models):
         rep = check_plan_split(cost, users, rnd, modes, max(plan.gamma, 1), depth)
         out = evaluate_split_plan(cost, split, rnd, Plan(modes, gamma=max(plan.gamma, 1), z=rep.z, lam=rep.lam, ed_depth=depth, ed_share=rep.ed_share))
         assert np.all(out.served[modes != REJECT])
+
+
+@pytest.mark.parametrize("options", [{}, {"proactive": False}, {"interrupt": "immediate"}, {"bonus_match": 0.3}])
+def test_ed_user_table_matches_the_closed_form_per_user(options):
+    from envs.split_cost import SplitOptions
+
+    split = SplitCostModel(load_profile(PROFILE), SplitOptions(**options))
+    rnd = round_of(8, 77, edge_fraction=1.0)
+    users = ed_users(split, rnd, G)
+    for k in range(8):
+        c_k = rnd.input_tokens[k] + rnd.output_tokens[k] / 2.0
+        for g in range(1, G + 1):
+            x = split.edge_iteration_s(float(rnd.alpha[k]), DraftTree.chain(g), c_k, float(rnd.rtt_s[k]))
+            assert users.edge_s[k, g - 1] == pytest.approx(x, rel=1e-12)
+
+
+def test_scalar_and_array_batch_forms_agree(models):
+    from envs.split_plan import ed_memory, ed_memory1, ed_time, ed_time1
+
+    cost, _ = models
+    for b, s, n, j, q, so in [(1, 10, 20, 5, 2, 20), (7, 300, 150, 40, 9, 600), (3, 1, 1, 1, 2, 3)]:
+        assert ed_time1(cost, b, s, n, j, q) == float(ed_time(cost, b, s, n, j, q))
+        assert ed_memory1(cost, b, s, n, so, q) == float(ed_memory(cost, b, s, n, so, q))
+    assert ed_time1(cost, 0, 5, 5, 5, 2) == 0.0 == float(ed_time(cost, 0, 5, 5, 5, 2))
