@@ -368,10 +368,11 @@ class SplitCostModel:
                            (period,), (), mem, mem <= self.kv_budget_bytes)
 
     # ------------------------------------------------------------------ depth calibration
-    def calibrated_depth(self, alpha, context: float, rtt_s=None, verify_clients: int = 1, max_depth: int = 8):
-        """Per user, the chain depth whose edge iteration best matches the overlapped verify pass.
+    def calibrated_depth(self, alpha, context: float, rtt_s=None, verify_clients: int = 1, max_depth: int = 8, tree: DraftTree | None = None):
+        """Per user, the draft depth whose edge iteration best matches the overlapped verify pass.
 
         ``alpha`` and ``rtt_s`` are scalars or arrays (one per user); returns an int or an int array.
+        ``tree``: calibrate the depth of this tree (its budget, beams and branch kept); None = a chain.
         """
         if not isinstance(max_depth, int | np.integer) or max_depth < 1:
             raise ValueError(f"max_depth must be an integer >= 1, got {max_depth!r}")
@@ -382,9 +383,9 @@ class SplitCostModel:
         for idx in np.ndindex(a.shape):
             best, best_gap = 1, math.inf
             for g in range(1, max_depth + 1):
-                tree = DraftTree.chain(g)
-                v = self.verify_s(max(verify_clients, 1), tree, context)
-                gap = abs(self.edge_iteration_s(float(a[idx]), tree, context, float(rtt[idx]), wait_s=None) - v)
+                shape = DraftTree.chain(g) if tree is None else DraftTree(tree.budget, tree.beams, tree.branch, g)
+                v = self.verify_s(max(verify_clients, 1), shape, context)
+                gap = abs(self.edge_iteration_s(float(a[idx]), shape, context, float(rtt[idx]), wait_s=None) - v)
                 if gap <= best_gap:
                     best, best_gap = g, gap
             out[idx] = best

@@ -150,3 +150,10 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="num_clients"):
         SplitCostModel(load_profile(GPU)).steady_state(0, 0.8, TREE, 100)
     assert math.isfinite(SplitCostModel(load_profile(GPU)).steady_state(3, 0.8, TREE, 100).itl_s)
+
+
+def test_calibrated_tree_depth_grows_with_the_verify_pass(model):
+    # a bigger verify cohort takes longer, so the edge can afford a deeper tree in the same time
+    small = model.calibrated_depth(0.8, 512.0, 0.015, verify_clients=1, max_depth=12, tree=TREE)
+    large = model.calibrated_depth(0.8, 512.0, 0.015, verify_clients=64, max_depth=12, tree=TREE)
+    assert 1 <= small <= large <= 12
