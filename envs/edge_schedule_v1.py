@@ -174,6 +174,7 @@ class EdgeScheduleV1Env(gym.Env):
         self._masks = [True] + [False] * (self._n - 1)
         self._done = True
         self._budget = max(self.cost.memory_budget1(True), 1.0)
+        self._obs_size = observation_size(self.cfg)
 
     @property
     def round(self) -> Round | None:
@@ -239,7 +240,7 @@ class EdgeScheduleV1Env(gym.Env):
 
     def _encode(self) -> np.ndarray:
         cfg, p, t, k = self.cfg, self._plan, self._t, self.cfg.num_users
-        obs = np.zeros(observation_size(cfg), dtype=np.float32)
+        obs = np.zeros(self._obs_size, dtype=np.float32)
         live = t < k
         if live:
             obs[:USER_FEATURES] = self._feats[t]
