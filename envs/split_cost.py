@@ -29,8 +29,10 @@ levels, ``branch`` children per node, children only under the ``beams`` best nod
 For a chain this is exactly ``E = (1 - alpha^(g+1)) / (1 - alpha)``.
 
 **Edge drafting** (batch 1 on the edge device, the profile's ``edge.tau_draft``): one pass per
-level; pass 1 forwards the root, pass ``l + 1`` the expanded nodes of level ``l``
-(``min(beams, n_l)`` tokens), at context ``c + nodes drafted so far``. A chain of depth ``g``
+level of the kept tree (``D`` levels); pass 1 forwards the root, pass ``l + 1`` either SpecEdge's
+beam (``pass_width="beams"``, default: ``w_{l+1} = min(beams, w_l * branch)`` candidates, what its
+beam search forwards before the final trim to ``budget``) or only the kept tree's level ``l``
+(``"kept"``: ``min(beams, n_l)``, a lower bound), at context ``c + nodes drafted so far``. A chain of depth ``g``
 costs ``sum_{i<g} tau_E(1, 1, c + i)``. Edge prefill: ``tau_E(1, I, I)``.
 
 **Network** (per iteration): ``rtt + (up + down) / bandwidth`` with
@@ -85,6 +87,7 @@ import numpy as np
 from envs.profile import Profile
 
 INTERRUPTS = ("step", "immediate")
+PASS_WIDTHS = ("beams", "kept")
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,13 @@ class DraftTree:
     beams: int = 1
     branch: int = 1
     depth: int | None = None  #: None = budget (no depth limit beyond the budget)
+    #: what each edge pass forwards: "beams" (SpecEdge's beam search: level l + 1 forwards
+    #: min(beams, width_l * branch) candidates) or "kept" (only the kept tree's nodes, capped at beams)
+    pass_width: str = "beams"
 
     def __post_init__(self) -> None:
+        if self.pass_width not in PASS_WIDTHS:
+            raise ValueError(f"draft tree field 'pass_width' must be one of {list(PASS_WIDTHS)}, got {self.pass_width!r}")
         for name in ("budget", "beams", "branch"):
             v = getattr(self, name)
             if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
@@ -163,7 +171,13 @@ def _shape(alpha: float, tree: DraftTree) -> TreeShape:
             tie += 1
     depth = max(per_level) if per_level else 0
     nodes = tuple(per_level[d] for d in range(1, depth + 1))
-    widths = (1,) + tuple(min(tree.beams, n) for n in nodes[:-1])
+    if tree.pass_width == "kept":
+        widths = (1,) + tuple(min(tree.beams, n) for n in nodes[:-1])
+    else:
+        w = [1]
+        for _ in range(depth - 1):
+            w.append(min(tree.beams, w[-1] * tree.branch))
+        widths = tuple(w)
     s = [1.0] + [mass[d] for d in range(1, depth + 1)]
     acc = tuple(s[d] / s[d - 1] if s[d - 1] > 0 else 0.0 for d in range(1, depth + 1))
     return TreeShape(1.0 + sum(s[1:]), widths, nodes, acc, a**depth, tree.verify_tokens)
