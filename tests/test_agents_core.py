@@ -582,3 +582,195 @@ def test_optimal_scheduler_arguments_and_solve():
     best = certify(cost, rnd, 2, 1e4, [])
     plan = scheduler(Optimal, cost, 4, 2, time_limit_s=1e4).solve(rnd, warm=[best])
     assert plan.extra["trace"][0]["lower"] == 4 and _events(plan) == [("warm start", 4, 6), ("exhaustive search: none serves 5", 4, 4)]
+
+
+# a monotone round whose split bound depends on the grid step: 6 at step 0.1, 5 at 0.02 and 0.01
+# (optimum 4, brute force)
+STEP_ROUND = make_round([1, 2, 7, 6, 4, 15], [5, 3, 4, 14, 16, 2], [0.298, 0.479, 0.482, 0.49, 0.221, 0.342],
+                        [0.9, 0.5, 0.5, 0.95, 0.95, 0.9], [0.0157, 0.0198, 0.0233, 0.0143, 0.0132, 0.0363],
+                        [0.0032, 0.019, 0.011, 0.0092, 0.0094, 0.0003])
+
+
+def test_certify_split_bound_uses_the_given_depth_and_step():
+    cost, rnd = golden(), STEP_ROUND
+    assert CostEnvelope(cost, rnd, 2).monotone and brute_optimum(cost, rnd, 2) == 4
+    assert [split_upper_bound(cost, rnd, 2, s) for s in (0.1, 0.02, 0.01)] == [6, 5, 5]
+    plan = certify(cost, rnd, 2, 1e4, [], bound_step=0.1)
+    assert _events(plan)[:2] == [("warm start", 0, 6), ("split bound", 0, 6)]
+    plan = certify(cost, rnd, 2, 1e4, [])  # the default step is 0.02
+    assert _events(plan)[:2] == [("warm start", 0, 6), ("split bound", 0, 5)]
+    assert plan.admitted == 4 and plan.extra["upper_bound"] == 4
+    ts = [e["t_s"] for e in plan.extra["trace"]]
+    assert all(isinstance(t, float) and round(t, 4) == t for t in ts)  # seconds, to 0.1 ms
+
+
+def _feasible_plan(cost, rnd, gamma, count):
+    modes = all_plans(rnd.num_users)
+    rep = check_plans(cost, rnd, modes, gamma)
+    return modes[np.flatnonzero(rep.feasible & ((modes != 0).sum(axis=1) == count))[0]].copy()
+
+
+class _FakeSearch:
+    """Stands in for ``exhaustive_search``: records each call, sleeps and answers from a script."""
+
+    def __init__(self, script):
+        self.script, self.calls = list(script), []
+
+    def __call__(self, cost, rnd, gamma, incumbent=0, time_limit_s=float("inf"), chunk=20_000, envelope=None):
+        sleep_s, answer = self.script.pop(0)
+        t0 = time.perf_counter()
+        time.sleep(sleep_s)
+        self.calls.append({"incumbent": incumbent, "time_limit_s": time_limit_s, "envelope": envelope, "slept": time.perf_counter() - t0})
+        return answer
+
+
+class _FakeMILP:
+    """Stands in for ``RoundMILP``: records every solve and cut, answers from a script."""
+
+    instances: list = []
+
+    def __init__(self, cost, rnd, gamma, script):
+        self.args, self.script, self.solves, self.cut_for, self.num_cuts = (cost, rnd, gamma), list(script), [], [], 0
+        _FakeMILP.instances.append(self)
+
+    def solve(self, time_left_s, at_least, at_most):
+        self.solves.append((time_left_s, at_least, at_most))
+        return self.script.pop(0)
+
+    def cuts_for(self, modes):
+        self.cut_for.append(np.asarray(modes).copy())
+        self.num_cuts += 2
+
+
+def _patch(monkeypatch, search_script, milp_script=()):
+    import agents.optimal as opt
+
+    fake = _FakeSearch(search_script)
+    monkeypatch.setattr(opt, "exhaustive_search", fake)
+    _FakeMILP.instances = []
+    monkeypatch.setattr(opt, "RoundMILP", lambda cost, rnd, gamma: _FakeMILP(cost, rnd, gamma, milp_script))
+    return fake
+
+
+def test_certify_descent_steps_budgets_and_targets(monkeypatch):
+    """The descent with a scripted search (non-monotone round: no split bound), warm lower 2,
+    upper 6, time limit 40 s of which half (20 s) for the descent:
+
+    1. step 2 (the last proof took 0 s < 1 % of 20 s): target max(3, 6 - 2 + 1) = 5, not the
+       cheapest (6), so limited to max(4 * 0, 0.2) = 0.2 s; proof (0.1 s) -> upper 4;
+    2. 0.1 s < 0.2 s: step 4, target max(3, 4 - 4 + 1) = 3, limit 4 * 0.1 = 0.4 s; stopped -> back
+       to single steps (last proof = inf);
+    3. step 1: target 4 = upper, all the budget (~20 s); proof (0.25 s) -> upper 3;
+    4. 0.25 s >= 0.2 s: step 1, target 3, all the budget; a plan of 3 -> lower 3 = upper: done.
+    """
+    cost, rnd = DESCENT_COST, DESCENT_ROUND
+    two, three = _feasible_plan(cost, rnd, 2, 2), _feasible_plan(cost, rnd, 2, 3)
+    fake = _patch(monkeypatch, [(0.1, (None, True, 4)), (0.0, (None, False, 4)), (0.25, (None, True, 3)), (0.0, (three, True, 3))])
+    plan = certify(cost, rnd, 2, 40.0, [Plan(two, gamma=2)], exhaustive_share=0.5)
+    assert _events(plan) == [("warm start", 2, 6), ("exhaustive search: none serves 5", 2, 4),
+                             ("exhaustive search: none serves 4", 2, 3), ("exhaustive search found 3", 3, 3)]
+    assert [c["incumbent"] for c in fake.calls] == [4, 2, 3, 2]
+    tl = [c["time_limit_s"] for c in fake.calls]
+    assert tl[0] == 0.2
+    assert 4 * fake.calls[0]["slept"] <= tl[1] < 5 * fake.calls[0]["slept"]
+    assert 19.0 < tl[2] <= 20.0 and 19.0 < tl[3] <= tl[2]
+    assert all(isinstance(c["envelope"], CostEnvelope) for c in fake.calls)
+    assert fake.script == [] and _FakeMILP.instances == []
+    assert plan.modes.tolist() == three.tolist() and plan.extra["gap"] == 0 and plan.extra["milp_solves"] == 0
+
+
+def test_certify_stopped_search_hands_over_to_the_milp(monkeypatch):
+    """Warm lower 2, the whole 40 s for the descent: step 2 -> target 5, stopped at 0.2 s (single
+    steps again); target 6 = upper gets all the time and is stopped too: "exhaustive search for 6
+    stopped", the descent ends. The scripted MILP: an infeasible optimum (everyone on AD) with
+    bound 5 -- repaired (agents.plan_repair) into a plan of 4 and cut; a feasible plan of 3 (not
+    better) with bound 5; then "infeasible": nothing beats 4, so upper 4."""
+    from agents.plan_repair import repair
+
+    cost, rnd = DESCENT_COST, DESCENT_ROUND
+    two, three = _feasible_plan(cost, rnd, 2, 2), _feasible_plan(cost, rnd, 2, 3)
+    everyone_ad = np.full(6, AD, dtype=np.int8)
+    repaired = repair(cost, rnd, everyone_ad, 2)
+    assert np.count_nonzero(repaired) == 4 and check_plans(cost, rnd, repaired[None, :], 2).feasible[0]
+    fake = _patch(monkeypatch, [(0.0, (None, False, 6)), (0.0, (None, False, 6))],
+                  [("optimal", everyone_ad, 5), ("feasible", three, 5), ("infeasible", None, None)])
+    plan = certify(cost, rnd, 2, 40.0, [Plan(two, gamma=2)])
+    assert _events(plan) == [("warm start", 2, 6), ("exhaustive search for 6 stopped", 2, 6), ("MILP optimal", 4, 5),
+                             ("MILP feasible", 4, 5), ("relaxation cannot beat the incumbent", 4, 4)]
+    assert [c["incumbent"] for c in fake.calls] == [4, 5]
+    assert fake.calls[0]["time_limit_s"] == 0.2 and 39.0 < fake.calls[1]["time_limit_s"] <= 40.0
+    milp = _FakeMILP.instances[0]
+    assert milp.args[0] is cost and milp.args[1] is rnd and milp.args[2] == 2
+    assert [s[1:] for s in milp.solves] == [(3, 6), (5, 5), (5, 5)]
+    assert all(0 < s[0] <= 40.0 for s in milp.solves)
+    assert len(milp.cut_for) == 1 and milp.cut_for[0].tolist() == everyone_ad.tolist()
+    assert plan.extra["milp_solves"] == 3 and plan.extra["cuts"] == 2
+    assert plan.modes.tolist() == repaired.tolist() and plan.extra["optimal"] and plan.extra["upper_bound"] == 4
+
+
+def test_certify_keeps_the_first_of_equal_plans_and_checks_every_warm_plan(monkeypatch):
+    cost, rnd = DESCENT_COST, DESCENT_ROUND
+    plans2 = [m for m in all_plans(6) if (m != 0).sum() == 2 and check_plans(cost, rnd, m[None, :], 2).feasible[0]][:2]
+    infeasible = Plan(np.full(6, AD, dtype=np.int8), gamma=2)
+    _patch(monkeypatch, [(0.0, (None, False, 6)), (0.0, (None, False, 6))], [("limit", None, 5)])
+    plan = certify(cost, rnd, 2, 40.0, [Plan(plans2[0], gamma=2), Plan(plans2[1], gamma=2), infeasible])
+    assert plan.modes.tolist() == plans2[0].tolist()
+    assert _events(plan) == [("warm start", 2, 6), ("exhaustive search for 6 stopped", 2, 6), ("MILP limit", 2, 5)]
+    assert plan.extra["milp_solves"] == 1 and plan.extra["cuts"] == 0 and plan.extra["gap"] == 3
+
+
+def test_certify_with_less_than_a_second_left_still_searches(monkeypatch):
+    cost, rnd = DESCENT_COST, DESCENT_ROUND
+    fake = _patch(monkeypatch, [(0.0, (None, True, 0))] * 6)  # every search a proof
+    plan = certify(cost, rnd, 2, 40.0, [], start=time.perf_counter() - 39.3)
+    ev = _events(plan)
+    assert ev[:2] == [("warm start", 0, 6), ("exhaustive search: none serves 5", 0, 4)] and ev[-1][1:] == (0, 0)
+    assert fake.calls[0]["incumbent"] == 4 and 0 < fake.calls[0]["time_limit_s"] <= 0.2
+    # nothing found at all: the plan rejects everyone, int8 modes
+    assert plan.modes.tolist() == [0] * 6 and plan.modes.dtype == np.int8 and (plan.z, plan.lam) == (1.0, 1.0)
+
+
+def test_optimal_solve_counts_balance_in_its_time(monkeypatch):
+    import agents.optimal as opt
+
+    real = opt.split_search
+
+    def slow(*args):
+        time.sleep(0.05)
+        return real(*args)
+
+    monkeypatch.setattr(opt, "split_search", slow)
+    cost, rnd = golden(), STEP_ROUND
+    plan = scheduler(Optimal, cost, 4, 2, time_limit_s=1e4, bound_step=0.1, exhaustive_share=0.0).plan(rnd)
+    ev = _events(plan)
+    assert plan.extra["trace"][0]["t_s"] >= 0.05  # the clock started before BALANCE ran
+    assert ev[1] == ("split bound", ev[0][1], 6)  # bound_step 0.1 reached the split bound
+    assert all(e[0].startswith("MILP") or e[0].startswith("relaxation") for e in ev[2:])  # no descent
+    assert plan.admitted == 4 and plan.extra["optimal"]
+
+
+def test_scheduler_defaults_and_seeds():
+    cost = golden()
+    ex = scheduler(Exhaustive, cost, 4, 2)
+    assert (ex.max_users, ex.time_limit_s, ex.warm_start) == (16, 60.0, True)
+    o = scheduler(Optimal, cost, 4, 2)
+    assert (o.time_limit_s, o.bound_step, o.incumbent_step, o.exhaustive_share) == (10.0, 0.02, 0.05, 1.0)
+    assert scheduler(Optimal, cost, 4, 2, time_limit_s=0.5).time_limit_s == 0.5
+    assert scheduler(Balance, cost, 4, 2).grid_step == 0.05
+    for cls in (Balance, BalanceGammaSearch, Exhaustive, Optimal):
+        s = scheduler(cls, cost, 4, 3, seed=11)
+        assert s.rng.integers(1 << 30) == np.random.default_rng(11).integers(1 << 30), cls
+        assert s.gamma == 3
+
+
+def test_exhaustive_scheduler_at_its_user_limit_and_with_one_servable_user():
+    cost, rnd = CASES[1]
+    opt = brute_optimum(cost, rnd, 2)
+    plan = scheduler(Exhaustive, cost, 4, 2, max_users=rnd.num_users).plan(rnd)  # K == max_users is allowed
+    assert plan.admitted == opt
+    # exactly one user can be served: the search must look for plans of 1 (incumbent 0)
+    one = make_round([5, 5], [10, 10], [1.0, 0.03], [0.9, 0.9], [0.01, 0.01], [0.005, 0.005])
+    assert brute_optimum(cost, one, 2) == 1
+    for warm in (True, False):
+        plan = scheduler(Exhaustive, golden(), 4, 2, warm_start=warm).plan(one)
+        assert plan.admitted == 1 and plan.extra == {"gap": 0, "upper_bound": 1}
