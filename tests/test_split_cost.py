@@ -157,3 +157,13 @@ def test_calibrated_tree_depth_grows_with_the_verify_pass(model):
     small = model.calibrated_depth(0.8, 512.0, 0.015, verify_clients=1, max_depth=12, tree=TREE)
     large = model.calibrated_depth(0.8, 512.0, 0.015, verify_clients=64, max_depth=12, tree=TREE)
     assert 1 <= small <= large <= 12
+
+
+def test_pass_widths_beam_search_and_kept_tree():
+    beams = tree_shape(0.8, TREE)
+    kept = tree_shape(0.8, DraftTree(32, 32, 16, 8, pass_width="kept"))
+    assert beams.pass_widths[:3] == (1, 16, 32) and all(w == 32 for w in beams.pass_widths[2:])
+    assert all(k <= b for k, b in zip(kept.pass_widths, beams.pass_widths, strict=True))
+    assert beams.expected_tokens == kept.expected_tokens  # what is accepted does not depend on what was forwarded
+    with pytest.raises(ValueError, match="pass_width"):
+        DraftTree(4, pass_width="wide")
