@@ -111,5 +111,6 @@ def warn_if_measured_elsewhere(profile: Profile, current: dict, stacklevel: int 
         what = "; ".join(f"{k}: {a!r} in the profile, {b!r} here" for k, (a, b) in diff.items())
         source = "its calibration was" if profile.calibration is not None else "it was"
         warnings.warn(f"profile {profile.name!r} describes another machine or pair than this one ({source} measured elsewhere): {what}. "
-                      f"Its times may be off here -- run `python -m runtime.profile --quick` to calibrate it", ProfileProvenanceWarning, stacklevel=stacklevel)
+                      f"Its times may be off here -- run `python -m runtime.profile --quick` to calibrate it, or plan with profile=auto "
+                      f"(calibrated here on first use and cached: runtime.machine_profile)", ProfileProvenanceWarning, stacklevel=stacklevel)
     return diff
