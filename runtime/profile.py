@@ -309,7 +309,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--base", default=None, help="with --quick: the profile to calibrate, a name in conf/profile/ or a .yaml path (default: --out)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--role", choices=["server", "edge"], default="server",
+                    help="server: both models on this device (keeps an existing edge/network section); edge: only the draft, into --out's edge section (runtime.split.role_profile)")
     args = ap.parse_args(argv)
+    if args.role == "edge" and (args.quick or args.engine_only or args.base):
+        raise SystemExit("--role edge measures only the edge section: no --quick, --engine-only or --base")
+    if args.role == "edge" and not args.out.is_file():
+        raise SystemExit(f"--role edge replaces the edge section of an existing profile: {args.out} is missing (measure --role server first, or copy the server's profile here)")
     if args.pair is None and (args.target is None or args.draft is None):
         raise SystemExit("give --pair PATH, or both --target and --draft")
     if args.quick and (args.engine_only or args.engine):
@@ -338,6 +344,13 @@ def main(argv: list[str] | None = None) -> None:
     pair = load_pair(args.pair, device=args.device, dtype=args.dtype) if args.pair else load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     name = args.name or args.out.stem
     fingerprint = machine_fingerprint(args.device, args.dtype, torch.get_num_threads(), pair)
+    if args.role == "edge":
+        from runtime.split.role_profile import edge_section, merge_edge_section
+
+        section = edge_section(pair, args.device, args.dtype, *grids, args.repeats, fingerprint)
+        write_profile(merge_edge_section(args.out, section), args.out)
+        print(f"wrote the edge section of {args.out}")
+        return
     if args.quick:
         profile = yaml.safe_load(base_path.read_text())
         try:
@@ -362,6 +375,9 @@ def main(argv: list[str] | None = None) -> None:
             "latency": {"source": "table", **measure(pair, *grids, args.repeats)},
         }
         profile["fit"] = roofline_fit(profile)
+        from runtime.split.role_profile import kept_split_sections
+
+        profile.update(kept_split_sections(args.out))
     if args.engine is None:
         args.engine = True
     if args.engine or args.engine_only:

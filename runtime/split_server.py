@@ -70,12 +70,12 @@ def main(argv: list[str] | None = None) -> None:
             idle_since, grace = time.monotonic(), 0.0
         elif args.idle_exit_s is not None and time.monotonic() - idle_since > args.idle_exit_s + grace:
             break
-    server.stop(grace=2.0).wait(5.0)
-    batcher.stop()
-    stats = stats_dict(batcher, service.streams_opened)
+    stats = stats_dict(batcher, service.streams_opened)  # final: written before stopping, which may wait for streams
     if args.stats_out is not None:
         write_text_atomic(args.stats_out, json.dumps(stats, indent=2))
     print(json.dumps(stats), flush=True)
+    server.stop(grace=2.0).wait(5.0)
+    batcher.stop()
 
 
 if __name__ == "__main__":

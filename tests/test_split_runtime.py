@@ -184,3 +184,22 @@ def test_depth_controller_rejects_bad_settings():
     for kwargs in (dict(min_depth=0), dict(initial=9), dict(smoothing=0.0), dict(max_step=0)):
         with pytest.raises(ValueError):
             DepthController(**kwargs)
+
+
+def test_profile_roles_write_the_server_and_edge_sections(pair, tmp_path):
+    import yaml
+
+    from envs.profile import Profile
+    from runtime.profile import main as profile_main
+
+    out = tmp_path / "p.yaml"
+    grid = ["--pair", str(pair.path), "--b", "1", "--q", "1,3", "--c", "8,16", "--repeats", "1", "--threads", "1"]
+    with pytest.raises(SystemExit, match="missing"):
+        profile_main([*grid, "--role", "edge", "--out", str(out)])
+    profile_main([*grid, "--role", "server", "--no-engine", "--out", str(out)])
+    assert "edge" not in yaml.safe_load(out.read_text())
+    profile_main([*grid, "--role", "edge", "--out", str(out)])
+    prof = Profile.from_dict(yaml.safe_load(out.read_text()), name="p")
+    assert prof.edge is not None and prof.edge.latency_source == "table" and float(prof.edge.tau_draft.tau(1, 1, 8)) > 0
+    profile_main([*grid, "--role", "server", "--no-engine", "--out", str(out)])  # a server rewrite keeps the edge section
+    assert Profile.from_dict(yaml.safe_load(out.read_text()), name="p").edge is not None

@@ -3,7 +3,7 @@ the server (through any :class:`~runtime.split.transport.VerifierLink`) to verif
 
 Per iteration: propose ``depth`` drafts (the chain may already hold them from proactive drafting),
 send, and -- with ``proactive`` on -- keep drafting one token at a time until the reply arrives
-(at most ``depth + 1 + max_depth`` tokens ahead: the guessed bonus and a whole next block), then
+(at most ``2 * depth + 1`` tokens: the block, the guessed bonus and a next block of the same depth), then
 commit the verdict. Every iteration is logged (:class:`IterationLog`); every request ends with
 exactly one :class:`RequestOutcome` (``length``, ``eos``, ``error`` or ``timeout``).
 """
@@ -109,7 +109,7 @@ class EdgeClient:
             fut = self.link.submit(req)
             p0 = session.draft_seconds
             if self.proactive:
-                while not fut.done() and len(session.chain) < depth + 1 + self.max_depth:
+                while not fut.done() and len(session.chain) < 2 * depth + 1:  # the guessed bonus and one more block
                     session.draft_one()
             reply = fut.result(timeout=self.reply_timeout_s)
             t_reply = time.perf_counter()

@@ -1,0 +1,208 @@
+"""Split runtime benchmark on one machine over loopback: edge drafting + server verification
+(``runtime.edge`` + ``runtime.split_server``, one torch thread per process) against server-only
+SD (draft and target batched in one process, one torch thread), across RTTs, proactive drafting
+on/off and one or two verification cohorts.
+
+    python -m experiments.split_bench --out results/split_bench                       # the full grid
+    python -m experiments.split_bench --out /tmp/sb --rtt-ms 5 --clients 2 --requests 1 --max-new-tokens 16 --preset tiny  # a smoke run
+
+Writes ``DIR/split_bench.csv`` (one row per split run), ``DIR/baseline.csv`` (the server-only SD
+sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
+
+- **server throughput**: tokens the server committed / the span from its first batch to its last
+  (split); tokens / wall time (server-only SD, where the server also drafts).
+- **ITL**: per request, the time from the first iteration's output to the last one's per token
+  emitted in between (the first iteration carries the prefill); the mean over requests.
+- **throughput_ratio**: split server throughput / the best server-only SD throughput among the
+  baseline configurations (batch = clients x {1/2, 1, 2}, gamma 2/4/6) whose ITL is no worse than
+  the split run's (``baseline_within_itl`` False when none is: then the fastest-ITL one is used).
+- **server_utilisation**: the server's time in target forwards / its span.
+
+Timings need an idle machine; every number comes with the command line in the markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from agents.artefacts import write_csv_atomic, write_text_atomic
+from runtime.engines import drain, sd_steps
+from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--preset", default="full", help="the project's pair to use (full, tiny, ...)")
+    ap.add_argument("--pair", type=Path, default=None)
+    ap.add_argument("--rtt-ms", type=_floats, default=[5.0, 10.0, 20.0, 40.0])
+    ap.add_argument("--proactive", default="on,off")
+    ap.add_argument("--cohorts", type=_ints, default=[1, 2])
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=3, help="requests per client")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--depth", default="auto")
+    ap.add_argument("--jitter-ms", type=float, default=1.0)
+    ap.add_argument("--bandwidth-mbps", type=float, default=100.0)
+    ap.add_argument("--window-ms", type=float, default=5.0)
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per split run")
+    args = ap.parse_args(argv)
+    args.proactive = [p for p in args.proactive.split(",") if p]
+    if not args.rtt_ms or any(r < 0 for r in args.rtt_ms) or not set(args.proactive) <= {"on", "off"} or not args.proactive:
+        raise SystemExit("--rtt-ms needs values >= 0 and --proactive a list of on/off")
+    if not args.cohorts or min(args.cohorts) < 1 or args.clients < 1 or args.requests < 1 or args.max_new_tokens < 2:
+        raise SystemExit("--cohorts, --clients and --requests must be >= 1 and --max-new-tokens >= 2")
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _pair_flags(args) -> list[str]:
+    return ["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]
+
+
+def split_run(args, rtt: float, proactive: str, cohorts: int, folder: Path) -> dict:
+    """One server process + one edge process on loopback; returns the edge summary and server stats."""
+    server_cmd = [sys.executable, "-m", "runtime.split_server", *_pair_flags(args), "--port", "0", "--threads", "1", "--cohorts", str(cohorts),
+                  "--window-ms", str(args.window_ms), "--idle-exit-s", "1", "--stats-out", str(folder / "server.json")]
+    server = subprocess.Popen(server_cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        while "listening on" not in line:
+            line = server.stdout.readline()
+            if not line and server.poll() is not None:
+                raise RuntimeError(f"the split server exited with {server.returncode}: {' '.join(server_cmd)}")
+        addr = line.split("listening on ")[1].strip()
+        edge_cmd = [sys.executable, "-m", "runtime.edge", *_pair_flags(args), "--server", addr, "--threads", "1", "--clients", str(args.clients),
+                    "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), "--rtt-ms", str(rtt),
+                    "--jitter-ms", str(args.jitter_ms), "--bandwidth-mbps", str(args.bandwidth_mbps), "--proactive", proactive,
+                    "--depth", str(args.depth), "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
+        edge = subprocess.run(edge_cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=args.timeout_s)
+        if edge.returncode != 0:
+            raise RuntimeError(f"the edge failed ({edge.returncode}): {edge.stderr[-1500:]}")
+        try:
+            server.wait(timeout=30)  # it stops by itself once the edge has left
+        except subprocess.TimeoutExpired:
+            print("[split_bench] the split server did not stop by itself within 30 s: SIGTERM", flush=True)
+            server.terminate()
+            server.wait(timeout=30)
+    finally:
+        server.kill()
+        server.wait()
+    return {"edge": json.loads((folder / "edge.json").read_text()), "server": json.loads((folder / "server.json").read_text())}
+
+
+def baseline_sweep(args, pair) -> pd.DataFrame:
+    """Server-only SD: batches of the same prompts, one process, one torch thread."""
+    torch.set_num_threads(1)
+    tok = pair.tokenizer
+    prompts = [tok.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
+    rows = []
+    batches = sorted({max(1, args.clients // 2), args.clients, 2 * args.clients})
+    for batch, gamma in itertools.product(batches, (2, 4, 6)):
+        batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+        emits: dict[int, list[tuple[float, int]]] = {i: [] for i in range(batch)}
+        reps = max(1, args.requests)
+        t0 = time.perf_counter()
+        tokens = 0
+        for _ in range(reps):
+            for v in emits.values():
+                v.clear()
+            res = drain(sd_steps(pair.target, pair.draft, batch_prompts, gamma, args.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                                 on_tokens=lambda row, ids: emits[row].append((time.perf_counter(), len(ids)))))
+            tokens += res.generated
+        wall = time.perf_counter() - t0
+        itls = [(e[-1][0] - e[0][0]) / sum(n for _, n in e[1:]) * 1e3 for e in emits.values() if len(e) > 1 and sum(n for _, n in e[1:])]
+        rows.append({"batch": batch, "gamma": gamma, "tokens_per_s": tokens / wall, "itl_ms": sum(itls) / len(itls) if itls else float("nan")})
+        print(f"[split_bench] server-only SD batch {batch} gamma {gamma}: {rows[-1]['tokens_per_s']:.1f} tok/s, ITL {rows[-1]['itl_ms']:.2f} ms", flush=True)
+    return pd.DataFrame(rows)
+
+
+def best_baseline(base: pd.DataFrame, itl_ms: float) -> tuple[pd.Series, bool]:
+    ok = base[base.itl_ms <= itl_ms]
+    if len(ok):
+        return ok.loc[ok.tokens_per_s.idxmax()], True
+    return base.loc[base.itl_ms.idxmin()], False
+
+
+def checks(df: pd.DataFrame) -> list[str]:
+    lines = []
+    five = df[df.rtt_ms == df.rtt_ms.min()]
+    if len(five):
+        lines.append(f"- split vs server-only SD at equal ITL, RTT {five.rtt_ms.iloc[0]:g} ms: best throughput ratio {five.throughput_ratio.max():.2f}x (target >= 1.15x)")
+    for (rtt, cohorts), g in df.groupby(["rtt_ms", "cohorts"]):
+        on, off = g[g.proactive == "on"], g[g.proactive == "off"]
+        if len(on) and len(off):
+            gain = 1 - on.itl_ms.iloc[0] / off.itl_ms.iloc[0]
+            lines.append(f"- proactive on vs off, RTT {rtt:g} ms, {cohorts} cohort(s): ITL {on.itl_ms.iloc[0]:.2f} vs {off.itl_ms.iloc[0]:.2f} ms, {100 * gain:.1f} % lower (target >= 5 %)")
+    for (rtt, proactive), g in df.groupby(["rtt_ms", "proactive"]):
+        one, two = g[g.cohorts == 1], g[g.cohorts == 2]
+        if len(one) and len(two):
+            lines.append(f"- two cohorts vs one, RTT {rtt:g} ms, proactive {proactive}: server utilisation {two.server_utilisation.iloc[0]:.2f} vs "
+                         f"{one.server_utilisation.iloc[0]:.2f} = {two.server_utilisation.iloc[0] / one.server_utilisation.iloc[0]:.2f}x (target >= 1.5x)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from runtime.pair import build_pair, load_pair
+
+    pair = load_pair(args.pair or build_pair(recipe=args.preset, progress=False))
+    base = baseline_sweep(args, pair)
+    write_csv_atomic(base, args.out / "baseline.csv", index=False)
+    rows = []
+    grid = list(itertools.product(args.rtt_ms, args.proactive, args.cohorts))
+    for k, (rtt, proactive, cohorts) in enumerate(grid, 1):
+        folder = args.out / "runs" / f"rtt{rtt:g}_proactive-{proactive}_cohorts{cohorts}"
+        folder.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        run = split_run(args, rtt, proactive, cohorts, folder)
+        edge, server = run["edge"], run["server"]
+        ref, within = best_baseline(base, edge["itl_ms"])
+        rows.append({"rtt_ms": rtt, "proactive": proactive, "cohorts": cohorts, "clients": args.clients, "depth": args.depth,
+                     "server_tokens_per_s": server["tokens_per_s"], "itl_ms": edge["itl_ms"], "server_utilisation": server["utilisation"],
+                     "mean_batch": server["mean_batch"], "mean_depth": edge["mean_depth"], "accepted_per_iteration": edge["accepted_per_iteration"],
+                     "proactive_hit_rate": edge["proactive_hit_rate"], "network_ms": edge["network_ms"], "queue_wait_ms": edge["queue_wait_ms"],
+                     "server_compute_ms": edge["server_compute_ms"], "outcomes": json.dumps(edge["outcomes"]),
+                     "baseline_tokens_per_s": ref.tokens_per_s, "baseline_itl_ms": ref.itl_ms, "baseline_batch": int(ref.batch),
+                     "baseline_gamma": int(ref.gamma), "baseline_within_itl": within, "throughput_ratio": server["tokens_per_s"] / ref.tokens_per_s})
+        print(f"[split_bench] {k}/{len(grid)} rtt {rtt:g} ms, proactive {proactive}, cohorts {cohorts}: {server['tokens_per_s']:.1f} tok/s, "
+              f"ITL {edge['itl_ms']:.2f} ms, utilisation {server['utilisation']:.2f}, ratio {rows[-1]['throughput_ratio']:.2f} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    df = pd.DataFrame(rows)
+    write_csv_atomic(df, args.out / "split_bench.csv", index=False)
+    cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    md = ["# Split runtime benchmark (CPU, loopback)", "", f"Command: `{cmd}`", "",
+          f"Pair: {args.pair or args.preset}; {args.clients} edge clients x {args.requests} requests x {args.max_new_tokens} tokens; "
+          f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process.", "", "## Targets", "", *checks(df), "",
+          "## Split runs", "", df.drop(columns=["outcomes"]).to_markdown(index=False, floatfmt=".3g"), "",
+          "## Server-only SD (one process drafts and verifies)", "", base.to_markdown(index=False, floatfmt=".3g"), ""]
+    write_text_atomic(args.out / "split_bench.md", "\n".join(md))
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
