@@ -23,9 +23,11 @@ Every client loops over iterations:
 4. The **verdict** comes back (``rtt/2`` + jitter + bytes / bandwidth). Acceptance is drawn level
    by level: level ``d`` is accepted with probability ``level_accept[d]`` given that the levels
    above it were (a chain: ``alpha`` per token); tokens gained = accepted levels + 1 (the bonus).
+   For a tree, the accepted path is the edge's top path with ``reuse_path_prob`` given full depth.
 5. **Proactive drafting** (switch ``proactive``): right after sending, the edge drafts the *next*
    block assuming every draft is accepted. The block is reused only if all levels were accepted
-   **and** the target's bonus token equals the edge's guess (probability ``bonus_match``); then
+   along the path the edge extended **and** the target's bonus token equals the edge's guess
+   (probability ``bonus_match``); then
    the passes already done are not repeated. Otherwise the block is discarded.
 
 ## Modelling choices (where the papers leave room)
@@ -72,13 +74,19 @@ class DraftShape:
 
     ``pass_widths``: tokens forwarded by each draft pass on the edge, in order; ``verify_tokens``:
     tokens per client in the server's verify pass (the drafts plus the root / previous bonus);
-    ``level_accept``: probability that level ``d`` (1-based) is accepted given levels ``< d`` were.
+    ``level_accept``: probability that level ``d`` (1-based) is accepted given levels ``< d`` were;
+    ``level_nodes``: nodes drafted per level (pass ``i`` attends to the context plus every node
+    drafted before it plus its own tokens; default: one node per pass); ``reuse_path_prob``: the
+    probability, given that every level was accepted, that the accepted path is the one the edge
+    extended proactively (its top path: 1 for a chain).
     """
 
     kind: str
     pass_widths: tuple[int, ...]
     verify_tokens: int
     level_accept: tuple[float, ...]
+    level_nodes: tuple[int, ...] | None = None
+    reuse_path_prob: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("chain", "tree"):
@@ -87,6 +95,10 @@ class DraftShape:
             raise DesConfigError(f"draft shape field 'pass_widths' must be a non-empty tuple of integers >= 1, got {self.pass_widths!r}")
         if len(self.level_accept) < 1 or any(not 0.0 <= p <= 1.0 for p in self.level_accept):
             raise DesConfigError(f"draft shape field 'level_accept' must be a non-empty tuple of probabilities in [0, 1], got {self.level_accept!r}")
+        if self.level_nodes is not None and (len(self.level_nodes) != len(self.pass_widths) or any(int(n) != n or n < 1 for n in self.level_nodes)):
+            raise DesConfigError(f"draft shape field 'level_nodes' must be null or one integer >= 1 per pass ({len(self.pass_widths)}), got {self.level_nodes!r}")
+        if not 0.0 <= self.reuse_path_prob <= 1.0:
+            raise DesConfigError(f"draft shape field 'reuse_path_prob' must be in [0, 1], got {self.reuse_path_prob!r}")
         if int(self.verify_tokens) != self.verify_tokens or self.verify_tokens < len(self.level_accept) + 1:
             raise DesConfigError(f"draft shape field 'verify_tokens' must be an integer >= depth + 1 = {len(self.level_accept) + 1}, got {self.verify_tokens!r}")
 
@@ -290,8 +302,11 @@ def simulate(cfg: DesConfig, prim: SplitPrimitives) -> DesResult:
     up_transfer = (prim.request_overhead_bytes + shape.verify_tokens * prim.bytes_per_draft_token) / prim.bandwidth_bytes_per_s
     levels = np.asarray(shape.level_accept)
 
+    nodes = shape.level_nodes or (1,) * len(shape.pass_widths)
+    before = np.concatenate([[0], np.cumsum(nodes)[:-1]])  # nodes drafted before each pass
+
     def draft_time(context: float, passes: range) -> list[float]:
-        return [prim.draft_pass_s(shape.pass_widths[i], context + i) for i in passes]
+        return [prim.draft_pass_s(shape.pass_widths[i], context + before[i] + shape.pass_widths[i]) for i in passes]
 
     def client(i: int):
         cohort = cohort_of[i]
@@ -329,7 +344,8 @@ def simulate(cfg: DesConfig, prim: SplitPrimitives) -> DesResult:
             fails = np.flatnonzero(draws >= levels)
             accepted = int(fails[0]) if len(fails) else shape.depth
             bonus_ok = rng.random() < cfg.bonus_match
-            reused = cfg.proactive and accepted == shape.depth and bonus_ok
+            on_path = rng.random() < shape.reuse_path_prob
+            reused = cfg.proactive and accepted == shape.depth and on_path and bonus_ok
             ready = done if reused else 0
             tokens = accepted + 1
             generated = generated + tokens

@@ -92,7 +92,11 @@ def test_tokens_per_iteration_match_the_acceptance_model(alpha, depth, seed):
     res = simulate(cfg, prim(draft_s=0.001, rtt_s=0.0))
     n = 4 * 150
     # tokens per iteration lie in [1, depth + 1]; the mean is within 5 standard errors of E
-    sd = math.sqrt(max(np.var(res.records["tokens"]), 1e-12))
+    # (the model's own standard deviation: P(accepted >= d) = alpha^d)
+    s = np.concatenate([[1.0], np.cumprod(shape.level_accept), [0.0]])
+    pmf = s[:-1] - s[1:]
+    tokens = np.arange(1, depth + 2)
+    sd = math.sqrt(max(float(pmf @ tokens**2 - (pmf @ tokens) ** 2), 0.0))
     assert res.records["tokens"].min() >= 1 and res.records["tokens"].max() <= depth + 1
     assert abs(res.summary["tokens_per_iteration"] - shape.expected_tokens()) <= 5 * sd / math.sqrt(n) + 1e-9
 

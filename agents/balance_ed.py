@@ -1,0 +1,179 @@
+"""BALANCE extended to three modes: AD, SD and ED (SpecEdge's split: the user's edge drafts, the server verifies).
+
+**How the per-mode enumeration is extended.** BALANCE enumerates the AD/SD split ``(z, lam)`` and
+solves each mode exactly (``agents.mode_solver``). ED's batch adds aggregates the threshold
+enumeration does not cover (per-user depths, edge iteration times, edge prefills; see
+``envs.split_plan``), so ED is placed *around* BALANCE rather than inside it:
+
+1. **The ED set.** Candidate ED sets form a nested family: edge-capable users sorted by the
+   least share each would need alone in ED (ascending), added one at a time when the set stays
+   feasible on the whole server (:func:`nested_ed_sets`). ``max_ed_sets`` of them (evenly spaced,
+   always including the empty set and the largest) are tried.
+2. **The ED depths** of a set are chosen exactly (``agents.ed_batch``: the depths that minimise
+   the set's share; no assignment needs less share or less memory).
+3. **AD and SD on the rest**: BALANCE's grid search over ``(z, lam)`` with the compute share and
+   KV memory the ED batch leaves (:func:`split_search_within`): AD gets ``z (1 - zeta_E)``, SD
+   ``(1 - z)(1 - zeta_E)``, the KV budget is reduced by the ED batch's memory.
+4. The plan serving most users wins; ties keep the smaller ED set (the empty set first).
+
+**What is exact and what is not.** Given the ED set, steps 2 and 3 are BALANCE's own guarantees
+(AD and SD per-mode solves exact; the grid over ``(z, lam)``). The ED set itself is a heuristic
+(a nested family, not all subsets): no optimality claim is made for it. Because the empty ED set
+is always tried first, the plan serves at least as many users as BALANCE; with no edge-capable
+user it *is* BALANCE's plan (``tests/test_specedge_schedulers.py`` holds both).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agents.balance import Balance, grid, split_search
+from agents.ed_batch import EdOption, cheapest_option, ed_options
+from agents.mode_solver import build_table, solve_mode, upper_bound_grid
+from envs.plan import AD, ED, SD, Plan
+from envs.split_cost import SplitCostModel
+from envs.split_plan import EdUsers, check_plan_split, ed_users
+from envs.workload import Round
+
+
+def split_search_within(cost, rnd: Round, gamma: int, z_values, lam_values, share_total: float, memory_taken: float) -> tuple[np.ndarray, float, float]:
+    """BALANCE's ``(z, lam)`` search over ``rnd``'s users with ``share_total`` of the GPU and
+    ``memory_taken`` bytes of KV already used elsewhere: ``(modes, z, lam)`` of the best plan.
+
+    The same search as ``agents.balance.split_search`` (corners first, per-point bounds, the
+    ``lam``-domination skip) on a scaled budget: AD gets ``z * share_total``, SD
+    ``(1 - z) * share_total``, the KV budgets are reduced by ``memory_taken``. At ``share_total = 1``
+    and ``memory_taken = 0`` it chooses the same users. Callers pass the sub-round of the users
+    left (``Round.subset``), so the per-mode tables and bounds are the sub-round's own.
+    """
+    k = rnd.num_users
+    modes = np.zeros(k, dtype=np.int8)
+    rem_sd = float(cost.memory_budget(True)) - memory_taken
+    rem_ad_only = float(cost.memory_budget(False)) - memory_taken
+    if share_total <= 0 or k == 0:
+        return modes, 1.0, 1.0
+    everyone = np.ones(k, dtype=bool)
+    ad_tab, sd_tab = build_table(cost, rnd, AD, gamma), build_table(cost, rnd, SD, gamma)
+    best_n, best = -1, (modes, 1.0, 1.0)
+    zs = sorted((float(v) for v in z_values), reverse=True)
+    lams = sorted(float(v) for v in lam_values)
+    for z, lam in ((z, lam) for z, lam in ((0.0, 0.0), (1.0, 1.0)) if z in zs and lam in lams):
+        m_rem = rem_ad_only if z >= 1.0 else rem_sd
+        tab, mem = (ad_tab, lam * m_rem) if z >= 1.0 else (sd_tab, (1.0 - lam) * m_rem)
+        chosen = solve_mode(tab, everyone, share_total, mem)
+        if len(chosen) > best_n:
+            m = np.zeros(k, dtype=np.int8)
+            m[chosen] = AD if z >= 1.0 else SD
+            best_n, best = len(chosen), (m, z, lam)
+    z_arr, lam_arr = np.array(zs), np.array(lams)
+    ad_ub = np.where((z_arr >= 1.0)[:, None], upper_bound_grid(ad_tab, z_arr * share_total, lam_arr * rem_ad_only),
+                     upper_bound_grid(ad_tab, z_arr * share_total, lam_arr * rem_sd))
+    sd_ub = np.where((z_arr >= 1.0)[:, None], 0, upper_bound_grid(sd_tab, (1.0 - z_arr) * share_total, (1.0 - lam_arr) * rem_sd))
+    for iz, z in enumerate(zs):
+        prev_ad = None
+        for il, lam in enumerate(lams):
+            m_rem = rem_ad_only if z >= 1.0 else rem_sd
+            ad_share, ad_mem = z * share_total, lam * m_rem
+            sd_share, sd_mem = (0.0, 0.0) if z >= 1.0 else ((1.0 - z) * share_total, (1.0 - lam) * m_rem)
+            if prev_ad is not None and ad_ub[iz, il] <= len(prev_ad):
+                continue  # AD set unchanged, SD has less memory: dominated
+            if ad_ub[iz, il] + sd_ub[iz, il] <= best_n:
+                continue
+            ad = solve_mode(ad_tab, everyone, ad_share, ad_mem, at_least=0 if prev_ad is None else len(prev_ad))
+            if prev_ad is not None and len(ad) <= len(prev_ad):
+                continue
+            prev_ad = ad
+            rest = everyone.copy()
+            rest[ad] = False
+            sd = solve_mode(sd_tab, rest, sd_share, sd_mem, at_least=max(best_n - len(ad), 0))
+            if len(ad) + len(sd) > best_n:
+                m = np.zeros(k, dtype=np.int8)
+                m[ad] = AD
+                m[sd] = SD
+                best_n, best = len(ad) + len(sd), (m, z, lam)
+    return best
+
+
+def modes_for_rest(cost, rnd: Round, gamma: int, z_values, lam_values, ed_idx: np.ndarray, option: EdOption) -> np.ndarray:
+    """AD/SD modes (K,) for the users not in ``ed_idx``, by BALANCE within what ED ``option`` leaves."""
+    rest = np.setdiff1d(np.arange(rnd.num_users), ed_idx)
+    modes = np.zeros(rnd.num_users, dtype=np.int8)
+    if len(rest):
+        sub, _, _ = split_search_within(cost, rnd.subset(rest), gamma, z_values, lam_values, 1.0 - option.share, option.memory_bytes)
+        modes[rest] = sub
+    return modes
+
+
+def nested_ed_sets(cost, users: EdUsers, rnd: Round, share_total: float = 1.0) -> list[np.ndarray]:
+    """Growing ED sets: edge-capable users by their least share alone (ascending), each added if
+    the set stays feasible with ``share_total`` of the GPU and the AD-only KV budget. Starts with ``[]``."""
+    cand = np.flatnonzero(users.allowed.any(axis=1))
+    if len(cand) == 0:
+        return [np.zeros(0, dtype=np.int64)]
+    alone = np.array([min((o.share for o in ed_options(cost, users, rnd, np.array([k]))), default=np.inf) for k in cand])
+    by_share = np.argsort(alone, kind="stable")
+    order = cand[by_share][np.isfinite(alone[by_share])]
+    mem = float(cost.memory_budget(False))
+    sets, current = [np.zeros(0, dtype=np.int64)], []
+    for k in order:
+        trial = np.array(current + [int(k)], dtype=np.int64)
+        if cheapest_option(ed_options(cost, users, rnd, trial), share_total, mem) is not None:
+            current.append(int(k))
+            sets.append(np.sort(trial))
+    return sets
+
+
+def spaced(items: list, most: int) -> list:
+    """At most ``most`` items, evenly spaced, always keeping the first and the last."""
+    if len(items) <= most:
+        return list(items)
+    pick = np.unique(np.round(np.linspace(0, len(items) - 1, most)).astype(int))
+    return [items[i] for i in pick]
+
+
+def plan_with_ed(cost, users: EdUsers, rnd: Round, gamma: int, ed_idx: np.ndarray, option: EdOption, modes_rest: np.ndarray) -> Plan:
+    """The v1 plan of AD/SD modes ``modes_rest`` plus ED users ``ed_idx`` at ``option``'s depths, with
+    shares from the exact check (``envs.split_plan``)."""
+    modes = modes_rest.copy()
+    depth = np.zeros(rnd.num_users, dtype=np.int64)
+    modes[ed_idx] = ED
+    depth[ed_idx] = option.depth
+    rep = check_plan_split(cost, users, rnd, modes, gamma, depth)
+    return Plan(modes, gamma=gamma, z=rep.z, lam=rep.lam, ed_depth=depth if len(ed_idx) else None, ed_share=rep.ed_share if len(ed_idx) else 0.0)
+
+
+class BalanceED(Balance):
+    """BALANCE with the ED mode (module docstring). Needs a profile with ``edge`` and ``network`` sections."""
+
+    name = "balance_ed"
+    max_ed_sets = 6  #: ED sets tried per round (evenly spaced along the nested family)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.split = SplitCostModel(self.cost.profile)
+
+    @property
+    def max_depth(self) -> int:
+        """The largest draft depth (SD's and every ED user's)."""
+        return int(self.max_gamma) if hasattr(self, "max_gamma") else int(self.cfg.max_gamma)
+
+    def decide(self, rnd: Round) -> Plan:
+        users = ed_users(self.split, rnd, self.max_depth)
+        best_plan, best_n = None, -1
+        for ed_idx in spaced(nested_ed_sets(self.cost, users, rnd), self.max_ed_sets):
+            if len(ed_idx) == 0:  # BALANCE itself: its own plan, shares and all
+                best_plan = split_search(self.cost, rnd, self.gamma, self._z, self._lam)
+                best_n = best_plan.admitted
+                continue
+            option = cheapest_option(ed_options(self.cost, users, rnd, ed_idx), 1.0, float(self.cost.memory_budget(False)))
+            if option is None:
+                continue
+            modes = modes_for_rest(self.cost, rnd, self.gamma, self._z, self._lam, ed_idx, option)
+            n = int(np.count_nonzero(modes)) + len(ed_idx)
+            if n > best_n:
+                best_n = n
+                best_plan = plan_with_ed(self.cost, users, rnd, self.gamma, ed_idx, option, modes)
+        return best_plan
+
+
+__all__ = ["BalanceED", "grid", "modes_for_rest", "nested_ed_sets", "split_search_within"]
