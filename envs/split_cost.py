@@ -58,7 +58,10 @@ its remainder on every iteration; ``"immediate"`` -- dropped at once.
 **Pipeline-aware cohorts** (steady state, N clients, alternating by index into cohorts A, B of
 sizes ``ceil(N/2)``, ``floor(N/2)``; the server batches a cohort once all of it has arrived):
 period ``T = max(V_A + V_B, V_A + X_A, V_B + X_B)`` with ``V`` each cohort's verify pass and ``X``
-its slowest client's edge iteration. Without pipelining (one cohort): ``T = V_N + X``. Every
+its slowest client's edge iteration. Proactive reuse is random per client, so ``X`` of a cohort is
+the maximum of independent two-point variables (``hit`` with the reuse probability, else ``miss``):
+a block reused by some clients of a cohort saves nothing unless all of them reuse. The closed form
+takes ``E[T]`` over those maxima (exact for independent cycles; carry-over between cycles ignored). Without pipelining (one cohort): ``T = V_N + X``. Every
 client's iteration takes ``T``; server occupancy ``(V_A + V_B) / T``; server throughput
 ``sum_k E_k / T``; inter-token latency ``ITL = N T / sum_k E_k`` (SpecEdge's metric: all clients'
 iteration time over all their tokens). Proactive waits solve ``wait = T - (edge time before
@@ -222,6 +225,7 @@ class Proactive:
     reuse_probability: float
     saved_s: float  #: expected edge seconds saved (reuse probability x passes done in the wait)
     delay_s: float  #: interrupt delay (a pass in flight finishing after the verdict)
+    done_s: float = 0.0  #: seconds of the next block's passes finished within the wait (saved on reuse)
 
 
 @dataclass(frozen=True)
@@ -307,17 +311,21 @@ class SplitCostModel:
                 delay = (done_s + t - wait_s) if self.options.interrupt == "step" else 0.0
                 break
             done_s += t
-        return Proactive(p, p * done_s, delay)
+        return Proactive(p, p * done_s, delay, done_s)
 
-    def edge_iteration_s(self, alpha: float, tree: DraftTree, context: float, rtt_s: float | None = None, wait_s: float | None = None) -> float:
+    def edge_iteration_s(self, alpha: float, tree: DraftTree, context: float, rtt_s: float | None = None, wait_s: float | None = None,
+                         reused: bool | None = None) -> float:
         """``X``: a client's iteration time off the server (draft - proactive saving + delay + network).
 
-        ``wait_s`` is the time its request is away; None = the lower bound network + a one-client verify.
+        ``wait_s`` is the time its request is away; None = the lower bound network + a one-client
+        verify. ``reused``: None = the expectation (saving x reuse probability), True = the block was
+        reused (the whole saving), False = it was not (no saving; the interrupt delay still counts).
         """
         net = self.network_s(tree, rtt_s)
         wait = net + self.verify_s(1, tree, context) if wait_s is None else wait_s
         pro = self.proactive(alpha, tree, context, wait)
-        return self.edge_draft_s(alpha, tree, context) - pro.saved_s + pro.delay_s + net
+        saved = pro.saved_s if reused is None else (pro.done_s if reused else 0.0)
+        return self.edge_draft_s(alpha, tree, context) - saved + pro.delay_s + net
 
     # ------------------------------------------------------------------ memory
     def server_kv_bytes(self, context_max: float, tree: DraftTree) -> float:
@@ -345,16 +353,18 @@ class SplitCostModel:
         draft = np.array([self.edge_draft_s(x, tree, context) for x in a])
         net = np.array([self.network_s(tree, r) for r in rtt])
         e = expected_tokens(a, tree) * np.ones(n)
-        # wait = T - (edge time before sending); start from the lower bound net + own cohort's verify
+        # wait = E[T] - E[edge time before sending]; start from the lower bound net + own cohort's verify
         wait = np.concatenate([net[c] + v[i] for i, c in enumerate(cohorts)])[np.argsort(np.concatenate(cohorts))]
-        period = 0.0
+        period, edge = 0.0, ()
         for _ in range(iterations):
             pro = [self.proactive(x, tree, context, w) for x, w in zip(a, wait, strict=True)]
-            before_send = draft - np.array([p.saved_s - p.delay_s for p in pro])
-            x = before_send + net
-            edge = [float(x[c].max()) for c in cohorts]
-            new = max(sum(v), *(vi + xi for vi, xi in zip(v, edge, strict=True)))
-            wait_new = np.maximum(new - before_send, net)
+            p = np.array([q.reuse_probability for q in pro])
+            done = np.array([q.done_s for q in pro])
+            miss = draft + np.array([q.delay_s for q in pro]) + net
+            dists = [_max_of_two_point(miss[c] - done[c], miss[c], p[c]) for c in cohorts]
+            new = _expected_period(v, dists)
+            edge = tuple(float(vals @ probs) for vals, probs in dists)
+            wait_new = np.maximum(new - (miss - net - p * done), net)
             if abs(new - period) <= 1e-12 * max(new, 1.0) and np.allclose(wait_new, wait, rtol=1e-12, atol=0):
                 period = new
                 break
@@ -404,6 +414,26 @@ class SplitCostModel:
                     best, best_gap = g, gap
             out[idx] = best
         return int(out) if out.ndim == 0 else out
+
+
+def _max_of_two_point(hit: np.ndarray, miss: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distribution ``(values, probabilities)`` of ``max_k X_k``, ``X_k = hit_k`` w.p. ``p_k`` else ``miss_k`` (independent)."""
+    vals = np.unique(np.concatenate([hit, miss]))
+    below = np.where(vals[:, None] >= miss[None, :], 1.0, np.where(vals[:, None] >= hit[None, :], p[None, :], 0.0))
+    pmf = np.diff(np.concatenate([[0.0], np.prod(below, axis=1)]))
+    keep = pmf > 0
+    return vals[keep], pmf[keep]
+
+
+def _expected_period(verify: list[float], dists: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """``E[T]``: one cohort ``V + X``; two ``max(V_A + V_B, V_A + X_A, V_B + X_B)``, X the cohorts' edge maxima."""
+    if len(verify) == 1:
+        vals, probs = dists[0]
+        return float((verify[0] + vals) @ probs)
+    (xa, pa), (xb, pb) = dists
+    va, vb = verify
+    t = np.maximum(np.maximum(va + vb, va + xa[:, None]), vb + xb[None, :])
+    return float(pa @ t @ pb)
 
 
 def _clients(num_clients: int) -> int:

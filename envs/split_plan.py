@@ -7,11 +7,13 @@ output, ``kv_L`` the target's KV bytes per token) and ``envs.split_cost`` (``tau
 edge). Per ED user ``k`` at depth ``g`` (its own sequence, context ``c_k = I_k + O_k / 2``):
 
 * ``E_k(g) = (1 - a_k^(g+1)) / (1 - a_k)``, iterations ``J_k(g) = ceil(O_k / E_k(g))``;
-* edge iteration ``X_k(g) = split_cost.edge_iteration_s(a_k, chain(g), c_k, rtt_k)``: drafting
-  ``sum_{i<g} tau_E(1, 1, c_k + i + 1)``, minus the expected proactive saving, plus the interrupt
-  delay, plus the network (its own RTT). **Choice:** the proactive wait is the lower bound
-  ``network + tau_L(1, g + 1, c_k + g + 1)`` (the real wait is longer: the batch's pass at a share),
-  so ``X_k`` is a per-user constant -- conservative, and what keeps the check O(1) per user;
+* edge iteration ``X_k(g) = split_cost.edge_iteration_s(a_k, chain(g), c_k, rtt_k, reused=False)``:
+  drafting ``sum_{i<g} tau_E(1, 1, c_k + i + 1)``, plus the proactive interrupt delay, plus the
+  network (its own RTT). **Choice:** no proactive saving is priced: the batch waits for its slowest
+  edge every iteration, so a reused block shortens an iteration only when *every* ED user reuses
+  (probability ``prod_k P_k``, negligible beyond one or two users) -- conservative, and a per-user
+  constant, which keeps the check O(1) per user. The wait bounding the delay is
+  ``network + tau_L(1, g + 1, c_k + g + 1)`` (the lower bound: one client's verify);
 * edge prefill ``P_k = tau_E(1, I_k, I_k)``; allowed iff the user has an edge and the draft's
   weights plus its KV ``(I_k + O_k + g + 1) kv_S`` fit the edge device (after its reserve).
 
@@ -84,20 +86,15 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     network = rtt[:, None] + (2.0 * net.request_overhead_bytes + (g + 1.0) * (net.bytes_per_draft_token + net.bytes_per_reply_token)) / net.bandwidth_bytes_per_s
     wait = network + split.tau_l.tau(1.0, g + 1.0, c[:, None] + (g + 1.0))
     opts = split.options
-    if opts.proactive:
-        beta = alpha if opts.bonus_match is None else np.full(k, opts.bonus_match)
-        p = alpha[:, None] ** g * beta[:, None]
+    if opts.proactive and opts.interrupt == "step":
+        # the proactive block's pass in flight when the verdict arrives delays the next block (no
+        # saving is priced: see the module docstring); depth j (0-based) has passes 0..j, those
+        # finished within the wait form a prefix of length h
         depth_idx = np.arange(g_max)
-        # for depth j (0-based) the passes 0..j; those finished within the wait form a prefix of length h
         fits = (cum[:, None, :] <= wait[:, :, None]) & (depth_idx[None, :] <= depth_idx[:, None])[None]
         h = fits.sum(axis=2)
-        rows = np.arange(k)[:, None]
-        done = np.where(h > 0, cum[rows, np.maximum(h - 1, 0)], 0.0)
-        if opts.interrupt == "step":  # the pass in flight when the verdict arrives finishes first
-            delay = np.where(h <= depth_idx[None, :], cum[rows, np.minimum(h, g_max - 1)] - wait, 0.0)
-        else:
-            delay = 0.0
-        edge = cum - p * done + delay + network
+        delay = np.where(h <= depth_idx[None, :], cum[np.arange(k)[:, None], np.minimum(h, g_max - 1)] - wait, 0.0)
+        edge = cum + delay + network
     else:
         edge = cum + network
     prof = split.profile

@@ -71,7 +71,7 @@ def test_golden_one_ed_user(models):
     # hand: E, J, X from the closed form's scalar methods
     e = (1 - 0.8**4) / 0.2
     j = math.ceil(60 / e - 1e-9)
-    x = split.edge_iteration_s(0.8, tree, c_k, 0.02)
+    x = split.edge_iteration_s(0.8, tree, c_k, 0.02, reused=False)
     assert users.iterations[0, g - 1] == j
     assert users.edge_s[0, g - 1] == pytest.approx(x, rel=1e-12)
     tau = cost.tau_l.tau1
@@ -249,7 +249,7 @@ def test_ed_user_table_matches_the_closed_form_per_user(options):
     for k in range(8):
         c_k = rnd.input_tokens[k] + rnd.output_tokens[k] / 2.0
         for g in range(1, G + 1):
-            x = split.edge_iteration_s(float(rnd.alpha[k]), DraftTree.chain(g), c_k, float(rnd.rtt_s[k]))
+            x = split.edge_iteration_s(float(rnd.alpha[k]), DraftTree.chain(g), c_k, float(rnd.rtt_s[k]), reused=False)
             assert users.edge_s[k, g - 1] == pytest.approx(x, rel=1e-12)
 
 
