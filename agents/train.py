@@ -15,9 +15,16 @@ Writes to ``DIR`` (``output_dir``, else Hydra's run folder), everything atomical
 * ``config.yaml`` -- the resolved config, ``.hydra/`` -- Hydra's record (config, overrides), ``train.log``;
 * ``progress.csv`` / ``tb/`` / ``wandb/`` -- learning curves; every evaluation row carries its timestep;
 * ``checkpoints/`` -- a checkpoint every ``checkpoint_freq`` timesteps (default: every 10 % of the
-  run); ``resume=CKPT`` continues from one and appends to ``progress.csv``;
+  run); ``resume=CKPT`` continues from one and appends to ``progress.csv``; ``resume=auto`` continues
+  from the latest checkpoint in ``DIR`` if there is one (what a requeued Slurm job does: under the
+  submitit launcher ``resume`` defaults to ``auto``), else starts afresh. A resumed run finishes the
+  curriculum stage it was in and goes on with the later ones;
 * ``eval.csv`` + ``eval_summary.{csv,md}`` -- the policy against BALANCE and the baselines on the
   test rounds, with paired differences to BALANCE (``agents.evaluate``).
+
+Tracking (``agents/train_log.py``): TensorBoard gets the scalars and the hyperparameters (HParams);
+W&B runs of one ``-m`` sweep share a ``group`` (the sweep folder unless ``logger.wandb.group`` is
+set), carry ``logger.wandb.job_type``, and the best policy folder is logged as a ``model`` artifact.
 
 One entry point in the manner of CleanRL's ``ppo.py``: typed, validated config; explicit seeding;
 steps/s logged (``time/fps``); ``threads`` torch threads (default 1: see ``agents/threads.py``).
@@ -39,7 +46,7 @@ from agents.evaluate import evaluate_schedulers, format_summary, summarize
 from agents.policy import algo_class
 from agents.threads import limit_threads
 from agents.train_callbacks import ValidateAndCheckpoint, ValidationEvaluation
-from agents.train_log import WANDB_MODES, attach_writers, wandb_run
+from agents.train_log import WANDB_MODES, attach_writers, hparams_of, log_policy_artifact, wandb_run
 from envs.config import EnvConfig
 from envs.workload import make_rounds
 
@@ -59,6 +66,7 @@ class AgentConfig:
     policy: str = "MlpPolicy"
     net_arch: list = field(default_factory=lambda: [256, 256])
     hyperparams: dict = field(default_factory=dict)
+    features: dict = field(default_factory=dict)  #: agents.set_policy.SetPolicyConfig: {extractor: set, ...} for the permutation-aware set policy
 
 
 @dataclass
@@ -105,6 +113,12 @@ class TrainConfig:
             raise TrainConfigError(f"agent.algo must be one of ['dqn', 'maskable_ppo', 'ppo'], got {agent.algo!r}")
         if not all(isinstance(n, int) and n > 0 for n in agent.net_arch):
             raise TrainConfigError(f"agent.net_arch must be a list of positive layer widths, got {agent.net_arch!r}")
+        from agents.set_policy import SetPolicyConfig
+
+        try:
+            SetPolicyConfig.from_dict(agent.features)
+        except ValueError as err:
+            raise TrainConfigError(str(err)) from None
         ev = _dataclass(EvalConfig, cfg.get("eval", {}), "eval")
         rest = {k: cfg[k] for k in top - {"env", "agent", "eval"} if k in cfg}
         out = cls(env=env, agent=agent, eval=ev, **{"logger": {}, **rest})
@@ -130,8 +144,8 @@ class TrainConfig:
         need("curriculum", isinstance(self.curriculum, list) and all(isinstance(k, int) and 1 <= k <= self.env.num_users for k in self.curriculum), f"a list of round sizes in [1, env.num_users={self.env.num_users}]", self.curriculum)
         if self.curriculum and self.env.max_users is None:
             raise TrainConfigError("curriculum needs env.max_users set (a fixed look-ahead keeps the observation size the same across stages)")
-        if self.resume is not None:
-            need("resume", Path(self.resume).is_file(), "null or an existing checkpoint .zip", self.resume)
+        if self.resume is not None and self.resume != "auto":
+            need("resume", Path(self.resume).is_file(), "null, 'auto' (the latest checkpoint in the run folder, if any) or an existing checkpoint .zip", self.resume)
         wb = (self.logger or {}).get("wandb")
         if wb is not None:
             need("logger.wandb.mode", wb.get("mode") in WANDB_MODES, f"one of {list(WANDB_MODES)}", wb.get("mode"))
@@ -160,6 +174,36 @@ def rollout_timesteps(model, n_envs: int) -> int:
 
 def _round_up(steps: int, chunk: int) -> int:
     return -(-steps // chunk) * chunk
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The checkpoint with the most timesteps in ``out/checkpoints`` (complete files only), or None."""
+    best, best_steps = None, -1
+    for path in (out / "checkpoints").glob("model_*_steps.zip"):
+        try:
+            steps = int(path.stem.split("_")[1])
+        except ValueError:
+            continue
+        if steps > best_steps:
+            best, best_steps = path, steps
+    return best
+
+
+def stage_plan(stages: list[int], total: int, start: int, chunk: int) -> list[tuple[int, int, int]]:
+    """``(stage, K, timesteps)`` still to train: ``total`` split equally over ``stages`` (the last
+    takes the remainder), minus the ``start`` timesteps already trained, each rounded up to whole
+    collections of ``chunk``."""
+    n = len(stages)
+    bounds = [0]
+    for i in range(n):
+        bounds.append(bounds[-1] + (total // n if i < n - 1 else total - (total // n) * (n - 1)))
+    plan = []
+    for i, k in enumerate(stages):
+        if start >= bounds[i + 1] and i < n - 1:
+            continue
+        steps = bounds[i + 1] - max(start, bounds[i])
+        plan.append((i, k, _round_up(steps, chunk) if steps > 0 else 0))
+    return plan
 
 
 def _best_validation(progress_csv: Path) -> float:
@@ -202,50 +246,58 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     write_text_atomic(out / "config.yaml", yaml.safe_dump(raw, sort_keys=False))
 
     algo = algo_class(cfg.agent.algo)
-    env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.replace(num_users=([*cfg.curriculum, cfg.env.num_users][0] if not cfg.resume else cfg.env.num_users)).to_dict())
-    if cfg.resume:
-        model = algo.load(cfg.resume, env=env, device="cpu")
+    resume = latest_checkpoint(out) if cfg.resume == "auto" else (Path(cfg.resume) if cfg.resume else None)
+    if cfg.resume == "auto":
+        print(f"[train] resume=auto: {'resuming from ' + str(resume) if resume else 'no checkpoint in ' + str(out / 'checkpoints') + ', starting afresh'}", flush=True)
+    # curriculum over K: equal shares of the budget on growing rounds, the configured K last
+    stages = [*cfg.curriculum, cfg.env.num_users]
+    if resume is not None:
+        from stable_baselines3.common.save_util import load_from_zip_file
+
+        start_step = int(load_from_zip_file(resume, device="cpu", load_data=True)[0]["num_timesteps"])
+    else:
+        start_step = 0
+    first_stage = stage_plan(stages, cfg.total_timesteps, start_step, 1)[0]
+    env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.replace(num_users=first_stage[1]).to_dict(), stage=first_stage[0], start_step=start_step)
+    if resume is not None:
+        model = algo.load(resume, env=env, device="cpu")
     else:
         try:
-            model = algo(cfg.agent.policy, env, seed=cfg.seed, device="cpu", verbose=0, policy_kwargs={"net_arch": list(cfg.agent.net_arch)}, **cfg.agent.hyperparams)
+            from agents.set_policy import set_policy_kwargs
+
+            policy_kwargs = {"net_arch": list(cfg.agent.net_arch), **set_policy_kwargs(cfg.agent.features, cfg.env.max_gamma)}
+            model = algo(cfg.agent.policy, env, seed=cfg.seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs, **cfg.agent.hyperparams)
         except TypeError as err:
             raise TrainConfigError(f"agent.hyperparams not accepted by {cfg.agent.algo}: {err}") from None
-    start_step = int(model.num_timesteps) if cfg.resume else 0
     # training rounds: the train stream, fresh for a resumed run (it never replays its first rounds)
-    env.start_step = start_step
     env.seed(cfg.seed)
-    # curriculum over K: equal shares of the budget on growing rounds, the configured K last
-    stages = [*cfg.curriculum, cfg.env.num_users] if not cfg.resume else [cfg.env.num_users]
     write_text_atomic(out / "policy.json", json.dumps(_metadata(cfg, stages, start_step), indent=2))
 
     run = wandb_run(cfg.logger, out, raw, name=f"{cfg.agent.algo}-k{cfg.env.num_users}-s{cfg.seed}")
-    attach_writers(model, out, cfg.logger, run, append=bool(cfg.resume))
+    attach_writers(model, out, cfg.logger, run, append=resume is not None, hparams=hparams_of(cfg), step=start_step)
 
     evaluation = ValidationEvaluation(cfg.env, cfg.eval.rounds, cfg.eval.seed, cfg.gamma, masked=cfg.agent.algo == "maskable_ppo") if cfg.eval.rounds > 0 else None
     checkpoint_freq = cfg.checkpoint_freq if cfg.checkpoint_freq is not None else max(cfg.total_timesteps // 10, 1)
     callback = ValidateAndCheckpoint(out, evaluation, cfg.eval.freq, checkpoint_freq, start=start_step)
-    if cfg.resume and (out / "model.zip").exists():
+    callback.init_callback(model)  # the final evaluation needs it even when a resumed run has nothing left to train
+    if resume is not None and (out / "model.zip").exists():
         callback.best = _best_validation(out / "progress.csv")  # model.zip is replaced only by a better policy
     chunk = rollout_timesteps(model, cfg.n_envs)
-    remaining = cfg.total_timesteps - start_step
-    plan = []
-    for i, k in enumerate(stages):
-        share = remaining // len(stages) if i < len(stages) - 1 else remaining - (remaining // len(stages)) * (len(stages) - 1)
-        plan.append((i, k, _round_up(share, chunk) if share > 0 else 0))
+    plan = stage_plan(stages, cfg.total_timesteps, start_step, chunk)
     total = start_step + sum(steps for _, _, steps in plan)
     print(f"[train] {cfg.agent.algo}, K={cfg.env.num_users}: timesteps {start_step:,} -> {total:,} (whole collections of {chunk:,}; asked {cfg.total_timesteps:,}), {cfg.threads} thread(s) -> {out}", flush=True)
     start = time.perf_counter()
-    for i, k, steps in plan:
+    for n, (i, k, steps) in enumerate(plan):
         if steps <= 0:
             continue
-        if i > 0:
+        if n > 0:
             stage_env = EdgeScheduleSB3VecEnv(cfg.n_envs, cfg.env.replace(num_users=k).to_dict(), stage=i, start_step=start_step)
             stage_env.seed(cfg.seed)
             model.set_env(stage_env)
         if len(stages) > 1:
             model.logger.record("curriculum/num_users", k)
         # ``steps`` is whole collections, so the progress bar's total is the real one
-        model.learn(total_timesteps=steps, callback=callback, progress_bar=cfg.progress_bar, reset_num_timesteps=bool(i == 0 and not cfg.resume))
+        model.learn(total_timesteps=steps, callback=callback, progress_bar=cfg.progress_bar, reset_num_timesteps=bool(n == 0 and resume is None))
     train_s = time.perf_counter() - start
     save_model_atomic(model, out / "last_model.zip")
     if evaluation is not None:
@@ -259,6 +311,8 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
         from agents.export import export_onnx
 
         summary["onnx"] = str(export_onnx(out))
+    if run is not None:
+        summary["artifact"] = log_policy_artifact(run, out, {"validation_served_frac": callback.best, "timesteps": int(model.num_timesteps), "algo": cfg.agent.algo, "num_users": cfg.env.num_users})
     if cfg.eval.final_rounds > 0:
         names = list(dict.fromkeys([*cfg.eval.final_schedulers, "policy"]))
         test_rounds = make_rounds(cfg.env, cfg.eval.final_rounds, cfg.eval.seed, split="test")
@@ -289,6 +343,11 @@ def _main() -> None:
         hc = HydraConfig.get()
         if hc.mode == RunMode.MULTIRUN and raw.get("output_dir"):
             raise TrainConfigError("output_dir names one run's folder: with -m (multirun) set hydra.sweep.dir instead")
+        wb = (raw.get("logger") or {}).get("wandb")
+        if hc.mode == RunMode.MULTIRUN and wb is not None and not wb.get("group"):
+            wb["group"] = str(hc.sweep.dir)  # the runs of one sweep are one W&B group
+        if raw.get("resume") is None and "submitit" in str(hc.launcher.get("_target_", "")):
+            raw["resume"] = "auto"  # a preempted or timed-out job is requeued into the same folder: continue it
         # conf/train.yaml makes Hydra's run folder output_dir, so .hydra/ and train.log land there too
         out = hc.runtime.output_dir
         summary = train(raw, out)
