@@ -167,3 +167,21 @@ def test_pass_widths_beam_search_and_kept_tree():
     assert beams.expected_tokens == kept.expected_tokens  # what is accepted does not depend on what was forwarded
     with pytest.raises(ValueError, match="pass_width"):
         DraftTree(4, pass_width="wide")
+
+
+def test_cohort_edge_time_is_the_expected_maximum_of_random_reuse():
+    from envs.split_cost import _max_of_two_point
+
+    # two clients: hit 1 / miss 3 with p = 0.5, and hit 2 / miss 2.5 with p = 0.2
+    vals, probs = _max_of_two_point(np.array([1.0, 2.0]), np.array([3.0, 2.5]), np.array([0.5, 0.2]))
+    # max = 3 unless client 1 hits (0.5); then 2 if client 2 hits (0.2) else 2.5
+    assert dict(zip(vals.tolist(), probs.tolist(), strict=True)) == pytest.approx({2.0: 0.1, 2.5: 0.4, 3.0: 0.5})
+
+
+def test_proactive_saves_for_one_client_and_almost_nothing_for_a_large_cohort(model):
+    tree, c = DraftTree.chain(4), 384.0
+    off = SplitCostModel(model.profile, SplitOptions(proactive=False))
+    one_on, one_off = model.steady_state(1, 0.8, tree, c), off.steady_state(1, 0.8, tree, c)
+    assert one_on.iteration_s < one_off.iteration_s  # a lone client gains p * (passes done in the wait)
+    many_on, many_off = model.steady_state(40, 0.8, tree, c, pipeline=False), off.steady_state(40, 0.8, tree, c, pipeline=False)
+    assert many_on.iteration_s == pytest.approx(many_off.iteration_s, rel=1e-6)  # 0.8^5 ^ 40: nobody waits less
