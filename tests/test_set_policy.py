@@ -1,0 +1,142 @@
+"""agents.set_policy: the permutation-aware policy over all users of a round (one policy, any K)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from sb3_contrib import MaskablePPO
+
+import envs
+from agents.set_policy import SetFeaturesExtractor, SetPolicyConfig, head_size, set_policy_kwargs
+from agents.train import TrainConfig, TrainConfigError
+from envs import CostModel, EnvConfig, check_plan, sample_round
+
+ROOT = Path(__file__).resolve().parents[1]
+G = 8
+
+
+def _obs(num_users=12, max_users=20, steps=3, seed=0):
+    env = gym.make(envs.ENV_ID, num_users=num_users, max_users=max_users)
+    obs, _ = env.reset(seed=seed)
+    for _ in range(steps):
+        obs, *_ = env.step(int(np.flatnonzero(env.unwrapped.action_masks())[-1]))
+    return env, obs
+
+
+@pytest.mark.parametrize("pool", ["attention", "mean_max"])
+def test_invariant_to_the_order_of_users_and_to_padding(pool):
+    torch.manual_seed(0)
+    env, obs = _obs()
+    ex = SetFeaturesExtractor(env.observation_space, max_gamma=G, embed_dim=16, pool=pool, heads=2).eval()
+    h, n = head_size(G), 12 - 3 - 1  # users still to come after the current one
+    users = obs[h:].reshape(20, 8)
+    assert users[:n, 7].all() and not users[n:].any()
+    shuffled = obs.copy()
+    shuffled[h:] = np.concatenate([users[np.random.default_rng(1).permutation(n)], users[n:]]).ravel()
+    with torch.no_grad():
+        a, b = ex(torch.as_tensor(np.stack([obs, shuffled])))
+    assert torch.allclose(a, b, atol=1e-5)
+    # the same round seen with more padding (a larger max_users) gives the same features
+    env2, obs2 = _obs(max_users=40)
+    ex2 = SetFeaturesExtractor(env2.observation_space, max_gamma=G, embed_dim=16, pool=pool, heads=2).eval()
+    ex2.load_state_dict(ex.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(ex2(torch.as_tensor(obs2[None]))[0], a, atol=1e-5)
+        # and trimming the padding (training) equals keeping it (export)
+        full = torch.jit.trace(ex2, torch.as_tensor(obs2[None]), check_trace=False)(torch.as_tensor(obs2[None]))[0]
+    assert torch.allclose(full, a, atol=1e-5)
+    # a different set of users gives different features: the users are seen
+    changed = obs.copy()
+    changed[h : h + 8] = users[n - 1]
+    with torch.no_grad():
+        assert not torch.allclose(ex(torch.as_tensor(changed[None]))[0], a, atol=1e-4)
+
+
+def test_empty_set_and_bad_layouts():
+    env, obs = _obs(num_users=4, max_users=8, steps=3)  # the last user: nobody left to come
+    ex = SetFeaturesExtractor(env.observation_space, max_gamma=G, embed_dim=8, heads=2)
+    assert torch.isfinite(ex(torch.as_tensor(obs[None]))).all()
+    with pytest.raises(ValueError, match="max_gamma=4"):
+        SetFeaturesExtractor(env.observation_space, max_gamma=4)
+    for bad, match in [({"extractor": "gnn"}, "extractor"), ({"extractor": "set", "heads": 3}, "heads"), ({"extractor": "set", "pool": "sum"}, "pool"), ({"bogus": 1}, "bogus")]:
+        with pytest.raises(ValueError, match=match):
+            SetPolicyConfig.from_dict(bad)
+    assert set_policy_kwargs({}, G) == {} and set_policy_kwargs({"extractor": "flat"}, G) == {}
+    raw = {"env": {"num_users": 8}, "agent": {"algo": "maskable_ppo", "features": {"extractor": "set", "embed_dim": 2}}, "eval": {}, "logger": {}}
+    with pytest.raises(TrainConfigError, match="embed_dim"):
+        TrainConfig.from_dict(raw)
+
+
+def _policy_folder(tmp_path, kw):
+    from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
+
+    cfg = EnvConfig(**kw)
+    env = EdgeScheduleSB3VecEnv(2, cfg.to_dict())
+    model = MaskablePPO("MlpPolicy", env, seed=0, device="cpu", n_steps=16, batch_size=32, n_epochs=1,
+                        policy_kwargs={"net_arch": [16], **set_policy_kwargs({"extractor": "set", "embed_dim": 16, "heads": 2}, cfg.max_gamma)})
+    model.save(tmp_path / "model.zip")
+    (tmp_path / "policy.json").write_text(json.dumps({"algo": "maskable_ppo", "env": cfg.to_dict()}))
+    return model, env
+
+
+def test_masks_respected_and_onnx_export_matches(tmp_path):
+    from agents.export import OnnxPolicy, export_onnx
+
+    model, env = _policy_folder(tmp_path, {"num_users": 10, "max_users": 24})
+    rng = np.random.default_rng(0)
+    # real observations of rounds of several sizes, so the sets are ragged
+    obs, masks = [], []
+    for k in (3, 10, 24):
+        e = gym.make(envs.ENV_ID, num_users=k, max_users=24)
+        o, _ = e.reset(seed=k)
+        for _ in range(k):
+            m = e.unwrapped.action_masks()
+            obs.append(o)
+            masks.append(m & (rng.random(m.shape) < 0.6) | (np.arange(len(m)) == 0))
+            o, _, term, _, _ = e.step(int(rng.choice(np.flatnonzero(m))))
+            if term:
+                break
+    obs, masks = np.array(obs, dtype=np.float32), np.array(masks)
+    want, _ = model.predict(obs, action_masks=masks, deterministic=True)
+    assert masks[np.arange(len(want)), want].all()  # never a masked action
+    got = OnnxPolicy(export_onnx(tmp_path)).act(obs, masks)
+    assert np.array_equal(got, want)
+
+
+def test_one_policy_plans_rounds_of_any_size(tmp_path):
+    from agents.policy import PolicyScheduler
+
+    _policy_folder(tmp_path, {"num_users": 10, "max_users": 64})
+    for k in (5, 20, 64):
+        cfg = EnvConfig(num_users=k)
+        cost = CostModel.from_config(cfg)
+        rnd = sample_round(np.random.default_rng(k), cfg)
+        plan = PolicyScheduler(cost, cfg, path=tmp_path).plan(rnd)
+        assert len(plan.modes) == k and check_plan(cost, rnd, plan).feasible
+
+
+def test_general_experiment_smoke_training(tmp_path):
+    """experiment=general, shrunk: the curriculum over K with the set policy, then the policy on a larger K."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agents.train", "experiment=general", "env.num_users=10", "env.max_users=24", "curriculum=[4,6]",
+           "total_timesteps=768", "n_envs=4", "agent.hyperparams.n_steps=64", "agent.hyperparams.batch_size=128", "agent.hyperparams.n_epochs=1",
+           "agent.features.embed_dim=16", "agent.net_arch=[32]", "eval.rounds=4", "eval.freq=0", "eval.final_rounds=4", "eval.final_schedulers=[greedy]",
+           "logger=disabled", "progress_bar=false", f"output_dir={out}"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for name in ("model.zip", "policy.json", "policy.onnx", "eval.csv"):
+        assert (out / name).is_file(), name
+    import pandas as pd
+
+    prog = pd.read_csv(out / "progress.csv")
+    assert sorted(prog["curriculum/num_users"].dropna().unique()) == [4, 6, 10]
+    csv = tmp_path / "e.csv"
+    res = subprocess.run([sys.executable, "-m", "agents.evaluate", "schedulers=[policy]", f"policy_path={out}", "env.num_users=20", "rounds=2",
+                          "progress=false", f"output={csv}", f"hydra.run.dir={tmp_path / 'h'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (pd.read_csv(csv).num_users == 20).all()
