@@ -450,7 +450,9 @@ def test_exhaustive_scheduler_limits_and_extras():
     opt = brute_optimum(cost, rnd, gamma)
     for warm in (True, False):
         plan = scheduler(Exhaustive, cost, 4, gamma, warm_start=warm).plan(rnd)
-        assert plan.admitted == opt and check_plan(cost, rnd, plan).feasible
+        assert plan.admitted == opt and check_plan(cost, rnd, plan).feasible and shares_respected(cost, rnd, plan)
+        rep = check_plans(cost, rnd, plan.modes[None, :], gamma)  # z and lam: the exact check's shares
+        assert (plan.z, plan.lam, plan.gamma) == (float(rep.z[0]), float(rep.lam[0]), gamma)
         assert plan.extra["gap"] == 0 and plan.extra["upper_bound"] == opt
     ex = scheduler(Exhaustive, cost, 4, gamma, max_users=3, time_limit_s=7.5)
     assert (ex.max_users, ex.time_limit_s, ex.warm_start) == (3, 7.5, True)
@@ -516,7 +518,7 @@ def test_certify_descent_trace_without_warm_start():
     wall = time.perf_counter() - t0
     assert _events(plan) == [("warm start", 0, 6), ("exhaustive search: none serves 5", 0, 4), ("exhaustive search found 4", 4, 4)]
     _check_trace_times(plan, wall)
-    assert plan.admitted == 4 and check_plan(cost, rnd, plan).feasible
+    assert plan.admitted == 4 and check_plan(cost, rnd, plan).feasible and shares_respected(cost, rnd, plan)
     assert plan.extra["upper_bound"] == 4 and plan.extra["gap"] == 0
     assert plan.extra["optimal"] is True and plan.extra["certified"] is True
     assert plan.extra["milp_solves"] == 0 and plan.extra["cuts"] == 0
@@ -727,7 +729,7 @@ def test_certify_with_less_than_a_second_left_still_searches(monkeypatch):
     assert ev[:2] == [("warm start", 0, 6), ("exhaustive search: none serves 5", 0, 4)] and ev[-1][1:] == (0, 0)
     assert fake.calls[0]["incumbent"] == 4 and 0 < fake.calls[0]["time_limit_s"] <= 0.2
     # nothing found at all: the plan rejects everyone, int8 modes
-    assert plan.modes.tolist() == [0] * 6 and plan.modes.dtype == np.int8 and (plan.z, plan.lam) == (1.0, 1.0)
+    assert plan.modes.tolist() == [0] * 6 and plan.modes.dtype == np.int8 and (plan.z, plan.lam, plan.gamma) == (1.0, 1.0, 2)
 
 
 def test_optimal_solve_counts_balance_in_its_time(monkeypatch):
@@ -774,3 +776,41 @@ def test_exhaustive_scheduler_at_its_user_limit_and_with_one_servable_user():
     for warm in (True, False):
         plan = scheduler(Exhaustive, golden(), 4, 2, warm_start=warm).plan(one)
         assert plan.admitted == 1 and plan.extra == {"gap": 0, "upper_bound": 1}
+
+
+def _optimistic_sd_need(cost, rnd, masks, gamma):
+    """SD priced as the split bound's relaxation documents it: iterations at the prompt length
+    alone (no context growth, N = 0); per-user KV exact (S + gamma + own O per user)."""
+    st = BatchStats.of(rnd, masks, gamma)
+    c = cost.sd_time(st.b, st.s_max, 0, st.j_max, gamma)
+    m = np.where(st.b > 0, cost.sd_memory(st.b, st.s_max, st.n_max, st.sum_out, gamma), 0.0)
+    beta = st.slack_min - st.u_max
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.where(beta > 0, c / np.where(beta > 0, beta, 1.0), np.inf)
+    return np.where(st.b > 0, need, 0.0), np.asarray(m, dtype=float)
+
+
+def test_split_upper_bound_equals_its_definition_by_brute_force():
+    """The split bound with grid g: the larger of AD-only and (optimistic) SD-only, and over every
+    cell [g_i, g_i+1] x [g_j, g_j+1] of (z, lam), min(K, AD's optimum at (g_i+1, g_j+1 M) + the
+    optimistic SD optimum at (1 - g_i, (1 - g_j) M)), M the KV budget with the draft model."""
+    for cost, rnd in [c for c in CASES if c[0].kv_memory == "per_user"][:5] + [(golden(), STEP_ROUND)]:
+        gamma, k = 2, rnd.num_users
+        masks = subset_masks(k)
+        sizes = masks.sum(axis=1)
+        ad_need, ad_mem = mode_need(cost, rnd, masks, AD, gamma)
+        sd_need, sd_mem = _optimistic_sd_need(cost, rnd, masks, gamma)
+
+        def most(need, mem, share, m):
+            return int(np.where((need <= share * (1 + EPS)) & (mem <= m * (1 + EPS)), sizes, 0).max()) if share > 0 and m > 0 else 0
+
+        m_sd, m_ad = float(cost.memory_budget(True)), float(cost.memory_budget(False))
+        for step in (0.25, 0.5):
+            g = grid(step)
+            want = max(most(ad_need, ad_mem, 1.0, m_ad), most(sd_need, sd_mem, 1.0, m_sd))
+            for i in range(len(g) - 1):
+                for j in range(len(g) - 1):
+                    cell = most(ad_need, ad_mem, g[i + 1], g[j + 1] * m_sd) + most(sd_need, sd_mem, 1.0 - g[i], (1.0 - g[j]) * m_sd)
+                    want = max(want, min(cell, k))
+            assert split_upper_bound(cost, rnd, gamma, step) == want, (step, rnd)
+    assert split_upper_bound(golden(), STEP_ROUND, 2) == 5  # the default step, 0.01
