@@ -1,0 +1,36 @@
+"""End-to-end test of ``python -m experiments.specedge`` on its tiny setting."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from experiments import specedge
+
+
+def test_quick_run_writes_every_artefact(tmp_path):
+    tp, summary = specedge.main(["--out", str(tmp_path), "--quick"])
+    df = pd.read_csv(tmp_path / "specedge.csv")
+    assert {"draft", "rtt_ms", "throughput_ratio", "itl_change", "variant", "num_clients", "headline"} <= set(df.columns)
+    assert set(df["draft"]) == {"chain", "tree"} and set(df["variant"]) == set(specedge.VARIANTS)
+    assert df["headline"].sum() == 1 and df["rtt_ms"].min() == 5 and df["rtt_ms"].max() == 65
+    # SpecEdge's gain falls as the RTT grows (full system, tree drafts, the headline client count)
+    tree = df[(df["variant"] == "full") & (df["draft"] == "tree") & (df["num_clients"] == specedge.HEADLINE_CLIENTS)].sort_values("rtt_ms")
+    assert tree["throughput_ratio"].is_monotonic_decreasing
+    hybrid = pd.read_csv(tmp_path / "hybrid.csv")
+    assert set(hybrid["scheduler"]) == {"balance", "balance_ed", "edge_first"}
+    # BALANCE with ED never serves fewer than BALANCE on the same round
+    base = hybrid[hybrid["scheduler"] == "balance"].set_index(["num_users", "round"])["served"]
+    ed = hybrid[hybrid["scheduler"] == "balance_ed"].set_index(["num_users", "round"])["served"]
+    assert (ed - base.loc[ed.index]).min() >= 0
+    assert (tmp_path / "hybrid_summary.csv").is_file() and (tmp_path / "specedge.png").stat().st_size > 10_000
+    md = (tmp_path / "specedge.md").read_text()
+    assert "published 2.22x" in md and "Hybrid" in md
+
+
+@pytest.mark.parametrize("argv, field", [(["--rtts", "-5"], "rtts"), (["--edge-fractions", "0,1.5"], "edge-fractions"), (["--rounds", "1"], "rounds"),
+                                         (["--clients", "a"], "clients")])
+def test_bad_arguments_are_refused_before_any_work(tmp_path, argv, field):
+    with pytest.raises(SystemExit, match=field):
+        specedge.main(["--out", str(tmp_path), *argv])
+    assert not list(tmp_path.iterdir())
