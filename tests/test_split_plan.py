@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envs.config import EnvConfig
+
 try:
     from envs.cost_model import CostModel
     from envs.plan_builder import ScalarPlan
