@@ -115,7 +115,12 @@ def attach_writers(model, out: Path, logger_cfg: dict, run, append: bool = False
 
     ``hparams`` go to TensorBoard's HParams plugin (at ``step``), with the validation metrics as its metrics.
     """
-    from stable_baselines3.common.logger import HParam, HumanOutputFormat, Logger, TensorBoardOutputFormat
+    from stable_baselines3.common.logger import (
+        HParam,
+        HumanOutputFormat,
+        Logger,
+        TensorBoardOutputFormat,
+    )
 
     formats: list[KVWriter] = [HumanOutputFormat(sys.stdout), ProgressCSV(out / "progress.csv", append=append)]
     if logger_cfg.get("tensorboard"):
