@@ -262,3 +262,45 @@ def test_scalar_and_array_batch_forms_agree(models):
         assert ed_time1(cost, b, s, n, j, q) == float(ed_time(cost, b, s, n, j, q))
         assert ed_memory1(cost, b, s, n, so, q) == float(ed_memory(cost, b, s, n, so, q))
     assert ed_time1(cost, 0, 5, 5, 5, 2) == 0.0 == float(ed_time(cost, 0, 5, 5, 5, 2))
+
+
+def constant_profile():
+    """A split profile whose passes cost constants: target/draft 10 ms on the server, draft 2 ms on the edge."""
+    from envs.profile import Profile
+    from envs.split_profile import cpu_split_profile
+
+    d = cpu_split_profile("cpu_specsched-pair")
+    d.pop("engine", None)
+    d.pop("calibration", None)
+    flat = {"intercept_s": 0.01, "per_flop_s": 0.0, "per_byte_s": 0.0}
+    d["latency"] = {"source": "linear", "llm": flat, "slm": flat}
+    d["edge"]["latency"] = {"source": "table", "slm": {"b": [1], "q": [1], "c": [1], "tau_s": [[[0.002]]]}}
+    d["network"] = {"rtt_ms": 20.0, "bandwidth_bytes_per_s": 1e6, "bytes_per_draft_token": 10, "bytes_per_reply_token": 5, "request_overhead_bytes": 0}
+    return Profile.from_dict(d, name="constant")
+
+
+def test_golden_literal_numbers_for_one_ed_user():
+    p = constant_profile()
+    cost, split = CostModel(p), SplitCostModel(p)
+    rnd = round_of(1, 3, edge_fraction=1.0)
+    rnd.input_tokens[:], rnd.output_tokens[:], rnd.alpha[:] = 100, 60, 0.5
+    rnd.deadline_s[:], rnd.uplink_s[:], rnd.rtt_s[:] = 5.0, 0.1, 0.02
+    users = ed_users(split, rnd, G)
+    # E = (1 - 0.5^3) / 0.5 = 1.75, J = ceil(60 / 1.75) = 35; X = 2 x 2 ms + 20 ms + 3 x 15 B / 1 MB/s
+    assert users.iterations[0, 1] == 35
+    assert users.edge_s[0, 1] == pytest.approx(0.024045, rel=1e-12)
+    assert users.prefill_s[0] == pytest.approx(0.002)
+    rep = check_plan_split(cost, users, rnd, [ED], gamma=1, ed_depth=[2])
+    assert rep.ed_time_s == pytest.approx(0.36, rel=1e-12)  # prefill 10 ms + 35 verify passes of 10 ms
+    assert rep.ed_share_min == pytest.approx(0.36 / (5.0 - 0.1 - 0.002 - 35 * 0.024045), rel=1e-12)
+    assert rep.ed_memory_bytes == pytest.approx((100 + 3 + 60) * p.kv_llm_bytes)
+    # a second identical user at depth 4: q = 5 for both, J = ceil(60 / 1.9375) = 31 < 35, X = 8 ms + 20 ms + 5 x 15 B / 1 MB/s
+    rnd2 = round_of(2, 3, edge_fraction=1.0)
+    rnd2.input_tokens[:], rnd2.output_tokens[:], rnd2.alpha[:] = 100, 60, 0.5
+    rnd2.deadline_s[:], rnd2.uplink_s[:], rnd2.rtt_s[:] = 5.0, 0.1, 0.02
+    users2 = ed_users(split, rnd2, G)
+    rep2 = check_plan_split(cost, users2, rnd2, [ED, ED], gamma=1, ed_depth=[2, 4])
+    x = max(0.024045, 0.008 + 0.02 + 75e-6)
+    assert rep2.ed_time_s == pytest.approx(0.36, rel=1e-12)  # J = max(35, 31) = 35
+    assert rep2.ed_share_min == pytest.approx(0.36 / (5.0 - 0.1 - 0.002 - 35 * x), rel=1e-12)
+    assert rep2.ed_memory_bytes == pytest.approx((2 * (100 + 5) + 120) * p.kv_llm_bytes)
