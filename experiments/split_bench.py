@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--preset", default="full", help="the project's pair to use (full, tiny, ...)")
     ap.add_argument("--pair", type=Path, default=None)
+    ap.add_argument("--device", default="cpu", help="where the server, the edge and the baseline run (cuda: all on one GPU)")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rtt-ms", type=_floats, default=[5.0, 10.0, 20.0, 40.0])
     ap.add_argument("--proactive", default="on,off")
     ap.add_argument("--cohorts", type=_ints, default=[1, 2])
@@ -77,11 +79,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
 def _pair_flags(args) -> list[str]:
-    return ["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]
+    return [*(["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]), "--device", args.device, "--dtype", args.dtype]
 
 
 def split_run(args, rtt: float, proactive: str, cohorts: int, folder: Path) -> dict:
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from runtime.pair import build_pair, load_pair
 
-    pair = load_pair(args.pair or build_pair(recipe=args.preset, progress=False))
+    pair = load_pair(args.pair or build_pair(recipe=args.preset, progress=False), device=args.device, dtype=args.dtype)
     base = baseline_sweep(args, pair)
     write_csv_atomic(base, args.out / "baseline.csv", index=False)
     rows = []

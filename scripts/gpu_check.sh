@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The split runtime on a CUDA machine, in one go: load (or build) the pair, check that greedy AD,
+# SD and the split are lossless in float16, profile the server and edge roles, run a short split
+# benchmark, and write DIR/results.md (plus lossless.json, profile.yaml, split_bench.{csv,md},
+# baseline.csv). Without CUDA it prints "skipped: no CUDA" and exits 0.
+#
+#   scripts/gpu_check.sh [--pair PATH] [--out DIR]        (default: the project's full pair, results/gpu_check)
+#   PYTHON=python3 scripts/gpu_check.sh ...               (another interpreter than .venv/bin/python)
+#   GPU_CHECK_DEVICE=cpu GPU_CHECK_DTYPE=float32 scripts/gpu_check.sh --pair P   (a dry run of the script on CPU)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+PAIR=""
+DIR="results/gpu_check"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --pair) PAIR="$2"; shift 2 ;;
+    --out) DIR="$2"; shift 2 ;;
+    *) echo "unknown argument $1 (use --pair PATH, --out DIR)" >&2; exit 2 ;;
+  esac
+done
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
+DTYPE=${GPU_CHECK_DTYPE:-float16}
+if [ "$DEVICE" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "skipped: no CUDA"
+  exit 0
+fi
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+mkdir -p "$DIR"
+if [ -z "$PAIR" ]; then
+  PAIR=$("$PY" -c "from runtime.pair import build_pair; print(build_pair(recipe='full'))")
+fi
+DEV=(--device "$DEVICE" --dtype "$DTYPE")
+START=$(date +%s)
+echo "== lossless: greedy AD vs SD vs split ($DEVICE, $DTYPE)"
+LOSSLESS=0
+"$PY" -m runtime.split.lossless_check --pair "$PAIR" "${DEV[@]}" --out "$DIR/lossless.json" | tee "$DIR/lossless.txt" || LOSSLESS=$?
+echo "== profile: server role"
+"$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role server --b 1,4,16 --q 1,5,9,64 --c 64,256,1024 --repeats 3 --no-engine --out "$DIR/profile.yaml"
+echo "== profile: edge role"
+"$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role edge --b 1 --q 1,2,5,64 --c 64,256,1024 --repeats 3 --out "$DIR/profile.yaml"
+echo "== split benchmark (short)"
+"$PY" -m experiments.split_bench --pair "$PAIR" "${DEV[@]}" --out "$DIR/split_bench" --rtt-ms 5 --proactive on,off --cohorts 1,2 \
+  --clients 4 --requests 2 --max-new-tokens 48
+cp "$DIR/split_bench/split_bench.csv" "$DIR/split_bench/split_bench.md" "$DIR/split_bench/baseline.csv" "$DIR/"
+GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU')")
+{
+  echo "# gpu_check: the split runtime on $GPU ($DEVICE, $DTYPE)"
+  echo
+  echo "Pair: $PAIR; torch $("$PY" -c 'import torch; print(torch.__version__)'); $(date -u +%Y-%m-%dT%H:%MZ); $(( $(date +%s) - START )) s."
+  echo
+  echo "## Lossless (exit status $LOSSLESS; 0 = passed)"
+  echo
+  sed 's/^/    /' "$DIR/lossless.txt"
+  echo
+  echo "## Profile"
+  echo
+  echo "Server and edge roles measured into profile.yaml (sections latency, edge)."
+  echo
+  sed -n '/## Targets/,$p' "$DIR/split_bench.md"
+} > "$DIR/results.md"
+echo "wrote $DIR/results.md"
+exit "$LOSSLESS"
