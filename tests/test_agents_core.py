@@ -814,3 +814,42 @@ def test_split_upper_bound_equals_its_definition_by_brute_force():
                     want = max(want, min(cell, k))
             assert split_upper_bound(cost, rnd, gamma, step) == want, (step, rnd)
     assert split_upper_bound(golden(), STEP_ROUND, 2) == 5  # the default step, 0.01
+
+
+def test_exhaustive_search_in_single_row_chunks_equals_brute_force():
+    """chunk=1: every partial plan its own stack entry, so a pruned entry is followed by others."""
+    for i, (cost, rnd) in enumerate(CASES[:10]):
+        gamma = 1 + i % 3
+        opt = brute_optimum(cost, rnd, gamma)
+        modes, complete, ub = exhaustive_search(cost, rnd, gamma, chunk=1)
+        assert complete and ub == opt and (0 if modes is None else np.count_nonzero(modes)) == opt, i
+
+
+class _Clock:
+    """A stand-in for the ``time`` module whose clock advances one second per reading."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_exhaustive_search_stopped_mid_search_bounds_what_is_left(monkeypatch):
+    """The clock reads 1 s at the start and one more second per popped stack entry, so a limit
+    of 2.5 s stops the search at its third entry, with entries still on the stack."""
+    import agents.optimal as opt_mod
+
+    for i, (cost, rnd) in enumerate(CASES[:6]):
+        gamma = 1 + i % 3
+        opt = brute_optimum(cost, rnd, gamma)
+        monkeypatch.setattr(opt_mod, "time", _Clock())
+        modes, complete, ub = exhaustive_search(cost, rnd, gamma, time_limit_s=2.5, chunk=1)
+        monkeypatch.undo()
+        if complete:  # searches this small may finish in three entries
+            assert ub == opt
+            continue
+        assert opt <= ub <= rnd.num_users
+        if modes is not None:
+            assert check_plans(cost, rnd, modes[None, :], gamma).feasible[0] and np.count_nonzero(modes) <= opt
