@@ -100,7 +100,7 @@ class SplitScalarPlan:
             budget_mem = c.memory_budget1(self.b[1] > 0) * (1 + EPS)
             s_f = max(float(s_e), 1.0)
             cc = s_f + float(n_e) / 2.0
-            prefill_pass = c.tau_l.tau1(b_e, s_f, s_f)
+            prefill_pass = None  # priced once, on the first depth that needs it
             # the hot loop inlines ed_time1 / ed_budget / ed_memory1 with their operations in their order
             base = t_e - u_e - p_e
             fb, fs, kv = float(b_e), float(s_e), c.kv_l
@@ -117,14 +117,18 @@ class SplitScalarPlan:
                 q_e = q_b if q_b > g + 1 else g + 1
                 x_e = x_row[g - 1]
                 x_e = x_b if x_b > x_e else x_e
+                budget = base - j_e * x_e
+                mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
+                if budget <= 0 or not mm01 + mem_e <= budget_mem:
+                    continue  # infeasible whatever the verify pass costs: skip pricing it
+                if prefill_pass is None:
+                    prefill_pass = tau1(b_e, s_f, s_f)
                 v = verify.get(q_e)
                 if v is None:
                     v = verify[q_e] = tau1(b_e, float(q_e), cc + float(q_e))
-                budget = base - j_e * x_e
-                share_e = (prefill_pass + float(j_e) * v) / budget if budget > 0 else math.inf
-                mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
+                share_e = (prefill_pass + float(j_e) * v) / budget
                 eds[g] = (j_e, q_e, x_e, share_e, mem_e)
-                masks[1 + g_max + g] = sh01 + share_e <= lim and mm01 + mem_e <= budget_mem
+                masks[1 + g_max + g] = sh01 + share_e <= lim
             eds["agg"] = (b_e, s_e, n_e, u_e, t_e, p_e)
         self._prepared = ((inp, out), (b_a, s_a, n_a, u_a, sl_a, share_a, mem_a), (b_s, s_s, n_s, u_s, sl_s), sd, eds, masks)
         return masks
