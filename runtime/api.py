@@ -52,6 +52,7 @@ from runtime.serve_config import ServeConfig
 from runtime.textstream import TextStream
 
 MODEL_ID = "specsched"
+ARRIVAL_KEY = "specsched.arrival"  #: ASGI scope key: monotonic time the request reached the app (before its body was read)
 
 
 class BadRequest(Exception):
@@ -90,22 +91,27 @@ class BodyLimits:
             return await _send_json(counted, 413, error_body(413, f"request body over the limit of {limit} bytes (max_body_bytes)", code="body_too_large"), close=True)
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, counted)
+        # the request's arrival: its deadline counts from here, so time it spends queued inside this
+        # process (a busy event loop under a burst) is seen by the admission check, not only by the client
+        scope[ARRIVAL_KEY] = time.monotonic()
         # read the body here, bounded in size and time, then hand it to the app in one piece
         chunks, size = [], 0
-        deadline = time.monotonic() + self.cfg.body_timeout_s
-        while True:
-            try:
-                msg = await asyncio.wait_for(receive(), timeout=max(deadline - time.monotonic(), 0.001))
-            except TimeoutError:
-                return await _send_json(counted, 408, error_body(408, f"request body not complete within body_timeout_s={self.cfg.body_timeout_s}", code="body_timeout"), close=True)
-            if msg["type"] == "http.disconnect":
-                return
-            size += len(msg.get("body", b""))
-            if size > limit:
-                return await _send_json(counted, 413, error_body(413, f"request body over the limit of {limit} bytes (max_body_bytes)", code="body_too_large"), close=True)
-            chunks.append(msg.get("body", b""))
-            if not msg.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.cfg.body_timeout_s):  # one timer for the whole body (not a task per read)
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        return
+                    size += len(msg.get("body", b""))
+                    if size > limit:
+                        break
+                    chunks.append(msg.get("body", b""))
+                    if not msg.get("more_body", False):
+                        break
+        except TimeoutError:
+            return await _send_json(counted, 408, error_body(408, f"request body not complete within body_timeout_s={self.cfg.body_timeout_s}", code="body_timeout"), close=True)
+        if size > limit:
+            return await _send_json(counted, 413, error_body(413, f"request body over the limit of {limit} bytes (max_body_bytes)", code="body_too_large"), close=True)
         body, given = b"".join(chunks), False
 
         async def replay():
@@ -200,10 +206,10 @@ class ServeApp:
                 raise BadRequest(400, f"'{param}' has {len(ids)} tokens; the limit is {cfg.max_prompt_tokens} (max_prompt_tokens)", param, "context_length_exceeded")
             return ids
 
-        def admit(req, ids: list[int], max_tokens: int) -> LiveRequest:
+        def admit(req, ids: list[int], max_tokens: int, arrival: float | None) -> LiveRequest:
             if not 1 <= max_tokens <= cfg.max_tokens_limit:
                 raise BadRequest(400, f"'max_tokens' must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens}", "max_tokens")
-            live = LiveRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens,
+            live = LiveRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens, arrival=arrival or time.monotonic(),
                                deadline_s=float(req.deadline_s if req.deadline_s is not None else cfg.default_deadline_s),
                                text=TextStream(tokenizer.decode, req.stop_list()), stream=req.stream, queue=asyncio.Queue() if req.stream else None,
                                temperature=req.temperature, top_p=req.top_p, seed=req.seed if req.seed is not None else secrets.randbits(63))
@@ -220,10 +226,10 @@ class ServeApp:
                     except UnsupportedParameter as err:
                         raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
                     ids = encode(chat_prompt(tokenizer, messages), "messages")
-                    live = admit(req, ids, req.token_limit())
+                    live = admit(req, ids, req.token_limit(), request.scope.get(ARRIVAL_KEY))
                 else:
                     req = parse(CompletionRequest, body)
-                    live = admit(req, encode(req.prompt, "prompt"), req.max_tokens)
+                    live = admit(req, encode(req.prompt, "prompt"), req.max_tokens, request.scope.get(ARRIVAL_KEY))
             except BadRequest as err:
                 return error(err.status, str(err), err.param, err.code)
             except Refused as err:
@@ -262,6 +268,13 @@ class ServeApp:
                     c.setdefault("logprobs", None)
                 return f"data: {json.dumps(data)}\n\n"
 
+            def tail() -> str:
+                """The last events in one piece (one write): outcome, usage if asked, [DONE]."""
+                return chunk(None if chat else "", finish(), live.summary()) + (chunk(None, usage_only=True) if include_usage else "") + "data: [DONE]\n\n"
+
+            if live.done.is_set():  # answered already (rejected on arrival): the whole stream in one response, no chunking
+                return Response((chunk("", role=True) if chat else "") + tail(), media_type="text/event-stream")
+
             async def events():
                 if chat:
                     yield chunk("", role=True)
@@ -271,10 +284,7 @@ class ServeApp:
                         break
                     yield chunk(piece)
                 await live.done.wait()
-                yield chunk(None if chat else "", finish(), live.summary())
-                if include_usage:
-                    yield chunk(None, usage_only=True)
-                yield "data: [DONE]\n\n"
+                yield tail()
 
             return StreamingResponse(events(), media_type="text/event-stream")
 

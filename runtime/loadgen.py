@@ -36,6 +36,7 @@ import pandas as pd
 
 from envs.config import EnvConfig
 from envs.workload import round_rng, sample_round
+from runtime.lean_http import post_json
 
 KNOWN = {"env", "url", "rounds", "users", "seed", "time_scale", "token_scale", "max_tokens_cap", "round_gap_s", "output", "timeout_s", "stream", "wait_rounds"}
 COLUMNS = ["round", "user", "prompt_tokens", "max_tokens", "deadline_s", "status", "mode", "outcome", "reason", "ttft_s", "latency_s", "output_tokens",
@@ -55,28 +56,29 @@ def _row(row: dict, start: float, status: int | None, final: dict, ttft: float |
     return out
 
 
-async def one_request(client, url: str, payload: dict, row: dict) -> dict:
-    """Send one request; the row always has an outcome (``error`` when no server outcome came back)."""
+async def one_request(url: str, payload: dict, row: dict, timeout_s: float) -> dict:
+    """Send one request (its own connection, :mod:`runtime.lean_http`); the row always has an
+    outcome (``error`` when no server outcome came back)."""
     start = time.monotonic()
     ttft = None
     final: dict[str, Any] = {}
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=payload) as resp:
-            if resp.status_code != 200:  # 429 rejected / 500 error carry the server's outcome; 4xx / 503 do not
-                body = json.loads(await resp.aread())
-                message = body.get("error", {}).get("message", str(resp.status_code))
-                return _row(row, start, resp.status_code, body.get("specsched") or {}, None, f"HTTP {resp.status_code}: {message}")
+        async with asyncio.timeout(timeout_s), post_json(url, "/v1/completions", payload) as resp:
+            if resp.status != 200:  # 429 rejected / 500 error carry the server's outcome; 4xx / 503 do not
+                body = json.loads(await resp.read())
+                message = body.get("error", {}).get("message", str(resp.status))
+                return _row(row, start, resp.status, body.get("specsched") or {}, None, f"HTTP {resp.status}: {message}")
             if not payload.get("stream"):
-                final = json.loads(await resp.aread()).get("specsched", {})
+                final = json.loads(await resp.read()).get("specsched", {})
             else:
-                async for line in resp.aiter_lines():
+                async for line in resp.lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[6:])
                     if event["choices"] and event["choices"][0].get("text") and ttft is None:
                         ttft = time.monotonic() - start
                     final = event.get("specsched", final)
-            return _row(row, start, resp.status_code, final, ttft, "" if final else "stream ended without an outcome")
+            return _row(row, start, resp.status, final, ttft, "" if final else "stream ended without an outcome")
     except Exception as err:  # a dead server is a result too: record it, keep going
         return _row(row, start, None, {}, ttft, repr(err))
 
@@ -108,16 +110,13 @@ class RowWriter:
 
 
 async def replay(cfg: dict, writer: RowWriter) -> None:
-    import httpx
-
     from runtime.pair import corpus
 
     env = EnvConfig.from_kwargs(**{**cfg["env"], "num_users": int(cfg["users"])})
     text, _ = corpus(max_files=200)
     wait = bool(cfg.get("wait_rounds", True))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 
-    async def send(client, r: int) -> None:
+    async def send(r: int) -> None:
         rnd = sample_round(round_rng(int(cfg["seed"]), r), env)
         rng = round_rng(int(cfg["seed"]), r, 2)
         tasks = []
@@ -127,22 +126,21 @@ async def replay(cfg: dict, writer: RowWriter) -> None:
             prompt = prompt_text(int(rnd.input_tokens[k]), rng, text)
             row = {"round": r, "user": k, "prompt_tokens": len(prompt.encode()), "max_tokens": max_tokens, "deadline_s": deadline}
             payload = {"prompt": prompt, "max_tokens": max_tokens, "deadline_s": deadline, "stream": bool(cfg.get("stream", True))}
-            tasks.append(asyncio.ensure_future(one_request(client, cfg["url"], payload, row)))
+            tasks.append(asyncio.ensure_future(one_request(cfg["url"], payload, row, float(cfg["timeout_s"]))))
         for done in asyncio.as_completed(tasks):
             writer.add(await done)
 
-    async with httpx.AsyncClient(timeout=float(cfg["timeout_s"]), limits=limits) as client:
-        if wait:
-            for r in range(int(cfg["rounds"])):
-                await send(client, r)
-                if cfg["round_gap_s"] > 0:
-                    await asyncio.sleep(cfg["round_gap_s"])
-        else:
-            async def later(r: int) -> None:
-                await asyncio.sleep(r * cfg["round_gap_s"])
-                await send(client, r)
+    if wait:
+        for r in range(int(cfg["rounds"])):
+            await send(r)
+            if cfg["round_gap_s"] > 0:
+                await asyncio.sleep(cfg["round_gap_s"])
+    else:
+        async def later(r: int) -> None:
+            await asyncio.sleep(r * cfg["round_gap_s"])
+            await send(r)
 
-            await asyncio.gather(*[later(r) for r in range(int(cfg["rounds"]))])
+        await asyncio.gather(*[later(r) for r in range(int(cfg["rounds"]))])
 
 
 def summarize(df: pd.DataFrame, wall_s: float) -> pd.DataFrame:

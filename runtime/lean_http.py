@@ -1,0 +1,104 @@
+"""A lean HTTP/1.1 POST over asyncio streams, for the load generator.
+
+Why not httpx: under a burst the load generator is part of what it measures. Each request's clock
+starts when it is meant to be sent, so the client's own CPU time per request delays every request
+behind it and counts against the server. httpx's connection pool costs ~1.5-2 ms of CPU per
+streamed request at 640 concurrent requests (measured: runtime CPU of the loadgen process per
+request; see results/overload.md); this client opens one connection per request
+(``Connection: close``), writes the request in one call and parses only what the server sends:
+a status line, headers, then a body with ``Content-Length``, chunked, or up to the close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+
+class HTTPError(RuntimeError):
+    """The response could not be read as HTTP/1.1."""
+
+
+class Response:
+    def __init__(self, status: int, headers: dict[str, str], reader: asyncio.StreamReader):
+        self.status, self.headers, self._reader = status, headers, reader
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (de-chunked)."""
+        r = self._reader
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                line = await r.readline()
+                if not line:
+                    raise HTTPError("connection closed inside a chunked body")
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise HTTPError(f"bad chunk size line {line[:40]!r}") from None
+                if size == 0:
+                    while (await r.readline()).strip():  # trailers, then the blank line
+                        pass
+                    return
+                data = await r.readexactly(size)
+                await r.readexactly(2)  # CRLF after the chunk
+                yield data
+        elif "content-length" in self.headers:
+            n = int(self.headers["content-length"])
+            if n:
+                yield await r.readexactly(n)
+        else:  # until the server closes
+            while data := await r.read(65536):
+                yield data
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
+
+    async def lines(self) -> AsyncIterator[str]:
+        """The body's lines (UTF-8), as soon as each is complete."""
+        buf = b""
+        async for chunk in self.chunks():
+            buf += chunk
+            *complete, buf = buf.split(b"\n")
+            for line in complete:
+                yield line.rstrip(b"\r").decode("utf-8")
+        if buf:
+            yield buf.decode("utf-8")
+
+
+class post_json:
+    """``async with post_json(url, path, payload) as response:`` one POST on its own connection."""
+
+    def __init__(self, url: str, path: str, payload: dict):
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"only http://host:port URLs are supported, got {url!r}")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.path = (parts.path.rstrip("/") + path) or "/"
+        self.body = json.dumps(payload).encode()
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> Response:
+        reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(self.body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+        self.writer.write(head + self.body)
+        status_line = await reader.readline()
+        fields = status_line.split(None, 2)
+        if len(fields) < 2 or not fields[0].startswith(b"HTTP/1.") or not fields[1].isdigit():
+            raise HTTPError(f"bad status line {status_line[:60]!r}")
+        headers: dict[str, str] = {}
+        while True:
+            line = await reader.readline()
+            if not line:
+                raise HTTPError("connection closed inside the headers")
+            if not line.strip():
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return Response(int(fields[1]), headers, reader)
+
+    async def __aexit__(self, *exc) -> None:
+        if self.writer is not None:
+            self.writer.close()
