@@ -1,5 +1,6 @@
 """Serving parts without a server: incremental text, calibration, schemas, configuration."""
 
+import asyncio
 import time
 
 import pytest
@@ -163,3 +164,55 @@ def test_profile_of_other_dimensions_is_refused():
     other = SimpleNamespace(**{**vars(same), "vocab_size": 32000})
     with pytest.raises(ValueError, match="llm.vocab"):
         check_profile_matches_pair(prof, other, draft)
+
+
+# ------------------------------------------------------------------ the load generator's HTTP client
+def _serve_raw(response: bytes):
+    """A one-shot loopback server that answers any request with ``response`` (bytes, sent in small
+    pieces so lines and chunks are split across reads), then closes."""
+
+    async def start():
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            for i in range(0, len(response), 7):
+                writer.write(response[i : i + 7])
+                await writer.drain()
+            writer.close()
+
+        return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+    return start
+
+
+@pytest.mark.parametrize("response, status, lines", [
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:\r\nc;ext=1\r\n a\n\ndata: b\n\r\n0\r\nx-trailer: 1\r\n\r\n", 200, ["data: a", "", "data: b"]),
+    (b"HTTP/1.1 429 Too Many\r\nContent-Length: 11\r\n\r\n{\"e\": 1}\nxy", 429, ['{"e": 1}', "xy"]),
+    (b"HTTP/1.1 200 OK\r\n\r\nuntil\nclose", 200, ["until", "close"]),
+])
+def test_lean_http_reads_chunked_sized_and_close_delimited_bodies(response, status, lines):
+    from runtime.lean_http import post_json
+
+    async def go():
+        server = await _serve_raw(response)()
+        port = server.sockets[0].getsockname()[1]
+        async with server, post_json(f"http://127.0.0.1:{port}", "/v1/completions", {"x": 1}) as resp:
+            return resp.status, [line async for line in resp.lines()]
+
+    assert asyncio.run(go()) == (status, lines)
+
+
+@pytest.mark.parametrize("response, words", [(b"SPAM\r\n\r\n", "bad status line"), (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+                                             (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", "expected bytes")])
+def test_lean_http_refuses_broken_responses(response, words):
+    from runtime.lean_http import HTTPError, post_json
+
+    async def go():
+        server = await _serve_raw(response)()
+        port = server.sockets[0].getsockname()[1]
+        async with server, post_json(f"http://127.0.0.1:{port}", "/", {}) as resp:
+            return await resp.read()
+
+    with pytest.raises((HTTPError, asyncio.IncompleteReadError), match=words):
+        asyncio.run(go())
+    with pytest.raises(ValueError, match="only http"):
+        post_json("https://example.org", "/", {})
