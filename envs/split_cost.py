@@ -59,9 +59,10 @@ send)`` by fixed-point iteration from the lower bound ``network + own cohort's v
 **Memory.** ED server KV per client ``(c_max + budget + 1) kv_L`` (target only: no draft weights, no
 draft KV on the server); server-only SD ``(c_max + budget + 1)(kv_L + kv_S)`` plus ``W_S`` once.
 
-**Calibrated depth** (SpecEdge's rule ``T_verify ~ draft + network``): per user, the chain depth
-``g`` in ``1..max_depth`` minimising ``|X(g) - V(g)|`` where ``V`` is the verify pass of the cohort
-it overlaps (``verify_clients`` clients); ties go to the deeper draft.
+**Calibrated depth** (SpecEdge's rule ``T_verify ~ draft + network``): per user, the depth ``g`` in
+``1..max_depth`` of a chain (or of a given tree, its budget, beams and branch kept) minimising
+``|X(g) - V(g)|``, ``X`` the expected edge iteration at the lower-bound wait and ``V`` the verify
+pass of the cohort it overlaps (``verify_clients`` clients); ties go to the deeper draft.
 """
 
 from __future__ import annotations
