@@ -28,11 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from agents.balance import Balance, grid, split_search
-from agents.ed_batch import EdOption, cheapest_option, ed_options
+from agents.ed_batch import EdOption, cheapest_option, ed_options, round_ed_users, split_model
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from envs.plan import AD, ED, SD, Plan
-from envs.split_cost import SplitCostModel
-from envs.split_plan import EdUsers, check_plan_split, ed_users
+from envs.split_plan import EdUsers, check_plan_split
 from envs.workload import Round
 
 
@@ -143,14 +142,14 @@ def plan_with_ed(cost, users: EdUsers, rnd: Round, gamma: int, ed_idx: np.ndarra
 
 
 class BalanceED(Balance):
-    """BALANCE with the ED mode (module docstring). Needs a profile with ``edge`` and ``network`` sections."""
+    """BALANCE with the ED mode (module docstring); on a profile without ``edge`` / ``network`` sections, BALANCE."""
 
     name = "balance_ed"
     max_ed_sets = 6  #: ED sets tried per round (evenly spaced along the nested family)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.split = SplitCostModel(self.cost.profile)
+        self.split = split_model(self.cost.profile)  # None: the profile has no edge, so no user runs ED
 
     @property
     def max_depth(self) -> int:
@@ -158,7 +157,7 @@ class BalanceED(Balance):
         return int(self.max_gamma) if hasattr(self, "max_gamma") else int(self.cfg.max_gamma)
 
     def decide(self, rnd: Round) -> Plan:
-        users = ed_users(self.split, rnd, self.max_depth)
+        users = round_ed_users(self.split, rnd, self.max_depth)
         best_plan, best_n = None, -1
         for ed_idx in spaced(nested_ed_sets(self.cost, users, rnd), self.max_ed_sets):
             if len(ed_idx) == 0:  # BALANCE itself: its own plan, shares and all

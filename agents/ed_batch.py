@@ -24,8 +24,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.split_plan import EdUsers, ed_aggregates, ed_budget, ed_memory, ed_share, ed_time
+from envs.profile import Profile
+from envs.split_cost import SplitCostModel
+from envs.split_plan import (
+    EdUsers,
+    ed_aggregates,
+    ed_budget,
+    ed_memory,
+    ed_share,
+    ed_time,
+    ed_users,
+)
 from envs.workload import Round
+
+
+def split_model(profile: Profile) -> SplitCostModel | None:
+    """The split-mode cost model of a profile with ``edge`` and ``network`` sections, else None (no ED)."""
+    return SplitCostModel(profile) if profile.edge is not None and profile.network is not None else None
+
+
+def round_ed_users(split: SplitCostModel | None, rnd: Round, max_gamma: int) -> EdUsers:
+    """``envs.split_plan.ed_users``; where the profile has no edge (``split`` None) no user may run ED."""
+    if split is not None:
+        return ed_users(split, rnd, max_gamma)
+    k, g = rnd.num_users, int(max_gamma)
+    return EdUsers(np.ones((k, g)), np.zeros((k, g), dtype=np.int64), np.zeros((k, g)), np.zeros((k, g), dtype=bool), np.zeros(k))
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import numpy as np
 
 from agents.balance import Balance, split_search
 from agents.balance_ed import modes_for_rest, plan_with_ed
-from agents.ed_batch import fixed_depth_option
+from agents.ed_batch import fixed_depth_option, round_ed_users, split_model
 from envs.plan import Plan
 from envs.split_cost import SplitCostModel
-from envs.split_plan import EdUsers, ed_users
+from envs.split_plan import EdUsers
 from envs.workload import Round
 
 
@@ -44,14 +44,16 @@ class EdgeFirst(Balance):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.split = SplitCostModel(self.cost.profile)
+        self.split = split_model(self.cost.profile)  # None: the profile has no edge, so no user runs ED
 
     @property
     def max_depth(self) -> int:
         return int(self.max_gamma) if hasattr(self, "max_gamma") else int(self.cfg.max_gamma)
 
     def decide(self, rnd: Round) -> Plan:
-        users = ed_users(self.split, rnd, self.max_depth)
+        if self.split is None:
+            return split_search(self.cost, rnd, self.gamma, self._z, self._lam)
+        users = round_ed_users(self.split, rnd, self.max_depth)
         depth = calibrated_depths(self.split, rnd, users, self.max_depth)
         cand = np.flatnonzero(depth > 0)
         cand = cand[users.allowed[cand, depth[cand] - 1]]

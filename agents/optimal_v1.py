@@ -20,12 +20,11 @@ import itertools
 import numpy as np
 
 from agents.balance_ed import plan_with_ed
-from agents.ed_batch import ed_options
+from agents.ed_batch import ed_options, round_ed_users, split_model
 from agents.scheduler import Scheduler
 from envs.feasibility import EPS, check_plans
 from envs.plan import AD, REJECT, SD, Plan
-from envs.split_cost import SplitCostModel
-from envs.split_plan import EdUsers, ed_users
+from envs.split_plan import EdUsers
 from envs.workload import Round
 
 
@@ -74,14 +73,17 @@ def exhaustive_v1(cost, users: EdUsers, rnd: Round, gammas) -> tuple[np.ndarray,
 
 
 class OptimalV1(Scheduler):
-    """The exact optimum over v1 plans (every SD depth, every ED set and depths); K <= ``max_users``."""
+    """The exact optimum over v1 plans (every SD depth, every ED set and depths); K <= ``max_users``.
+
+    On a profile without ``edge`` / ``network`` sections no user may run ED: the optimum over AD and SD.
+    """
 
     name = "optimal_v1"
     max_users = 8
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.split = SplitCostModel(self.cost.profile)
+        self.split = split_model(self.cost.profile)  # None: the profile has no edge, so no user runs ED
 
     @property
     def max_depth(self) -> int:
@@ -90,7 +92,7 @@ class OptimalV1(Scheduler):
     def decide(self, rnd: Round) -> Plan:
         if rnd.num_users > self.max_users:
             raise ValueError(f"optimal_v1 is exhaustive and limited to num_users <= {self.max_users}, got {rnd.num_users}")
-        users = ed_users(self.split, rnd, self.max_depth)
+        users = round_ed_users(self.split, rnd, self.max_depth)
         found = exhaustive_v1(self.cost, users, rnd, range(1, self.max_depth + 1))
         if found is None:
             return Plan.reject_all(rnd.num_users, self.gamma)

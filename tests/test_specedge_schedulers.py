@@ -171,10 +171,25 @@ def test_users_whose_edge_cannot_hold_the_draft_never_run_ed(tmp_path):
             assert not too_long[ed].any()
 
 
-def test_optimal_v1_refuses_large_rounds_and_profiles_without_an_edge():
+def test_optimal_v1_refuses_large_rounds():
     cfg, cost = setting(9)
     with pytest.raises(ValueError, match="num_users <= 8"):
         OptimalV1(cost, cfg, 4).plan(make_rounds(cfg, 1, 0)[0])
-    plain = EnvConfig(num_users=4)
-    with pytest.raises(ValueError, match="edge"):
-        BalanceED(CostModel.from_config(plain), plain, 4)
+
+
+def test_on_a_profile_without_an_edge_nobody_runs_ed():
+    plain = EnvConfig(num_users=6, edge_fraction=1.0)  # every user has an edge, but the profile has none
+    cost = CostModel.from_config(plain)
+    for rnd in make_rounds(plain, 2, 1):
+        base = Balance(cost, plain, 4).plan(rnd)
+        for cls in (BalanceED, EdgeFirst):
+            plan = cls(cost, plain, 4).plan(rnd)
+            assert np.array_equal(plan.modes, base.modes) and plan.admitted_ed == 0
+        best = OptimalV1(cost, plain, 4).plan(rnd)
+        assert best.admitted_ed == 0 and best.admitted >= base.admitted
+
+
+def test_the_ed_schedulers_are_registered_by_name():
+    from agents.registry import SCHEDULERS
+
+    assert SCHEDULERS["balance_ed"] is BalanceED and SCHEDULERS["edge_first"] is EdgeFirst and SCHEDULERS["optimal_v1"] is OptimalV1
