@@ -5,15 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from agents.balance import Balance, BalanceGammaSearch
+from agents.balance_ed import BalanceED
 from agents.baselines import ECRA, ECRMA, EMA, ADOnly, Greedy, RandomScheduler, SDOnly
+from agents.edge_first import EdgeFirst
 from agents.optimal import Exhaustive, Optimal
+from agents.optimal_v1 import OptimalV1
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
 from envs.feasibility import CostModel
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     cls.name: cls
-    for cls in (Balance, BalanceGammaSearch, ADOnly, SDOnly, ECRA, EMA, ECRMA, Greedy, RandomScheduler, Exhaustive, Optimal)
+    for cls in (Balance, BalanceGammaSearch, ADOnly, SDOnly, ECRA, EMA, ECRMA, Greedy, RandomScheduler, Exhaustive, Optimal,
+                # with the ED mode (SpecEdge split; AD/SD only on a profile without an edge section)
+                BalanceED, EdgeFirst, OptimalV1)
 }
 #: options each scheduler accepts from the evaluation config (others are ignored for it)
 OPTIONS = {
