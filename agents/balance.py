@@ -27,7 +27,7 @@ import numpy as np
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 from envs.plan import AD, SD, Plan
 from envs.workload import Round
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from agents.balance import Balance
 from agents.scheduler import Scheduler
-from envs.feasibility import PlanBuilder
 from envs.plan import AD, SD, Plan
+from envs.plan_builder import PlanBuilder
 from envs.workload import Round
 
 

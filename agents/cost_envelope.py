@@ -12,7 +12,7 @@ that no batch with size ``>= b`` and every aggregate at least as demanding can b
 * AD: ``C_A`` is tabulated over ``(b, S, N)`` and replaced by its *suffix minimum* along every
   axis, ``env[b, i, j] = min_{b' >= b, i' >= i, j' >= j} C_A(b', S_i', N_j')``;
 * SD: ``C_S = P(b, S) + J * I(b, c)`` with ``P`` the two prefills and ``I`` one iteration at the
-  context ``c = S + N / 2`` (``envs.feasibility.CostModel.sd_time``); ``P`` and ``I`` are replaced
+  context ``c = S + N / 2`` (``envs.cost_model.CostModel.sd_time``); ``P`` and ``I`` are replaced
   by their suffix minima over ``(b, S)`` and ``(b, c)``, and ``J >= J_thr``, ``I >= 0``.
 
 So the envelope is a valid lower bound on the batch cost of every batch in the up-set **whatever
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.feasibility import CostModel, sd_iterations
+from envs.cost_model import CostModel, sd_iterations
 from envs.plan import AD
 from envs.workload import Round
 

@@ -26,7 +26,8 @@ from agents.paired_stats import paired_difference
 from agents.registry import make_scheduler
 from agents.threads import limit_threads
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, check_plan
+from envs.cost_model import CostModel
+from envs.feasibility import check_plan
 from envs.outcome import evaluate_plan
 from envs.workload import Round, Split, make_rounds, round_rng
 

@@ -28,8 +28,10 @@ from agents.plan_repair import repair
 from agents.round_milp import RoundMILP
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
-from envs.feasibility import EPS, CostModel, PlanBuilder, check_plans
+from envs.cost_model import CostModel
+from envs.feasibility import EPS, check_plans
 from envs.plan import AD, SD, Plan
+from envs.plan_builder import PlanBuilder
 from envs.workload import Round
 
 

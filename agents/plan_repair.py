@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.feasibility import CostModel, check_plans
+from envs.cost_model import CostModel
+from envs.feasibility import check_plans
 from envs.plan import AD, SD
 from envs.workload import Round
 

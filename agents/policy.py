@@ -17,8 +17,8 @@ import numpy as np
 
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
+from envs.cost_model import CostModel
 from envs.edge_schedule import EdgeScheduleEnv
-from envs.feasibility import CostModel
 from envs.plan import Plan
 from envs.workload import Round
 

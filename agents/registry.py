@@ -12,7 +12,7 @@ from agents.optimal import Exhaustive, Optimal
 from agents.optimal_v1 import OptimalV1
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     cls.name: cls

@@ -34,7 +34,8 @@ from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from agents.cost_envelope import CostEnvelope
-from envs.feasibility import EPS, CostModel, check_plans
+from envs.cost_model import CostModel
+from envs.feasibility import EPS, check_plans
 from envs.plan import AD, SD
 from envs.workload import Round
 

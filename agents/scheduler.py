@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from envs.config import EnvConfig
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 from envs.plan import Plan
 from envs.workload import Round
 

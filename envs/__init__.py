@@ -9,9 +9,11 @@ import warnings
 import gymnasium as gym
 
 from envs.config import ConfigError, EnvConfig
-from envs.feasibility import CostModel, PlanBuilder, check_plan, check_plans
+from envs.cost_model import CostModel
+from envs.feasibility import check_plan, check_plans
 from envs.outcome import Outcome, evaluate_plan
 from envs.plan import AD, REJECT, SD, Plan
+from envs.plan_builder import PlanBuilder
 from envs.profile import Profile, ProfileError, available_profiles, load_profile
 from envs.workload import Round, sample_round
 

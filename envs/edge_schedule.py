@@ -102,9 +102,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.actions import action_index, action_indices  # noqa: F401 (re-exported: the env's action rule)
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, PlanBuilder, ScalarPlan, expected_tokens_per_iteration
+from envs.cost_model import CostModel, expected_tokens_per_iteration
 from envs.outcome import evaluate_plan
 from envs.plan import AD, REJECT, SD, Plan
+from envs.plan_builder import PlanBuilder, ScalarPlan
 from envs.workload import Round, sample_round
 
 USER_FEATURES = 8
@@ -182,9 +183,8 @@ def _encode(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, data: _Rounds
         for value in (builder.b[m] / k, builder.s_max[m] / cfg.input_tokens[1], builder.n_max[m] / cfg.output_tokens[1], builder.share[m], builder.mem[m] / budget, slack / cfg.deadline_s[1]):
             obs[:, col] = value
             col += 1
-    prep = builder._prepared
     obs[:, col] = builder.gamma / cfg.max_gamma
-    obs[:, col + 1] = np.where(live, prep[1][5], 1.0) if prep is not None else 1.0
+    obs[:, col + 1] = np.where(live, builder.candidate_shares()[0], 1.0) if builder.is_prepared else 1.0
     obs[:, col + 2] = t / k
     np.clip(obs[:, :head], 0.0, 1.0, out=obs[:, :head])
     obs[:, head : head + masks.shape[1]] = masks
@@ -309,7 +309,7 @@ class EdgeScheduleEnv(gym.Env):
         for m in (0, 1):
             slack = p.slack_min[m] if p.slack_min[m] != math.inf else t_hi
             head += (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, slack / t_hi)
-        share_ad = p._prepared[1][5] if (live and p._prepared is not None) else 1.0
+        share_ad = p.candidate_ad_share() if (live and p.is_prepared) else 1.0
         head += (p.gamma / cfg.max_gamma, share_ad, t / k)
         col = USER_FEATURES + len(head)
         obs[USER_FEATURES:col] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head]

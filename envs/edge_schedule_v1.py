@@ -93,8 +93,8 @@ from gymnasium import spaces
 
 from envs.actions import action_index
 from envs.config import ConfigError, EnvConfig
+from envs.cost_model import CostModel
 from envs.edge_schedule import user_features
-from envs.feasibility import CostModel
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan
 from envs.split_cost import SplitCostModel, SplitOptions

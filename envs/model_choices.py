@@ -1,6 +1,6 @@
 """Alternative modelling choices of the cost model, studied against the BALANCE paper's results.
 
-The first-principles cost model (``envs/feasibility.py``) reproduces the paper's single-request
+The first-principles cost model (``envs/cost_model.py``) reproduces the paper's single-request
 figures (Fig. 1: SD -39.1 % latency, +18.3 % GPU memory against AD) but makes SD nearly dominant,
 so BALANCE gains far less over SD-only than the paper reports (+33.4 % on the K sweep). Each
 field below is **one** documented choice that the paper's text leaves open, each consistent with
@@ -50,7 +50,7 @@ MAX_EXTRA_BYTES = 1.0e12  #: 1 TB: far above any device, rejects unit mistakes (
 
 @dataclass(frozen=True)
 class ModelChoices:
-    """The alternative modelling choices of :class:`envs.feasibility.CostModel` (see module docstring)."""
+    """The alternative modelling choices of :class:`envs.cost_model.CostModel` (see module docstring)."""
 
     draft_kv: str = "own"
     verify_flops_efficiency: float | None = None

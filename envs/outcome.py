@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.feasibility import CostModel, sd_iterations
+from envs.cost_model import CostModel, sd_iterations
 from envs.plan import AD, SD, Plan
 from envs.workload import Round
 

@@ -23,7 +23,7 @@ import pandas as pd
 
 from agents.evaluate import evaluate_schedulers
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, sd_iterations
+from envs.cost_model import CostModel, sd_iterations
 from envs.profile import load_profile
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

@@ -30,7 +30,8 @@ from agents.artefacts import write_bytes_atomic, write_csv_atomic, write_text_at
 from agents.balance import Balance
 from agents.optimal import Optimal
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, check_plan
+from envs.cost_model import CostModel
+from envs.feasibility import check_plan
 from envs.workload import make_rounds
 
 ROOT = Path(__file__).resolve().parent.parent

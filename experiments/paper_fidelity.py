@@ -37,7 +37,7 @@ from tqdm import tqdm  # noqa: E402
 from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
 from agents.evaluate import evaluate_schedulers  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
-from envs.feasibility import CostModel, sd_iterations  # noqa: E402
+from envs.cost_model import CostModel, sd_iterations  # noqa: E402
 from envs.workload import make_rounds  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

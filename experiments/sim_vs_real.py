@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 from envs.outcome import evaluate_plan
 from envs.plan import AD, SD
 from envs.profile import load_profile

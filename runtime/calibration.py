@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 
 MODES = ("ad", "sd")
 

@@ -155,7 +155,7 @@ def measure_engine(pair: ModelPair, profile: dict, b_grid, repeats: int, gammas=
     per iteration) because one batch's residual is a small difference of two noisy times, and
     the fit is written out on ``b_grid`` (clipped at 0).
     """
-    from envs.feasibility import CostModel
+    from envs.cost_model import CostModel
     from envs.profile import Profile
     from runtime.engines import generate_ad, generate_sd
     from runtime.pair import corpus

@@ -37,13 +37,21 @@ import numpy as np
 
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
-from envs.feasibility import CostModel, sd_iterations1
+from envs.cost_model import CostModel, sd_iterations1
 from envs.plan import AD, SD
 from envs.profile import load_profile
 from envs.workload import Round
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.engines import ad_steps, drain, sd_steps
-from runtime.executor import BatchRun, Cancelled, Outbox, batch_callbacks, row_sampling, run_parallel, run_shared
+from runtime.executor import (
+    BatchRun,
+    Cancelled,
+    Outbox,
+    batch_callbacks,
+    row_sampling,
+    run_parallel,
+    run_shared,
+)
 from runtime.fingerprint import machine_fingerprint, warn_if_measured_elsewhere
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics

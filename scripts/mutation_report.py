@@ -3,7 +3,7 @@
 ``--workdirs`` are the folders mutmut ran in (each holding ``mutants/``)::
 
     python scripts/mutation_report.py --workdirs /tmp/m/envs /tmp/m/agents --equivalents scripts/mutation_equivalents.tsv \
-        --targets 'envs.feasibility.*' 'envs.outcome.*' --command 'bash scripts/mutation.sh' --out results/mutation.md
+        --targets 'envs.cost_model.*' 'envs.feasibility.*' 'envs.plan_builder.*' 'envs.outcome.*' --command 'bash scripts/mutation.sh' --out results/mutation.md
 
 Score = killed / (mutants run - equivalent), where killed includes timeouts and crashes (the test
 run did not pass). An equivalent mutant is one no test can kill because the program's behaviour is

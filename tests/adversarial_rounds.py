@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.config import EnvConfig
-from envs.feasibility import EPS, BatchStats, CostModel, check_plans, sd_iterations
+from envs.cost_model import CostModel, sd_iterations
+from envs.feasibility import EPS, BatchStats, check_plans
 from envs.plan import AD, SD
 from envs.workload import Round
 

@@ -1,7 +1,7 @@
 """A tiny hand-computable system: a linear-in-everything profile and a three-user round.
 
 Used by ``test_golden.py`` and ``test_binding.py``. Every number the tests assert is derived by
-hand (in comments there) from DESIGN.md §1 and ``envs/feasibility.py``'s module docstring, never by
+hand (in comments there) from DESIGN.md §1 and ``envs/cost_model.py``'s module docstring, never by
 calling the code under test.
 
 Pass times (seconds) are multilinear in ``(b, q, c)``, so the ``table`` profile's trilinear
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 from envs.profile import Profile
 from envs.workload import Round
 

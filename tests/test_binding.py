@@ -18,7 +18,8 @@ from golden_round import golden_cost, make_round, three_users
 from agents.baselines import ADOnly, SDOnly
 from agents.optimal import Exhaustive
 from envs import AD, REJECT, SD, EnvConfig, check_plans
-from envs.feasibility import EPS, PlanBuilder, ScalarPlan
+from envs.feasibility import EPS
+from envs.plan_builder import PlanBuilder, ScalarPlan
 
 CFG = EnvConfig(num_users=3, max_gamma=4)
 BASE = 2_100_000.0  # reserve + W_L: Q = BASE + budget without SD

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import envs
 from envs import REJECT, SD, CostModel, EnvConfig, sample_round
 from envs.edge_schedule import EdgeScheduleVectorEnv, action_index, action_indices
-from envs.feasibility import PlanBuilder, ScalarPlan
+from envs.plan_builder import PlanBuilder, ScalarPlan
 
 K = 6
 G = 8

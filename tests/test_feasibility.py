@@ -6,13 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envs import AD, SD, CostModel, EnvConfig, Plan, check_plans, evaluate_plan, sample_round
-from envs.feasibility import (
-    PlanBuilder,
-    expected_tokens_per_iteration,
-    sd_iterations,
-    shares_respected,
-)
+from envs.cost_model import expected_tokens_per_iteration, sd_iterations
+from envs.feasibility import shares_respected
 from envs.outcome import simulate_sd_iterations
+from envs.plan_builder import PlanBuilder
 
 CFG = EnvConfig(num_users=10)
 COST = CostModel.from_config(CFG)

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from envs import CostModel, EnvConfig, check_plans, sample_round
 from envs.config import ConfigError
-from envs.feasibility import PlanBuilder, ScalarPlan, sd_iterations
+from envs.cost_model import sd_iterations
 from envs.model_choices import ModelChoices
+from envs.plan_builder import PlanBuilder, ScalarPlan
 from envs.profile import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,7 +2,7 @@
 
 The profile and round are in ``golden_round.py`` (pass times multilinear, so the table profile is
 exact). Every expected number below is derived in the comments from DESIGN.md §1 and the formulas
-of ``envs/feasibility.py``'s module docstring -- not by calling the code -- so a wrong formula fails
+of ``envs/cost_model.py``'s module docstring -- not by calling the code -- so a wrong formula fails
 here even when two implementations of it agree with each other.
 """
 
@@ -16,15 +16,10 @@ from agents.balance import Balance
 from agents.baselines import ADOnly, SDOnly
 from agents.optimal import Exhaustive, Optimal, split_upper_bound
 from envs import AD, REJECT, SD, EnvConfig, Plan, check_plan, check_plans, evaluate_plan
-from envs.feasibility import (
-    PlanBuilder,
-    ScalarPlan,
-    expected_tokens_per_iteration,
-    sd_iterations,
-    sd_iterations1,
-    shares_respected,
-)
+from envs.cost_model import expected_tokens_per_iteration, sd_iterations, sd_iterations1
+from envs.feasibility import shares_respected
 from envs.outcome import simulate_sd_iterations
+from envs.plan_builder import PlanBuilder, ScalarPlan
 
 R = 1e-12  # relative tolerance: only floating-point rounding, never a modelling difference
 COST = golden_cost()

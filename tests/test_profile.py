@@ -151,7 +151,7 @@ ENGINE = {"b": [1, 4, 16], "ad_step_s": [0.001, 0.002, 0.004], "sd_iteration_s":
 
 
 def test_engine_overhead_is_added_per_step_and_iteration():
-    from envs.feasibility import CostModel
+    from envs.cost_model import CostModel
 
     d = _raw("cpu_specsched-pair")
     d.pop("engine", None)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envs.calibration import ScaleCurve
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 from envs.profile import PROFILE_DIR, CalibratedLatency, Profile, ProfileError, load_profile
 from runtime.fingerprint import (
     ProfileProvenanceWarning,

@@ -105,7 +105,7 @@ def test_calibration_plans_for_a_swinging_host_above_its_mean():
 
 
 def test_calibrated_cost_model_scales_times_not_memory():
-    from envs.feasibility import CostModel
+    from envs.cost_model import CostModel
     from envs.profile import load_profile
 
     base = CostModel(load_profile("cpu1_specsched-pair"))

@@ -22,7 +22,7 @@ from agents.artefacts import write_text_atomic
 from agents.evaluate import make_rounds
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
-from envs.feasibility import CostModel
+from envs.cost_model import CostModel
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from envs.feasibility import expected_tokens_per_iteration
+from envs.cost_model import expected_tokens_per_iteration
 from runtime.engines import generate_ad, generate_sd
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS, build_pair, load_pair
 
