@@ -19,9 +19,7 @@
 # Environment: MUTATION_JOBS (parallel mutants, default 2), MUTATION_WORKDIR (scratch root, default
 # $TMPDIR/specsched-mutation), MUTATION_REPORT (default results/mutation.md).
 # MUTATION_RERUN=survivors: refresh only tests/ in the group's scratch copy (code and config stay
-# those of its last run, so its verdicts stand; refused if envs/ or agents/ changed since) and
-# re-run only its surviving mutants. MUTATION_RERUN=report: run nothing, rewrite the report from
-# the groups' last runs (e.g. `MUTATION_RERUN=report bash scripts/mutation.sh envs agents`).
+# those of its last run, so its verdicts stand) and re-run only its surviving mutants.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
@@ -30,20 +28,12 @@ JOBS=${MUTATION_JOBS:-2}
 SOURCE=${MUTATION_SOURCE:-head}
 REPORT=${MUTATION_REPORT:-$ROOT/results/mutation.md}
 
-declare -A FILES TESTS GLOBS TIMEOUT
-# a mutant is stopped after (selected tests' time + 1 s) x multiplier x 2 CPU seconds (mutmut's
-# rule); the agents group's time-limited searches (certify, exhaustive_search) turn into endless
-# loops under some mutants, so its multiplier is 2 instead of mutmut's 15
-TIMEOUT[envs]=15
-TIMEOUT[agents]=2
+declare -A FILES TESTS GLOBS
 FILES[envs]="envs/cost_model.py envs/feasibility.py envs/plan_builder.py envs/outcome.py envs/edge_schedule.py"
 TESTS[envs]="tests/test_golden.py tests/test_binding.py tests/test_env_actions.py tests/test_feasibility.py tests/test_env.py tests/test_fidelity.py"
 GLOBS[envs]="envs.cost_model.* envs.feasibility.* envs.plan_builder.* envs.outcome.* envs.edge_schedule.x_action_index__mutmut_* envs.edge_schedule.x_action_indices__mutmut_* envs.edge_schedule.xǁEdgeScheduleEnvǁstep__mutmut_* envs.edge_schedule.xǁEdgeScheduleVectorEnvǁstep__mutmut_*"
 FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py"
-# the agents group runs only fast tests with exact expected values (brute force on tiny rounds,
-# hand-walked rounds); the slower hypothesis / brute-force suites (test_mode_solver.py,
-# test_schedulers.py, test_optimal.py) stay in the default run, out of the per-mutant selection
-TESTS[agents]="tests/test_agents_core.py tests/test_golden.py tests/test_binding.py"
+TESTS[agents]="tests/test_golden.py tests/test_binding.py tests/test_schedulers.py tests/test_mode_solver.py"
 GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.*"
 
 SELECTED=("$@")
@@ -62,14 +52,13 @@ snapshot() {  # the committed tree (or the work tree), optionally only some path
     fi
 }
 
-group_config() {  # setup.cfg [mutmut] with this group's files, tests and timeout multiplier
-    "$VENV/bin/python" - "$1" "$2" "$3" <<'PY'
+group_config() {  # setup.cfg [mutmut] with this group's files and tests
+    "$VENV/bin/python" - "$1" "$2" <<'PY'
 import configparser, sys
 cfg = configparser.ConfigParser()
 cfg.read("setup.cfg")
 cfg["mutmut"]["only_mutate"] = "\n" + "\n".join(sys.argv[1].split())
 cfg["mutmut"]["pytest_add_cli_args_test_selection"] = "\n" + "\n".join(sys.argv[2].split())
-cfg["mutmut"]["timeout_multiplier"] = sys.argv[3]
 with open("setup.cfg", "w") as fh:
     cfg.write(fh)
 PY
@@ -93,20 +82,8 @@ for g in "${SELECTED[@]}"; do
     dir="$WORK/$g"
     read -r -a globs <<< "${GLOBS[$g]}"
     mkdir -p "$dir"
-    if [ "${MUTATION_RERUN:-}" = report ]; then
+    if [ "${MUTATION_RERUN:-}" = survivors ]; then
         [ -d "$dir/mutants" ] || { echo "no previous run in $dir" >&2; exit 2; }
-        run=()
-    elif [ "${MUTATION_RERUN:-}" = survivors ]; then
-        [ -d "$dir/mutants" ] || { echo "no previous run in $dir" >&2; exit 2; }
-        # the kept verdicts are only valid for the code they were made on: refuse if it changed
-        tmp=$(mktemp -d)
-        snapshot envs agents | tar -x -C "$tmp"
-        if ! diff -rq -x __pycache__ "$tmp/envs" "$dir/envs" >/dev/null || ! diff -rq -x __pycache__ "$tmp/agents" "$dir/agents" >/dev/null; then
-            rm -rf "$tmp"
-            echo "[$g] envs/ or agents/ changed since the full run in $dir: run it again without MUTATION_RERUN" >&2
-            exit 2
-        fi
-        rm -rf "$tmp"
         rm -rf "$dir/tests" "$dir/mutants/tests"
         snapshot tests | tar -x -C "$dir"
         cp -r "$dir/tests" "$dir/mutants/tests"
@@ -118,10 +95,10 @@ for g in "${SELECTED[@]}"; do
         find "$dir" -mindepth 1 -maxdepth 1 ! -name mutants -exec rm -rf {} +
         snapshot | tar -x -C "$dir"
         cd "$dir"
-        group_config "${FILES[$g]}" "${TESTS[$g]}" "${TIMEOUT[$g]}"
+        group_config "${FILES[$g]}" "${TESTS[$g]}"
         run=("${globs[@]}")
     fi
-    [ "${MUTATION_RERUN:-}" = report ] || echo "[$g] mutation testing in $dir (source: $SOURCE @ $(git -C "$ROOT" rev-parse --short HEAD)), $JOBS jobs" >&2
+    echo "[$g] mutation testing in $dir (source: $SOURCE @ $(git -C "$ROOT" rev-parse --short HEAD)), $JOBS jobs" >&2
     if [ ${#run[@]} -gt 0 ]; then
         nice -n 10 "$VENV/bin/mutmut" run --max-children "$JOBS" "${run[@]}" > "$dir/mutmut-run.log" 2>&1 || {
             echo "mutmut run failed; see $dir/mutmut-run.log" >&2; tail -n 20 "$dir/mutmut-run.log" >&2; exit 1; }
