@@ -855,54 +855,67 @@ def test_exhaustive_search_stopped_mid_search_bounds_what_is_left(monkeypatch):
             assert check_plans(cost, rnd, modes[None, :], gamma).feasible[0] and np.count_nonzero(modes) <= opt
 
 
-def _root_and_children(cost, rnd, gamma):
-    """The exhaustive search's root node and its AD / SD children for the first user it orders
-    (tightest slack minus uplink): (builder, admitted, level, forced modes of that user)."""
+def _node_bounds(cost, rnd, gamma):
+    """Node bounds of the exhaustive search's root and of its three children for the first user it
+    orders (reject / AD / SD, one builder with three rows), with that user's mode in each child."""
     from envs import PlanBuilder
 
     k = rnd.num_users
     order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
+    ctx = (CostEnvelope(cost, rnd, gamma), rnd, order, gamma)
+    _, root = _node_bound(PlanBuilder(cost, 1, gamma), np.ones((1, k), dtype=bool), np.zeros(1, dtype=np.int64), ctx, 0)
     user = order[0]
     arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
-    nodes = [(PlanBuilder(cost, 1, gamma), 0, 0, None)]
-    for action, mode in ((1, AD), (1 + gamma, SD)):
-        b = PlanBuilder(cost, 1, gamma)
-        masks = b.prepare(*(x[user : user + 1] for x in arrays))
-        if masks[0, action]:
-            b.apply(np.array([action]))
-            nodes.append((b, 1, 1, mode))
-    return order, user, nodes
+    b = PlanBuilder(cost, 3, gamma)
+    masks = b.prepare(*(np.repeat(x[user : user + 1], 3) for x in arrays))
+    actions = np.array([0, 1, 1 + gamma])
+    ok = masks[np.arange(3), actions]
+    b.apply(np.where(ok, actions, 0))
+    _, children = _node_bound(b, np.ones((3, k), dtype=bool), np.array([0, 1, 1]) * ok, ctx, 1)
+    return user, int(root[0]), [(mode, int(children[i])) for i, mode in enumerate((0, AD, SD)) if ok[i]]
+
+
+def _best_completion(cost, rnd, gamma, user=None, mode=None):
+    plans = all_plans(rnd.num_users)
+    sel = check_plans(cost, rnd, plans, gamma).feasible
+    if user is not None:
+        sel = sel & (plans[:, user] == mode)
+    return int(np.where(sel, (plans != 0).sum(axis=1), 0).max())
 
 
 def test_node_bound_is_exact_on_identical_users():
     """With identical users, the a-th candidate input, output, slack and uplink are every user's
     own and the envelope equals the cost (monotone profile), so the necessary conditions of the
-    bound are sufficient: the bound of every node equals its best completion, by brute force over
-    all plans with the node's first decision fixed. Deadlines from tight to loose, uplink 0 and
-    30 ms, KV budgets 40 to 180 kB, both KV models. When the slacks differ, the AD and SD bounds
-    can count the same loose users twice, so there the bound is only checked to be valid."""
-    checked = 0
-    for kv, mem, deadlines, up in (("per_user", 2_200_000.0, [0.2] * 4, 0.03), ("per_user", 2_250_000.0, [0.16] * 4, 0.0),
-                                   ("padded", 2_300_000.0, [0.2] * 4, 0.0), ("per_user", 2_300_000.0, [0.12, 0.2, 0.3, 0.5], 0.0),
-                                   ("padded", 2_250_000.0, [0.09, 0.1, 0.25, 0.25], 0.01), ("per_user", 2_160_000.0, [0.3] * 4, 0.03),
-                                   ("per_user", 2_300_000.0, [0.14, 0.15, 0.4, 0.4], 0.0), ("per_user", 2_300_000.0, [0.16] * 4, 0.03),
-                                   ("padded", 2_250_000.0, [0.2] * 4, 0.03), ("per_user", 2_300_000.0, [0.12, 0.121, 0.16, 0.16], 0.0)):
+    bound are sufficient: the bound of the root and of each child (reject / AD / SD for the first
+    user) equals its best completion, by brute force over all plans with that decision fixed.
+    Deadlines from tight to loose, uplink 0 and 30 ms, KV budgets 40 to 180 kB, both KV models,
+    and a round whose SD batch fills the KV budget to the byte (two users, depth 1:
+    (2 (9 + 1) + 40) * 3000 = 180_000 B)."""
+    cases = [(kv, mem, [6] * 4, [9] * 4, [t] * 4, [0.8] * 4, [up] * 4, 2)
+             for kv, mem, t, up in (("per_user", 2_200_000.0, 0.2, 0.03), ("per_user", 2_250_000.0, 0.16, 0.0),
+                                    ("padded", 2_300_000.0, 0.2, 0.0), ("per_user", 2_160_000.0, 0.3, 0.03),
+                                    ("per_user", 2_300_000.0, 0.16, 0.03), ("padded", 2_250_000.0, 0.2, 0.03),
+                                    ("per_user", 2_300_000.0, 0.12, 0.0), ("padded", 2_200_000.0, 0.5, 0.0))]
+    cases.append(("per_user", Q, [9, 9], [20, 20], [0.29, 0.29], [0.95, 0.95], [0.01, 0.01], 1))
+    cases.append(("per_user", Q, [9, 9], [20, 20], [0.29, 0.29], [0.95, 0.95], [0.01, 0.01], 2))
+    for kv, mem, inp, out, dl, alpha, up, gamma in cases:
         cost = golden(kv, mem)
-        rnd = make_round([6] * 4, [9] * 4, deadlines, [0.8] * 4, [up] * 4, [0.01] * 4)
-        gamma = 2
-        plans = all_plans(4)
-        feasible = check_plans(cost, rnd, plans, gamma).feasible
-        count = (plans != 0).sum(axis=1)
-        env = CostEnvelope(cost, rnd, gamma)
-        assert env.monotone
-        order, user, nodes = _root_and_children(cost, rnd, gamma)
-        for builder, admitted, level, mode in nodes:
-            sel = feasible if mode is None else feasible & (plans[:, user] == mode)
-            best = int(np.where(sel, count, 0).max())
-            alive, bound = _node_bound(builder, np.ones((1, 4), dtype=bool), np.array([admitted]), (env, rnd, order, gamma), level)
-            if len(set(deadlines)) == 1:
-                assert bound.tolist() == [best], (kv, mem, deadlines, up, mode)
-                checked += 1
-            else:  # the AD and SD bounds may count the same loose users twice: only valid
-                assert best <= bound[0] <= 4, (kv, mem, deadlines, up, mode)
-    assert checked >= 8
+        rnd = make_round(inp, out, dl, alpha, up, [0.01] * len(inp))
+        assert CostEnvelope(cost, rnd, gamma).monotone
+        user, root, children = _node_bounds(cost, rnd, gamma)
+        assert root == _best_completion(cost, rnd, gamma), (kv, mem, dl, up, gamma)
+        assert len(children) >= 2
+        for mode, bound in children:
+            assert bound == _best_completion(cost, rnd, gamma, user, mode), (kv, mem, dl, up, gamma, mode)
+
+
+def test_node_bound_is_valid_when_slacks_differ():
+    """The AD and SD bounds may then count the same loose users twice: the bound is only valid."""
+    for kv, mem, dl in (("per_user", 2_300_000.0, [0.12, 0.2, 0.3, 0.5]), ("padded", 2_250_000.0, [0.09, 0.1, 0.25, 0.25]),
+                        ("per_user", 2_300_000.0, [0.14, 0.15, 0.4, 0.4]), ("per_user", 2_300_000.0, [0.12, 0.121, 0.16, 0.16])):
+        cost = golden(kv, mem)
+        rnd = make_round([6] * 4, [9] * 4, dl, [0.8] * 4, [0.0] * 4, [0.01] * 4)
+        user, root, children = _node_bounds(cost, rnd, 2)
+        assert _best_completion(cost, rnd, 2) <= root <= 4
+        for mode, bound in children:
+            assert _best_completion(cost, rnd, 2, user, mode) <= bound <= 4
