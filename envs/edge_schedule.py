@@ -78,6 +78,12 @@ Terminated after the last user of the round is decided (``K`` steps). Never trun
 e.g. ``num_users=12, profile="a100-40gb_llama2-13b_llama2-7b", alpha_cv=0.3``. Unknown or
 out-of-range values raise ``ConfigError`` naming the field.
 
+``render_mode`` (Gymnasium's convention, ``metadata["render_modes"]``): ``None`` (default),
+``"ansi"`` (a text table: batches, mask, one line per user) or ``"rgb_array"`` (a 540 x 960 RGB
+picture of the round's plan: users by mode, each admitted user's uplink / compute / downlink
+against its deadline, the batches' compute and memory use; :mod:`envs.render`, needs matplotlib).
+Rendering reads the state only: it never changes the episode or its random draws.
+
 ## Vectorized environment
 
 ``gymnasium.make_vec("EdgeSchedule-v0", num_envs=N, vectorization_mode="vector_entry_point")``
@@ -106,6 +112,7 @@ from envs.cost_model import CostModel, expected_tokens_per_iteration
 from envs.outcome import evaluate_plan
 from envs.plan import AD, REJECT, SD, Plan
 from envs.plan_builder import PlanBuilder, ScalarPlan
+from envs.render import PlanView, render_ansi, render_rgb
 from envs.workload import Round, sample_round
 
 USER_FEATURES = 8
@@ -219,16 +226,29 @@ def _final_info(cfg: EnvConfig, cost: CostModel, gamma: int, z: float, lam: floa
     }
 
 
+RENDER_MODES = ["ansi", "rgb_array"]
+
+
+def _check_render_mode(render_mode: str | None) -> str | None:
+    if render_mode is not None and render_mode not in RENDER_MODES:
+        raise ValueError(f"render_mode must be one of {RENDER_MODES} or None, got {render_mode!r}")
+    return render_mode
+
+
+def _draw(view: PlanView, render_mode: str, cost: CostModel, cfg: EnvConfig):
+    if render_mode == "ansi":
+        return render_ansi(view)
+    return render_rgb(view, cost, completion=cfg.completion, sharing=cfg.sharing)
+
+
 class EdgeScheduleEnv(gym.Env):
     """One round per episode, users decided one at a time (see the module docstring)."""
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": RENDER_MODES, "render_fps": 4}
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any):
         self.cfg = EnvConfig.from_kwargs(**kwargs)
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        self.render_mode = render_mode
+        self.render_mode = _check_render_mode(render_mode)
         self.cost = CostModel.from_config(self.cfg)
         self.action_space = spaces.Discrete(2 + self.cfg.max_gamma)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
@@ -321,16 +341,14 @@ class EdgeScheduleEnv(gym.Env):
         return obs
 
     def render(self):
-        if self.render_mode != "ansi":
+        """``ansi``: a text table; ``rgb_array``: an (H, W, 3) uint8 picture of the plan (envs/render.py)."""
+        if self.render_mode is None:
             return None
         p = self._plan
-        lines = [
-            f"user {self._t}/{self.cfg.num_users}  gamma={p.gamma}",
-            f"AD: {p.b[0]} users, share needed {p.share[0]:.3f}, KV {p.mem[0] / 1e9:.2f} GB",
-            f"SD: {p.b[1]} users, share needed {p.share[1]:.3f}, KV {p.mem[1] / 1e9:.2f} GB",
-            "mask: " + "".join("1" if m else "0" for m in self._masks),
-        ]
-        return "\n".join(lines) + "\n"
+        z, lam = p.shares()
+        view = PlanView(self.round, self._data.order[0].copy(), self._modes.copy(), self._t, p.gamma, z, lam,
+                        (p.b[0], p.b[1]), (p.share[0], p.share[1]), (p.mem[0], p.mem[1]), self._budget, tuple(self._masks))
+        return _draw(view, self.render_mode, self.cost, self.cfg)
 
 
 class EdgeScheduleVectorEnv(VectorEnv):
@@ -343,10 +361,10 @@ class EdgeScheduleVectorEnv(VectorEnv):
     ``reset(options={"rounds": [Round, ...]})`` plays the given rounds (one per sub-env) first.
     """
 
-    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": RENDER_MODES, "render_fps": 4}
 
-    def __init__(self, num_envs: int = 8, autoreset_mode: str = "next_step", **kwargs: Any):
-        kwargs.pop("render_mode", None)
+    def __init__(self, num_envs: int = 8, autoreset_mode: str = "next_step", render_mode: str | None = None, **kwargs: Any):
+        self.render_mode = _check_render_mode(render_mode)
         if autoreset_mode not in ("next_step", "same_step"):
             raise ValueError(f"autoreset_mode must be 'next_step' or 'same_step', got {autoreset_mode!r}")
         self._same_step = autoreset_mode == "same_step"
@@ -392,6 +410,21 @@ class EdgeScheduleVectorEnv(VectorEnv):
 
     def action_masks(self) -> np.ndarray:
         return self._masks.copy()
+
+    def render(self) -> tuple | None:
+        """One frame per sub-env (as the scalar env renders it), or None without a render mode."""
+        if self.render_mode is None:
+            return None
+        b = self._builder
+        z, lam = b.shares()
+        budget = max(float(self.cost.memory_budget(True)), 1.0)
+        frames = []
+        for i in range(self.num_envs):
+            view = PlanView(self._data.rounds[i], self._data.order[i].copy(), self._modes[i].copy(), int(self._t[i]), int(b.gamma[i]), float(z[i]), float(lam[i]),
+                            (int(b.b[0, i]), int(b.b[1, i])), (float(b.share[0, i]), float(b.share[1, i])), (float(b.mem[0, i]), float(b.mem[1, i])), budget,
+                            tuple(bool(m) for m in self._masks[i]))
+            frames.append(_draw(view, self.render_mode, self.cost, self.cfg))
+        return tuple(frames)
 
     def step(self, actions):
         # -1 for an action outside Discrete(2 + G): the builder rejects it and it is flagged

@@ -175,4 +175,4 @@ def test_render_ansi():
     assert "AD: 1 users" in text and "SD: 0 users" in text and "user 1/12" in text
     assert make().unwrapped.render() is None  # no render mode: nothing to render
     with pytest.raises(ValueError, match="render_mode"):
-        make(render_mode="human")
+        make(render_mode="svg")  # "human" is Gymnasium's HumanRendering over rgb_array (pygame)
