@@ -20,6 +20,17 @@ class FaultyForward:
         self.model, self.fail_on, self.calls = model, fail_on, 0
         self.pause_s = 0.0  #: set > 0 to make every pass that much slower (a slow device)
         self.inner = model.forward
+        self.gate = threading.Event()  #: while cleared (after hold()), every pass waits for it
+        self.gate.set()
+        self.entered = threading.Event()  #: a pass has started waiting at the gate
+
+    def hold(self) -> None:
+        """Make the next passes wait until :meth:`release` (the round running them stays on the device)."""
+        self.entered.clear()
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
 
     def arm(self, after: int, count: int = 1) -> None:
         """Fail the ``after``-th call from now (and the ``count - 1`` following ones)."""
@@ -27,6 +38,9 @@ class FaultyForward:
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
+        if not self.gate.is_set():
+            self.entered.set()
+            assert self.gate.wait(60), "the test never released the gate"
         if self.pause_s:
             time.sleep(self.pause_s)
         if self.calls in self.fail_on:
@@ -63,14 +77,37 @@ def _final_event(resp) -> dict:
     return events[-1]
 
 
+def _queued(url: str, n: int) -> None:
+    for _ in range(1200):
+        if httpx.get(f"{url}/health").json()["queued"] >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{n} requests were not queued within 60 s")
+
+
 def test_engine_fault_ends_the_round_with_error_and_the_server_carries_on(pair, profile):
+    """Two requests in one round whose third target pass raises. They are put in the same round for
+    sure: a one-pass blocker round holds the device (its only pass waits at a gate) until both are
+    queued, so the next round takes both, whatever the host's speed."""
     bad, hook = _faulty_pair(pair, fail_on=set())
     with running(bad, profile, window_s=0.3, calibration_probe_s=0) as srv:
         url = srv.url
         wait_warm(url)
-        hook.arm(after=3)  # the third target pass of the next round
-        first = _post_all(url, [{"prompt": "def f(x):", "max_tokens": 16}, {"prompt": "import os", "max_tokens": 16, "stream": True}])
-        plain, streamed = first
+        hook.hold()
+        # a one-token prompt and one output token: exactly one target pass in AD (prefill) and in SD (one verify)
+        blocker = threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=120))
+        blocker.start()
+        assert hook.entered.wait(60), "the blocker's pass did not start"
+        result: list = []
+        both = threading.Thread(target=lambda: result.extend(_post_all(url, [{"prompt": "def f(x):", "max_tokens": 16},
+                                                                             {"prompt": "import os", "max_tokens": 16, "stream": True}])))
+        both.start()
+        _queued(url, 2)
+        hook.arm(after=3)  # the blocker's pass has been counted: the third target pass of the next round, the one with both
+        hook.release()
+        both.join(120)
+        blocker.join(120)
+        plain, streamed = result
         assert plain.status_code == 500
         assert plain.json()["error"]["code"] == "engine_fault" and "injected fault" in plain.json()["error"]["message"]
         assert plain.json()["specsched"]["outcome"] == "error"
