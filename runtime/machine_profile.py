@@ -12,7 +12,8 @@ simulator (``experiments.sim_vs_real``) and the live server (``runtime.serve``) 
   ``<cache>/profiles/<fingerprint key>-<pair recipe>-<base>.yaml`` -- the fingerprint key hashes
   CPU / GPU, cores, threads, torch, dtype and the pair's recipe (``runtime.fingerprint``), so a home
   folder shared by two machines keeps one entry each;
-- on a miss (no file, or the base file changed since: its SHA-256 is stored in the entry) the
+- on a miss (no file, or the base file or the quick calibration's points changed since: both are
+  recorded in the entry's ``derived_from``) the
   quick calibration runs (well under two minutes on the project's pair, with progress bars) and the
   entry is written atomically (temporary file + rename: a killed run leaves no half-written file).
 
@@ -110,7 +111,7 @@ class PlanningProfile:
         cal = self.profile.calibration
         factors = self.calibration_factors()
         return {
-            "profile": str(self.path), "source": self.source, "base": str(self.base), "machine key": self.key,
+            "profile": str(self.path), "source": self.source, "base": str(self.base), "machine key": self.key, "this machine": _on(self.fingerprint),
             "table measured on": _on(on) if on else "not recorded",
             "calibration measured on": _on(cal.measured_on) if cal is not None and cal.measured_on else "none",
             "calibration": "; ".join(f"{k} " + ", ".join(f"x{s:.3g} at q {q}" for q, s in v.items()) for k, v in factors.items()) or "none",
@@ -128,8 +129,16 @@ def _on(d: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
 
 
+def quick_method() -> str:
+    """The quick calibration's points: an entry measured at other points (an older version) is re-measured."""
+    from runtime.profile import QUICK_B, QUICK_C, QUICK_PREFILL, QUICK_Q
+
+    return f"b {list(QUICK_B)}, steps q {list(QUICK_Q)} over c {list(QUICK_C)}, prefills q = c {list(QUICK_PREFILL)}"
+
+
 def _load_entry(path: Path, base_sha: str, key: str) -> Profile | None:
-    """A usable cache entry, or None when missing, unreadable, made from another base or on another machine."""
+    """A usable cache entry, or None when missing, unreadable, made from another base, by another
+    version of the quick calibration, or on another machine."""
     try:
         data = yaml.safe_load(path.read_text())
         prof = Profile.from_dict(data, name=path.stem)
@@ -138,8 +147,8 @@ def _load_entry(path: Path, base_sha: str, key: str) -> Profile | None:
             log.warning("ignoring the unreadable profile cache entry %s (%s); measuring again", path, exc)
         return None
     derived = data.get("derived_from") or {}
-    if derived.get("base_sha256") != base_sha:
-        log.info("profile cache entry %s was made from another version of its base; measuring again", path)
+    if derived.get("base_sha256") != base_sha or derived.get("method") != quick_method():
+        log.info("profile cache entry %s was made from another version of its base or of the quick calibration; measuring again", path)
         return None
     if prof.calibration is None or fingerprint_key(prof.calibration.measured_on) != key:
         return None
@@ -196,7 +205,7 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
         torch.set_num_threads(before)
     took = time.perf_counter() - start
     data["name"] = entry.stem
-    data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "note": "runtime.machine_profile: the base table with a quick calibration measured on this machine"}
+    data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "method": quick_method(), "note": "runtime.machine_profile: the base table with a quick calibration measured on this machine"}
     prof = Profile.from_dict(data, name=entry.stem)  # validate before writing
     from runtime.profile import write_profile
 

@@ -20,10 +20,14 @@ Every profile written records where it was measured (``measured_on``: CPU model 
 cores, threads, torch version, dtype, the pair's recipe hash; see ``runtime.fingerprint``).
 
 ``--quick`` calibrates an existing profile to this machine in well under two minutes: it times
-both models at a few points the serving workloads use (``b`` 1 and 8; ``q`` 1, 5 and 64, i.e. a
-decode or draft step, an SD verification at gamma 4, a prefill; ``c`` 128 and 512), divides by
-the profile's prediction and writes the median ratio per model and ``q`` as the profile's
-``calibration`` section (``envs.calibration``), which every user of the profile then applies:
+both models at the points the serving engines run (``b`` 1 and 8; steps ``q`` 1 and 5, i.e. a
+decode or draft step and an SD verification at gamma 4, over ``c`` 128 and 512 cached tokens; and
+prefills ``q = c`` 32, 96, 160 and 320 -- a prefill is a pass over the whole prompt, *on the
+diagonal* of the grid, which the full table only reaches by interpolating off-diagonal points:
+on the project's pair it under-predicted the workloads' 110-160-token prefills by ~10-20 %),
+divides by the profile's prediction and writes the median ratio per model and ``q`` as the
+profile's ``calibration`` section (``envs.calibration``), which every user of the profile then
+applies (``runtime.machine_profile`` runs it on first use and caches it per machine):
 
     python -m runtime.profile --pair PATH --quick --base cpu_specsched-pair --out my_machine.yaml
     python -m runtime.profile --pair PATH --quick --out my_machine.yaml   # re-calibrate in place
@@ -49,7 +53,9 @@ from runtime.fingerprint import machine_fingerprint
 from runtime.pair import ModelPair, load_pair
 
 #: the quick calibration's points (see the module docstring)
-QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5, 64), (128, 512)
+QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5), (128, 512)
+#: the quick calibration's prefill lengths (passes with q = c: the whole prompt at once)
+QUICK_PREFILL = (32, 96, 160, 320)
 
 
 def _sync(device) -> None:
@@ -223,13 +229,18 @@ def roofline_fit(profile: dict) -> dict:
     return fits
 
 
-def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK_C, repeats: int = 3, measured_on: dict | None = None, progress: bool = True) -> dict:
+def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK_C, prefill=QUICK_PREFILL, repeats: int = 3, measured_on: dict | None = None,
+                      progress: bool = True) -> dict:
     """A ``calibration`` section for profile dict ``base``: measured / predicted pass time on this machine.
 
-    Per model and per ``q`` the scale is the median ratio over the ``b`` x ``c`` points; the
-    prediction is the base profile's own, without any calibration it already has. The engine
-    overhead section is not re-measured (``--engine-only`` does that, against the calibrated times).
+    Steps: every ``b`` x ``q`` x ``c`` point; prefills: ``(b, s, s)`` for every ``b`` and prompt
+    length ``s`` in ``prefill`` (the scale curve's ``q`` is then ``s``). Per model and per ``q`` the
+    scale is the median ratio over its points; the prediction is the base profile's own, without
+    any calibration it already has. The engine overhead section is not re-measured
+    (``--engine-only`` does that, against the calibrated times).
     """
+    if not all(int(v) >= 1 for v in (*b, *q, *c, *prefill)) or not (q or prefill):
+        raise ValueError(f"quick calibration points must be positive integers (b {list(b)}, q {list(q)}, c {list(c)}, prefill {list(prefill)})")
     from envs.profile import Profile
 
     raw = Profile.from_dict({k: v for k, v in base.items() if k != "calibration"}, name=str(base.get("name", "")))
@@ -241,16 +252,16 @@ def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK
     start = time.perf_counter()
     section: dict = {"measured_on": dict(measured_on or {})}
     spread = []
-    points = [(bb, qq, cc) for qq in q for bb in b for cc in c]
+    points = [(bb, qq, max(cc, qq)) for qq in q for bb in b for cc in c] + [(bb, s, s) for s in prefill for bb in b]
+    curve_q = sorted({int(p[1]) for p in points})
     for key, model, tau in (("llm", pair.target, raw.tau_llm), ("slm", pair.draft, raw.tau_slm)):
-        ratios: dict[int, list[float]] = {qq: [] for qq in q}
+        ratios: dict[int, list[float]] = {qq: [] for qq in curve_q}
         for bb, qq, cc in tqdm(points, desc=f"calibrating {key}", disable=not progress):
-            cc = max(cc, qq)
-            ratios[qq].append(time_pass(model, bb, qq, cc, repeats) / float(tau.tau(bb, qq, cc)))
-        section[key] = {"q": [int(v) for v in q], "scale": [float(np.median(ratios[qq])) for qq in q]}
+            ratios[int(qq)].append(time_pass(model, bb, qq, cc, repeats) / float(tau.tau(bb, qq, cc)))
+        section[key] = {"q": curve_q, "scale": [float(np.median(ratios[qq])) for qq in curve_q]}
         spread += [v for r in ratios.values() for v in r]
-    section["notes"] = (f"runtime.profile --quick on {time.strftime('%Y-%m-%d')}: measured / profile-predicted pass time at b {list(b)}, q {list(q)}, "
-                        f"c {list(c)} ({repeats} repeats, median), median per model and q; point ratios {min(spread):.2f}-{max(spread):.2f}; "
+    section["notes"] = (f"runtime.profile --quick on {time.strftime('%Y-%m-%d')}: measured / profile-predicted pass time at b {list(b)}, steps q {list(q)} "
+                        f"over c {list(c)}, prefills q = c {list(prefill)} ({repeats} repeats, median), median per model and q; point ratios {min(spread):.2f}-{max(spread):.2f}; "
                         f"{time.perf_counter() - start:.0f} s; engine overhead not re-measured")
     return section
 

@@ -68,9 +68,13 @@ def test_changed_base_or_corrupt_entry_is_a_miss(tmp_path):
     assert _resolve(tmp_path, m, base=base).source == "cached" and m.calls == 1
     base.write_text(BASE.read_text() + "\n# re-measured\n")  # the base changed: the calibration was against the old one
     assert _resolve(tmp_path, m, base=base).source == "measured" and m.calls == 2
+    data = yaml.safe_load(first.path.read_text())
+    data["derived_from"]["method"] = "an older quick calibration's points"
+    first.path.write_text(yaml.safe_dump(data))
+    assert _resolve(tmp_path, m, base=base).source == "measured" and m.calls == 3
     first.path.write_text("latency: [not, a, profile")  # unreadable entry: measured again, overwritten
     again = _resolve(tmp_path, m, base=base)
-    assert again.source == "measured" and m.calls == 3 and load_profile(again.path).calibration is not None
+    assert again.source == "measured" and m.calls == 4 and load_profile(again.path).calibration is not None
 
 
 def test_entry_from_another_machine_is_a_miss(tmp_path):

@@ -181,7 +181,7 @@ def _tiny_pair():
     return ModelPair(model(2, 32, 0), model(1, 16, 1), ByteTokenizer())
 
 
-POINTS = dict(b=(1, 2), q=(1, 5), c=(16, 32))
+POINTS = dict(b=(1, 2), q=(1, 5), c=(16, 32), prefill=(32,))
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def measured():
     torch.set_num_threads(1)  # one thread: no spinning against the other processes of a busy machine
     pair = _tiny_pair()
     prof = {"name": "tiny-here", "measured_on": machine_fingerprint(threads=1), "device": device_spec("cpu"), "llm": model_spec(pair.target, "target"), "slm": model_spec(pair.draft, "draft"),
-            "latency": {"source": "table", **measure(pair, [1, 2], [1, 5], [16, 32], repeats=3, progress=False)}}
+            "latency": {"source": "table", **measure(pair, [1, 2], [1, 5, 32], [16, 32], repeats=3, progress=False)}}
     yield pair, prof
     torch.set_num_threads(threads)
 
@@ -237,3 +237,23 @@ def test_quick_profile_refuses_another_pairs_profile(measured):
     pair, _ = measured
     with pytest.raises(ValueError, match="not the profile's llm"):
         quick_calibration(pair, _raw(), repeats=1, progress=False, **POINTS)
+
+
+def test_quick_profile_corrects_a_table_that_under_predicts_prefills(measured):
+    """A prefill is a pass with q = c; the quick profile times those points and scales them apart
+    from the steps: a table whose q = 32 (prefill) entries are half the truth gets ~2x there only."""
+    from runtime.profile import quick_calibration
+
+    pair, prof = measured
+    low = copy.deepcopy(prof)
+    for key in ("llm", "slm"):
+        tau = np.asarray(prof["latency"][key]["tau_s"])
+        tau[:, 2, :] *= 0.5  # q = 32
+        low["latency"][key]["tau_s"] = tau.tolist()
+    section = quick_calibration(pair, low, repeats=3, progress=False, **POINTS)
+    for key in ("llm", "slm"):
+        assert section[key]["q"] == [1, 5, 32]
+        scale = dict(zip(section[key]["q"], section[key]["scale"], strict=True))
+        assert scale[32] > 1.4 * scale[1], section  # the prefill point, corrected upwards relative to the steps
+    cal = Profile.from_dict({**low, "calibration": section})
+    assert float(cal.tau_llm.tau(2, 32, 32)) > 1.4 * float(Profile.from_dict(low).tau_llm.tau(2, 32, 32))
