@@ -17,8 +17,9 @@ rejected count absorbs the excess; a rejection should reach the client before it
 table reports, per run, the share of rejections answered before the request's deadline and the
 share of admitted requests (served + late) served on time, plus the server's calibration factors
 at the end (``/health``). Latencies are the client's (the load generator's clock, from the moment
-it starts sending); *server clock* counts from the request's arrival at the server, so the gap
-between the two is the client's and the network stack's own delay (on a busy host, large). Writes ``results/overload.{csv,md}``.
+it starts sending); *server clock* counts from the request's arrival at the server's app (before its
+body is read and parsed), so the gap between the two is the client's, the kernel's and uvicorn's own
+delay (on a busy host, large). Writes ``results/overload.{csv,md}``.
 """
 
 from __future__ import annotations

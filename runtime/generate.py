@@ -27,12 +27,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (with --temperature > 0)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.gamma < 1 or args.max_new_tokens < 1 or args.temperature < 0:
-        raise SystemExit("--gamma and --max-new-tokens must be >= 1 and --temperature >= 0")
+    if args.gamma < 1 or args.max_new_tokens < 1 or args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise SystemExit("--gamma and --max-new-tokens must be >= 1, --temperature >= 0 and --top-p in (0, 1]")
     if args.target:
         pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     else:
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     ids = tok.encode(args.prompt)
     if not ids:
         raise SystemExit("--prompt encodes to no tokens")
-    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, eos_id=tok.eos_id, pad_id=tok.pad_id, seed=args.seed)
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                  seed=args.seed)
     stream = lambda row, new: (sys.stdout.write(tok.decode(new)), sys.stdout.flush())  # noqa: E731
     results = {}
     for mode in (["ad", "sd"] if args.mode == "both" else [args.mode]):

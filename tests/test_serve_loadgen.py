@@ -205,13 +205,15 @@ async def _mixed_client(url: str, n: int, seed: int) -> list[dict]:
     async def one(i: int) -> None:
         kind = rng.choice(["plain", "stream", "chat", "disconnect", "slow"])
         body = {"prompt": f"def f{i}(x):" + " y" * rng.randint(0, 40), "max_tokens": rng.randint(1, 48), "deadline_s": rng.choice([0.05, 0.5, 2.0, 8.0, 30.0])}
+        sampling = rng.choice([{}, {"temperature": 0.8, "top_p": 0.9, "seed": i}, {"temperature": 1.3}])  # greedy and sampled requests share rounds
         try:
             if kind == "plain":
-                r = await client.completions.with_raw_response.create(model="specsched", prompt=body["prompt"], max_tokens=body["max_tokens"], extra_body={"deadline_s": body["deadline_s"]})
+                r = await client.completions.with_raw_response.create(model="specsched", prompt=body["prompt"], max_tokens=body["max_tokens"], extra_body={"deadline_s": body["deadline_s"]},
+                                                                      **sampling)
                 seen.append({"kind": kind, "status": r.http_response.status_code})
             elif kind == "chat":
                 r = await client.chat.completions.create(model="specsched", messages=[{"role": "user", "content": body["prompt"]}], max_tokens=body["max_tokens"], stream=True,
-                                                         extra_body={"deadline_s": body["deadline_s"]})
+                                                         extra_body={"deadline_s": body["deadline_s"]}, **sampling)
                 last = None
                 async for c in r:
                     last = c

@@ -216,3 +216,28 @@ def test_lean_http_refuses_broken_responses(response, words):
         asyncio.run(go())
     with pytest.raises(ValueError, match="only http"):
         post_json("https://example.org", "/", {})
+
+
+def test_arrival_is_stamped_before_the_body_is_read():
+    """A request's age counts from the app's entry: time spent waiting for its body (or queued in a
+    busy event loop) is seen by the admission check."""
+    from runtime.api import ARRIVAL_KEY, BodyLimits
+    from runtime.metrics import ServeMetrics
+
+    seen = {}
+
+    async def app(scope, receive, send):
+        seen["body"] = (await receive())["body"]
+        seen["app_at"] = time.monotonic()
+        seen["arrival"] = scope[ARRIVAL_KEY]
+
+    async def receive():
+        await asyncio.sleep(0.2)  # a slow body
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(msg):
+        raise AssertionError(f"nothing is sent for a good body: {msg}")
+
+    limits = BodyLimits(app, ServeConfig(), ServeMetrics())
+    asyncio.run(limits({"type": "http", "method": "POST", "headers": []}, receive, send))
+    assert seen["body"] == b"{}" and seen["app_at"] - seen["arrival"] >= 0.2
