@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pair", type=Path, default=None)
     ap.add_argument("--device", default="cpu", help="where the server, the edge and the baseline run (cuda: all on one GPU)")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--edge-device", default=None, help="where the edge process drafts (default --device; on a one-GPU box use cpu: "
+                    "two processes time-sharing one GPU slow each other down by tens of ms)")
+    ap.add_argument("--edge-dtype", default=None, help="the edge's dtype (default --dtype)")
     ap.add_argument("--rtt-ms", type=_floats, default=[5.0, 10.0, 20.0, 40.0])
     ap.add_argument("--proactive", default="on,off")
     ap.add_argument("--cohorts", type=_ints, default=[1, 2])
@@ -83,8 +86,10 @@ def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
-def _pair_flags(args) -> list[str]:
-    return [*(["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]), "--device", args.device, "--dtype", args.dtype]
+def _pair_flags(args, edge: bool = False) -> list[str]:
+    device = (args.edge_device or args.device) if edge else args.device
+    dtype = (args.edge_dtype or args.dtype) if edge else args.dtype
+    return [*(["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]), "--device", device, "--dtype", dtype]
 
 
 def split_run(args, rtt: float, proactive: str, cohorts: int, folder: Path) -> dict:
@@ -99,7 +104,7 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, folder: Path) -> d
             if not line and server.poll() is not None:
                 raise RuntimeError(f"the split server exited with {server.returncode}: {' '.join(server_cmd)}")
         addr = line.split("listening on ")[1].strip()
-        edge_cmd = [sys.executable, "-m", "runtime.edge", *_pair_flags(args), "--server", addr, "--threads", "1", "--clients", str(args.clients),
+        edge_cmd = [sys.executable, "-m", "runtime.edge", *_pair_flags(args, edge=True), "--server", addr, "--threads", "1", "--clients", str(args.clients),
                     "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), "--rtt-ms", str(rtt),
                     "--jitter-ms", str(args.jitter_ms), "--bandwidth-mbps", str(args.bandwidth_mbps), "--proactive", proactive,
                     "--depth", str(args.depth), "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
@@ -198,8 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     df = pd.DataFrame(rows)
     write_csv_atomic(df, args.out / "split_bench.csv", index=False)
     cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = ["# Split runtime benchmark (CPU, loopback)", "", f"Command: `{cmd}`", "",
-          f"Pair: {args.pair or args.preset}; {args.clients} edge clients x {args.requests} requests x {args.max_new_tokens} tokens; "
+    md = ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
+          f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {args.clients} edge clients x {args.requests} requests x {args.max_new_tokens} tokens; "
           f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process.", "", "## Targets", "", *checks(df), "",
           "## Split runs", "", df.drop(columns=["outcomes"]).to_markdown(index=False, floatfmt=".3g"), "",
           "## Server-only SD (one process drafts and verifies)", "", base.to_markdown(index=False, floatfmt=".3g"), ""]

@@ -48,9 +48,9 @@ def test_acceptance_rule():
         accepted_length([1, 2], [1, 2])
 
 
-def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, temperature=0.0, window_s=0.002):
+def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, temperature=0.0, window_s=0.002, bucket=None):
     """Each job ``(prompts, limits)`` is one edge client serving its requests in order, all at once."""
-    batcher = VerificationBatcher(BatchVerifier(target), cohorts=cohorts, window_s=window_s)
+    batcher = VerificationBatcher(BatchVerifier(target, bucket=bucket), cohorts=cohorts, window_s=window_s)
     results = [None] * len(jobs)
 
     def client(i):
@@ -82,6 +82,15 @@ def test_greedy_split_equals_greedy_ad(models, seed):
             assert [o.tokens for o in outs] == generate_ad(target, prompts, limits).tokens, (seed, depth, proactive)
             assert all(o.outcome == "length" for o in outs)
         assert batcher.verifier.sessions == {}  # every finished request freed its state
+
+
+@pytest.mark.parametrize("bucket", [8, 64])
+def test_shape_buckets_do_not_change_outputs(models, bucket):
+    target, close, _ = models
+    jobs = [([[1, 2, 3], [7] * 11], [18, 9]), ([[5, 6]], [20]), ([[9, 8, 7, 6, 5]], [14])]
+    results, _ = run_clients(target, close, jobs, cohorts=1, depth=3, bucket=bucket)
+    for (prompts, limits), outs in zip(jobs, results):
+        assert [o.tokens for o in outs] == generate_ad(target, prompts, limits).tokens
 
 
 def test_proactive_hits_with_an_identical_draft(models):

@@ -6,6 +6,11 @@ for the committed text minus its last token (the pending token, which the next q
 A batch left-pads every client's past to the longest one (the padding columns are masked out and
 never kept) and right-pads the queries; the forward appends the queries' KV after the padded past,
 so row ``i``'s new KV is ``past columns [P - len_i, P)`` plus ``query columns [P, P + keep_i)``.
+
+On CUDA the padded widths are rounded up to buckets (fewer distinct shapes). Why: on an H200 the
+verifier's forwards, whose past length changes with every batch, took about 100 ms each, while
+the same forward repeated at one shape took 6-8 ms; that new shapes are the cost is a suspicion
+that bucketing should confirm on a GPU (not measured yet).
 """
 
 from __future__ import annotations
@@ -22,14 +27,21 @@ def kv_length(kv: ClientKV | None) -> int:
     return 0 if not kv else int(kv[0][0].shape[2])
 
 
-def stack_past(pasts: list[ClientKV | None]):
-    """A cache holding every row's past, left-padded to the longest; returns ``(cache, width)``.
-    Rows without a past (a first request) are all padding; with no past at all the cache is empty."""
-    width = max(kv_length(p) for p in pasts)
+def bucketed(n: int, bucket: int) -> int:
+    """``n`` rounded up to a multiple of ``bucket`` (shape bucketing: fewer distinct shapes)."""
+    return -(-n // bucket) * bucket
+
+
+def stack_past(pasts: list[ClientKV | None], bucket: int = 1):
+    """A cache holding every row's past, left-padded to the longest (rounded up to a multiple of
+    ``bucket``); returns ``(cache, width)``. Rows without a past (a first request) are all
+    padding; with no past at all the cache is empty."""
+    longest = max(kv_length(p) for p in pasts)
     cache = new_cache()
-    if width == 0:
+    if longest == 0:
         return cache, 0
-    template = next(p for p in pasts if kv_length(p) == width)
+    width = bucketed(longest, bucket)
+    template = next(p for p in pasts if kv_length(p) == longest)
     layers = []
     for layer, (k0, v0) in enumerate(template):
         keys = k0.new_zeros((len(pasts), k0.shape[1], width, k0.shape[3]))  # (B, kv_heads, P, head_dim)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.split.acceptance import emitted
-from runtime.split.target_kv import ClientKV, kv_length, split_rows, stack_past
+from runtime.split.target_kv import ClientKV, bucketed, kv_length, split_rows, stack_past
 
 
 class InvalidRequest(ValueError):
@@ -76,9 +76,13 @@ def check_request(req: VerifyRequest, vocab_size: int, max_depth: int, max_posit
 class BatchVerifier:
     """Holds every client's target state; verifies a batch of requests in one forward."""
 
-    def __init__(self, target, max_depth: int = 16):
+    def __init__(self, target, max_depth: int = 16, bucket: int | None = None):
         self.target = target
         self.device = next(target.parameters()).device
+        #: padded past and query widths are rounded up to multiples of this (default: 64 on CUDA, 1 elsewhere)
+        self.bucket = bucket if bucket is not None else (64 if self.device.type == "cuda" else 1)
+        if self.bucket < 1:
+            raise ValueError(f"bucket must be >= 1, got {self.bucket}")
         self.vocab_size = int(target.config.vocab_size)
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
         self.max_depth = max_depth
@@ -123,8 +127,8 @@ class BatchVerifier:
         past_len = [kv_length(p) for p in pasts]
 
         t0 = time.perf_counter()
-        cache, width = stack_past(pasts)
-        n_q = max(len(q) for q in queries)
+        cache, width = stack_past(pasts, self.bucket)
+        n_q = bucketed(max(len(q) for q in queries), min(self.bucket, 8))
         ids = torch.zeros((len(rows), n_q), dtype=torch.long)  # (B, N) queries, right-padded with token 0
         mask = torch.zeros((len(rows), width + n_q), dtype=torch.long)  # (B, P + N) left-padded past, all query columns
         for b, (q, n) in enumerate(zip(queries, past_len)):
