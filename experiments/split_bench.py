@@ -64,8 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--proactive", default="on,off")
     ap.add_argument("--cohorts", type=_ints, default=[1, 2])
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=3, help="requests per client")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=6, help="requests per client")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--depth", default="auto")
     ap.add_argument("--jitter-ms", type=float, default=1.0)
     ap.add_argument("--bandwidth-mbps", type=float, default=100.0)
@@ -124,26 +124,26 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, folder: Path) -> d
 
 
 def baseline_sweep(args, pair) -> pd.DataFrame:
-    """Server-only SD: batches of the same prompts, one process, one torch thread."""
+    """Server-only SD on the split's requests (same prompts, same token limit) in batches, one process, one torch thread."""
     torch.set_num_threads(1)
     tok = pair.tokenizer
     prompts = [tok.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
     rows = []
+    # the same requests the split serves (runtime.edge: client i's request k is prompt (i * requests + k) mod the list), in batches
+    work = [prompts[(i * args.requests + k) % len(prompts)] for i in range(args.clients) for k in range(args.requests)]
     batches = sorted({max(1, args.clients // 2), args.clients, 2 * args.clients})
     for batch, gamma in itertools.product(batches, (2, 4, 6)):
-        batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
-        emits: dict[int, list[tuple[float, int]]] = {i: [] for i in range(batch)}
-        reps = max(1, args.requests)
+        itls: list[float] = []
         t0 = time.perf_counter()
         tokens = 0
-        for _ in range(reps):
-            for v in emits.values():
-                v.clear()
-            res = drain(sd_steps(pair.target, pair.draft, batch_prompts, gamma, args.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
+        for start in range(0, len(work), batch):
+            chunk = work[start : start + batch]
+            emits: dict[int, list[tuple[float, int]]] = {i: [] for i in range(len(chunk))}
+            res = drain(sd_steps(pair.target, pair.draft, chunk, gamma, args.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
                                  on_tokens=lambda row, ids: emits[row].append((time.perf_counter(), len(ids)))))
             tokens += res.generated
+            itls += [(e[-1][0] - e[0][0]) / sum(n for _, n in e[1:]) * 1e3 for e in emits.values() if len(e) > 1 and sum(n for _, n in e[1:])]
         wall = time.perf_counter() - t0
-        itls = [(e[-1][0] - e[0][0]) / sum(n for _, n in e[1:]) * 1e3 for e in emits.values() if len(e) > 1 and sum(n for _, n in e[1:])]
         rows.append({"batch": batch, "gamma": gamma, "tokens_per_s": tokens / wall, "itl_ms": sum(itls) / len(itls) if itls else float("nan")})
         print(f"[split_bench] server-only SD batch {batch} gamma {gamma}: {rows[-1]['tokens_per_s']:.1f} tok/s, ITL {rows[-1]['itl_ms']:.2f} ms", flush=True)
     return pd.DataFrame(rows)

@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--proactive", choices=["on", "off"], default="on")
     ap.add_argument("--depth", default="auto", help="auto (the depth controller) or a fixed depth G")
     ap.add_argument("--max-depth", type=int, default=8)
+    ap.add_argument("--shared-device", choices=["on", "off"], default="on",
+                    help="on: the clients share this process's draft device, proactive drafting yields to on-demand drafting; "
+                         "off: every client drafts whenever it likes (one device per client, as SpecEdge's edges)")
     ap.add_argument("--reply-timeout-s", type=float, default=30.0)
     ap.add_argument("--connect-timeout-s", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [tok.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
     outcomes: list[RequestOutcome] = []
     lock = threading.Lock()
+    device_lock = threading.Lock() if args.shared_device == "on" else None  # this process's clients share one draft device
 
     def new_link(i: int):
         return DelayedLink(GrpcLink(args.server, args.connect_timeout_s), args.rtt_ms, args.jitter_ms, args.bandwidth_mbps, seed=args.seed + i)
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         depth = DepthController(1, args.max_depth, initial=min(4, args.max_depth)) if args.depth == "auto" else args.depth
         try:
             edge = EdgeClient(pair.draft, new_link(i), depth=depth, proactive=args.proactive == "on", max_depth=args.max_depth,
-                              eos_id=tok.eos_id, reply_timeout_s=args.reply_timeout_s)
+                              eos_id=tok.eos_id, reply_timeout_s=args.reply_timeout_s, device_lock=device_lock)
         except ConnectionError as exc:
             edge, error = None, str(exc)
         for k in range(args.requests):

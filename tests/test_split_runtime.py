@@ -48,13 +48,14 @@ def test_acceptance_rule():
         accepted_length([1, 2], [1, 2])
 
 
-def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, temperature=0.0, window_s=0.002, bucket=None):
+def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, temperature=0.0, window_s=0.002, bucket=None, shared_device=False):
     """Each job ``(prompts, limits)`` is one edge client serving its requests in order, all at once."""
     batcher = VerificationBatcher(BatchVerifier(target, bucket=bucket), cohorts=cohorts, window_s=window_s)
     results = [None] * len(jobs)
+    lock = threading.Lock() if shared_device else None
 
     def client(i):
-        edge = EdgeClient(draft, LocalLink(batcher), depth=depth, proactive=proactive)
+        edge = EdgeClient(draft, LocalLink(batcher), depth=depth, proactive=proactive, device_lock=lock)
         results[i] = [edge.generate(p, n, temperature=temperature, seed=1000 * i + k) for k, (p, n) in enumerate(zip(*jobs[i]))]
         edge.link.close()
 
@@ -76,8 +77,9 @@ def test_greedy_split_equals_greedy_ad(models, seed):
     for _ in range(n_clients):
         prompts = [[rng.randrange(1, 40) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 2))]
         jobs.append((prompts, [rng.randint(1, 20) for _ in prompts]))
-    for draft, depth, proactive, cohorts in ((close, 1 + seed, True, 1), (far, 4 - seed % 3, False, 2), (close, DepthController(initial=2), True, 2)):
-        results, batcher = run_clients(target, draft, jobs, cohorts=cohorts, depth=depth, proactive=proactive)
+    for draft, depth, proactive, cohorts, shared in ((close, 1 + seed, True, 1, False), (far, 4 - seed % 3, False, 2, True),
+                                                     (close, DepthController(initial=2), True, 2, True)):
+        results, batcher = run_clients(target, draft, jobs, cohorts=cohorts, depth=depth, proactive=proactive, shared_device=shared)
         for (prompts, limits), outs in zip(jobs, results):
             assert [o.tokens for o in outs] == generate_ad(target, prompts, limits).tokens, (seed, depth, proactive)
             assert all(o.outcome == "length" for o in outs)

@@ -4,16 +4,20 @@ the server (through any :class:`~runtime.split.transport.VerifierLink`) to verif
 Per iteration: propose ``depth`` drafts (the chain may already hold them from proactive drafting),
 send, and -- with ``proactive`` on -- keep drafting one token at a time until the reply arrives
 (at most ``2 * depth + 1`` tokens: the block, the guessed bonus and a next block of the same depth), then
-commit the verdict. Every iteration is logged (:class:`IterationLog`); every request ends with
+commit the verdict. Clients that share one draft device pass one ``device_lock``: on-demand drafting
+takes it, proactive drafting only uses the device when no other client needs it. Every iteration is logged (:class:`IterationLog`); every request ends with
 exactly one :class:`RequestOutcome` (``length``, ``eos``, ``error`` or ``timeout``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
 from runtime.split.depth import DepthController
@@ -65,12 +69,29 @@ class RequestOutcome:
 
 class EdgeClient:
     def __init__(self, draft, link: VerifierLink, depth: int | DepthController = 4, proactive: bool = True, max_depth: int = 8,
-                 eos_id: int | None = None, reply_timeout_s: float = 30.0, on_iteration: Callable[[IterationLog], None] | None = None):
+                 eos_id: int | None = None, reply_timeout_s: float = 30.0, on_iteration: Callable[[IterationLog], None] | None = None,
+                 device_lock: threading.Lock | None = None):
         if isinstance(depth, int) and not 0 <= depth <= max_depth:
             raise ValueError(f"depth must lie in [0, {max_depth}], got {depth}")
         self.draft, self.link, self.depth, self.proactive, self.max_depth = draft, link, depth, proactive, max_depth
         self.eos_id, self.reply_timeout_s, self.on_iteration = eos_id, reply_timeout_s, on_iteration
         self.broken = False  #: the last request failed on its link; use a new link before the next
+        #: clients sharing one draft device share this lock: on-demand drafting holds it, proactive
+        #: drafting only takes it when it is free (speculation never delays another user's block)
+        self.device_lock = device_lock
+
+    def _speculate(self, session: DraftSession, fut) -> None:
+        """One proactive draft step -- unless the shared draft device is busy with another client's
+        on-demand drafting, which goes first (then wait a moment for the reply instead)."""
+        if self.device_lock is None:
+            session.draft_one()
+        elif self.device_lock.acquire(blocking=False):
+            try:
+                session.draft_one()
+            finally:
+                self.device_lock.release()
+        else:
+            futures_wait([fut], timeout=0.0005)
 
     def _next_depth(self) -> int:
         return self.depth.current if isinstance(self.depth, DepthController) else self.depth
@@ -101,7 +122,8 @@ class EdgeClient:
             remaining = max_new - len(out.tokens)
             depth = min(self._next_depth(), remaining - 1)  # never draft past the token limit
             steps0, d0 = session.draft_steps, session.draft_seconds
-            drafts = session.propose(depth) if depth > 0 else []
+            with self.device_lock or contextlib.nullcontext():
+                drafts = session.propose(depth) if depth > 0 else []
             new_drafted = session.draft_steps - steps0
             draft_s = session.draft_seconds - d0
             req = VerifyRequest("", tuple(drafts), tuple(prompt) if first else (), len(session.tokens), temperature, seed)
@@ -110,7 +132,7 @@ class EdgeClient:
             p0 = session.draft_seconds
             if self.proactive:
                 while not fut.done() and len(session.chain) < 2 * depth + 1:  # the guessed bonus and one more block
-                    session.draft_one()
+                    self._speculate(session, fut)
             reply = fut.result(timeout=self.reply_timeout_s)
             t_reply = time.perf_counter()
             proactive_s = session.draft_seconds - p0
