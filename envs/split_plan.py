@@ -67,6 +67,8 @@ class EdUsers:
 
 def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool = False) -> EdUsers:
     """The ED constants of ``rnd``'s users (predictions, or the realised outputs and acceptance)."""
+    if not isinstance(max_gamma, int | np.integer) or isinstance(max_gamma, bool) or max_gamma < 1:
+        raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
     k, g_max = rnd.num_users, int(max_gamma)
     inp = rnd.input_tokens.astype(float)
     out = (rnd.realized_output_tokens if realised else rnd.output_tokens).astype(float)

@@ -174,3 +174,30 @@ def test_speed_benchmark_runs_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["v1_speed", "--users", "0"])
     with pytest.raises(SystemExit):
         v1_speed.main()
+
+
+def test_given_rounds_play_the_same_in_the_scalar_and_vector_envs_and_bare_rounds_have_no_ed():
+    from envs.config import EnvConfig
+    from envs.workload import Round, sample_round
+
+    cfg = EnvConfig(num_users=K, max_gamma=G, profile=SPLIT, edge_fraction=0.7)
+    rounds = [sample_round(np.random.default_rng(s), cfg) for s in (11, 12)]
+    venv = gym.make_vec(envs.V1_ENV_ID, num_envs=2, vectorization_mode="vector_entry_point", num_users=K, max_gamma=G, edge_fraction=0.7)
+    venv.reset(seed=0, options={"rounds": rounds})
+    scal = [make(edge_fraction=0.7) for _ in rounds]
+    for e, r in zip(scal, rounds, strict=True):
+        e.reset(seed=0, options={"round": r})
+    for _ in range(K):
+        mv = venv.unwrapped.action_masks()
+        assert np.array_equal(mv, np.stack([e.unwrapped.action_masks() for e in scal]))
+        acts = mv.shape[1] - 1 - np.argmax(mv[:, ::-1], axis=1)  # the highest allowed action (ED first)
+        _, rv, tv, _, iv = venv.step(acts)
+        for i, e in enumerate(scal):
+            _, r, t, _, info = e.step(int(acts[i]))
+            assert r == rv[i]
+            if t:
+                assert info["served"] == iv["served"][i] and info["admitted_ed"] == iv["admitted_ed"][i]
+    bare = Round.from_arrays(cfg, [5] * K, [7] * K, [3.0] * K, [0.8] * K, [50.0] * K)
+    env = make(edge_fraction=0.7)
+    env.reset(options={"round": bare})
+    assert not env.unwrapped.action_masks()[2 + G:].any()

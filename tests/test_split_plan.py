@@ -304,3 +304,13 @@ def test_golden_literal_numbers_for_one_ed_user():
     assert rep2.ed_time_s == pytest.approx(0.36, rel=1e-12)  # J = max(35, 31) = 35
     assert rep2.ed_share_min == pytest.approx(0.36 / (5.0 - 0.1 - 0.002 - 35 * x), rel=1e-12)
     assert rep2.ed_memory_bytes == pytest.approx((2 * (100 + 5) + 120) * p.kv_llm_bytes)
+
+
+def test_bad_depths_are_named(models):
+    cost, split = models
+    rnd = round_of(2, 5, edge_fraction=1.0)
+    with pytest.raises(ValueError, match="max_gamma"):
+        ed_users(split, rnd, 0)
+    users = ed_users(split, rnd, G)
+    with pytest.raises(ValueError, match="ed_depth"):
+        check_plan_split(cost, users, rnd, [ED, REJECT], 1, [G + 1, 0])
