@@ -117,7 +117,7 @@ class SteadyState:
     server_busy: float  #: fraction of T the server spends verifying (occupancy)
     tokens_per_iteration: float  #: mean E_k
     verify_s: tuple[float, ...]  #: each cohort's verify pass
-    edge_s: tuple[float, ...]  #: each cohort's slowest edge iteration X (empty for server-only)
+    edge_s: tuple[float, ...]  #: each cohort's expected slowest edge iteration E[max_k X_k] (empty for server-only)
     memory_bytes: float  #: server memory for the clients' KV (+ draft weights for server-only SD)
     fits_memory: bool
 
