@@ -919,3 +919,29 @@ def test_node_bound_is_valid_when_slacks_differ():
         assert _best_completion(cost, rnd, 2) <= root <= 4
         for mode, bound in children:
             assert _best_completion(cost, rnd, 2, user, mode) <= bound <= 4
+
+
+# rounds found by a randomized search against plausible solver bugs (a batch chosen from the wrong
+# slack threshold, a row solved at the wrong output threshold): the expected sizes and the
+# feasibility of the chosen sets are brute force, as in test_solve_mode_equals_subset_brute_force
+FOUND_ROUNDS = [
+    (golden("padded"), 2, make_round([12, 11, 4, 3, 13, 12], [7, 5, 12, 5, 8, 4], [0.247565, 0.223991, 0.383079, 0.345041, 0.4598, 0.205174],
+                                      [0.8, 0.95, 0.5, 0.8, 0.8, 0.9], [0.02753, 0.006092, 0.005801, 0.018482, 0.020877, 0.010882],
+                                      [0.003602, 0.010078, 0.013193, 0.004575, 0.004368, 0.019098])),
+    (golden("per_user", 2_240_000.0), 3, make_round([3, 2, 3, 2, 3, 14], [3, 7, 15, 5, 4, 8], [0.238902, 0.592247, 0.440391, 0.30915, 0.548865, 0.177349],
+                                                     [0.8, 0.5, 0.5, 0.8, 0.7, 0.9], [0.038687, 0.01533, 0.024911, 0.021687, 0.027588, 0.018121],
+                                                     [0.005499, 0.010638, 0.008143, 0.000793, 0.019047, 0.019618])),
+]
+
+
+def test_solve_mode_on_found_rounds():
+    for cost, gamma, rnd in FOUND_ROUNDS:
+        everyone = np.ones(rnd.num_users, dtype=bool)
+        for mode in (AD, SD):
+            tab = build_table(cost, rnd, mode, gamma)
+            for share in (0.3, 0.65, 1.0):
+                for frac in (0.2, 0.5, 1.0):
+                    mem = frac * float(cost.memory_budget(True))
+                    got = solve_mode(tab, everyone, share, mem)
+                    assert len(got) == best_subset(cost, rnd, mode, gamma, share, mem), (mode, share, frac)
+                    _chosen_ok(cost, rnd, mode, gamma, share, mem, got, everyone)
