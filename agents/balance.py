@@ -26,9 +26,8 @@ import numpy as np
 
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.scheduler import Scheduler
-from envs.config import EnvConfig
 from envs.cost_model import CostModel
-from envs.plan import AD, SD, Plan
+from envs.plan import AD, DEFAULT_DRAFT_DEPTH, SD, Plan
 from envs.workload import Round
 
 
@@ -110,8 +109,8 @@ class Balance(Scheduler):
     z_grid: np.ndarray | None = None  #: None = the full grid
     lam_grid: np.ndarray | None = None
 
-    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, grid_step: float = 0.05):
-        super().__init__(cost, cfg, gamma, seed)
+    def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, grid_step: float = 0.05):
+        super().__init__(cost, max_gamma, draft_depth, seed)
         self.grid_step = grid_step
         g = grid(grid_step)
         self._z = g if self.z_grid is None else np.asarray(self.z_grid, dtype=float)
@@ -128,7 +127,7 @@ class BalanceGammaSearch(Balance):
 
     def decide(self, rnd: Round) -> Plan:
         best = None
-        for gamma in range(1, self.cfg.max_gamma + 1):
+        for gamma in range(1, self.max_gamma + 1):
             plan = split_search(self.cost, rnd, gamma, self._z, self._lam)
             if best is None or plan.admitted > best.admitted:
                 best = plan

@@ -65,7 +65,7 @@ class _Sequential(Scheduler):
         raise NotImplementedError
 
     def decide(self, rnd: Round) -> Plan:
-        b = PlanBuilder(self.cost, 1, self.cfg.max_gamma)
+        b = PlanBuilder(self.cost, 1, self.max_gamma)
         modes = np.zeros(rnd.num_users, dtype=np.int8)
         sd_col = 1 + self.gamma  # only the scheduler's depth is used
         for k in self._order(rnd):

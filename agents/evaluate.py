@@ -25,10 +25,16 @@ from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.paired_stats import paired_difference
 from agents.registry import make_scheduler
 from agents.threads import limit_threads
-from envs.config import EnvConfig
+from envs.config import (
+    EnvConfig,
+    refuse_renamed_keys,
+    refuse_renamed_overrides,
+    resolve_draft_depth,
+)
 from envs.cost_model import CostModel
 from envs.feasibility import check_plan
 from envs.outcome import evaluate_plan
+from envs.plan import DEFAULT_DRAFT_DEPTH
 from envs.workload import Round, Split, make_rounds, round_rng
 
 __all__ = ["evaluate_schedulers", "format_summary", "make_rounds", "round_rng", "run", "summarize"]  # make_rounds/round_rng: moved to envs.workload, kept importable here
@@ -41,7 +47,7 @@ def evaluate_schedulers(
     schedulers: list[str],
     rounds: int | list[Round] = 20,
     seed: int = 0,
-    gamma: int = 4,
+    draft_depth: int = DEFAULT_DRAFT_DEPTH,
     progress: bool = False,
     split: Split = "test",
     **options: Any,
@@ -54,7 +60,7 @@ def evaluate_schedulers(
     rnds = make_rounds(cfg, rounds, seed, split=split) if isinstance(rounds, int) else list(rounds)
     rows = []
     for name in schedulers:
-        sched = make_scheduler(name, cost, cfg, gamma=gamma, seed=seed, **options)
+        sched = make_scheduler(name, cost, cfg.max_gamma, draft_depth=draft_depth, seed=seed, **options)
         for r, rnd in enumerate(tqdm(rnds, desc=f"{name:>12}", disable=not progress, leave=False)):
             plan = sched.plan(rnd)
             if not check_plan(cost, rnd, plan).feasible:
@@ -136,7 +142,8 @@ def format_summary(summary: pd.DataFrame) -> str:
 def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The evaluation as the Hydra app runs it, from a plain dict config."""
     cfg = {k: v for k, v in cfg.items() if k != "profile"}  # the profile group's data; env.profile names it
-    known = {"env", "schedulers", "rounds", "seed", "split", "gamma", "grid_step", "time_limit_s", "policy_path", "output", "progress", "threads"}
+    refuse_renamed_keys(cfg, "evaluate")
+    known = {"env", "schedulers", "rounds", "seed", "split", "draft_depth", "grid_step", "time_limit_s", "policy_path", "output", "progress", "threads"}
     unknown = sorted(set(cfg) - known)
     if unknown:
         raise ValueError(f"unknown evaluate config key(s) {unknown}; known: {sorted(known)}")
@@ -160,7 +167,7 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
         rounds=rounds,
         seed=seed,
         split=split,
-        gamma=int(cfg["gamma"]),
+        draft_depth=resolve_draft_depth(cfg.get("draft_depth"), env_cfg.max_gamma, "evaluate"),
         progress=bool(cfg.get("progress", True)),
         grid_step=cfg.get("grid_step"),
         time_limit_s=cfg.get("time_limit_s"),
@@ -177,6 +184,8 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _main() -> None:
+    import sys
+
     import hydra
     from omegaconf import OmegaConf
 
@@ -188,6 +197,7 @@ def _main() -> None:
         if plain.get("output"):
             print(f"wrote {plain['output']} ({len(df)} rows) and its summary")
 
+    refuse_renamed_overrides(sys.argv[1:], "evaluate")
     app()
 
 

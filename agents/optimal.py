@@ -27,10 +27,9 @@ from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.plan_repair import repair
 from agents.round_milp import RoundMILP
 from agents.scheduler import Scheduler
-from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.feasibility import EPS, check_plans
-from envs.plan import AD, SD, Plan
+from envs.plan import AD, DEFAULT_DRAFT_DEPTH, SD, Plan
 from envs.plan_builder import PlanBuilder
 from envs.workload import Round
 
@@ -203,8 +202,8 @@ class Exhaustive(Scheduler):
 
     name = "exhaustive"
 
-    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, max_users: int = 16, time_limit_s: float = 60.0, warm_start: bool = True):
-        super().__init__(cost, cfg, gamma, seed)
+    def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, max_users: int = 16, time_limit_s: float = 60.0, warm_start: bool = True):
+        super().__init__(cost, max_gamma, draft_depth, seed)
         self.max_users = max_users
         self.time_limit_s = time_limit_s
         self.warm_start = warm_start
@@ -287,8 +286,8 @@ class Optimal(Scheduler):
 
     name = "optimal"
 
-    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05, exhaustive_share: float = 1.0):
-        super().__init__(cost, cfg, gamma, seed)
+    def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05, exhaustive_share: float = 1.0):
+        super().__init__(cost, max_gamma, draft_depth, seed)
         if not time_limit_s > 0:
             raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
         if not 0 <= exhaustive_share <= 1:

@@ -19,7 +19,7 @@ from agents.scheduler import Scheduler
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.edge_schedule import EdgeScheduleEnv
-from envs.plan import Plan
+from envs.plan import DEFAULT_DRAFT_DEPTH, Plan
 from envs.workload import Round
 
 #: fields of the env config that shape the observation: taken from the policy, not the caller
@@ -50,16 +50,21 @@ def resolve_policy_path(path: str | Path) -> tuple[Path, dict[str, Any]]:
 
 
 class PolicyScheduler(Scheduler):
+    """A trained policy; its own ``max_gamma`` (from ``policy.json``) replaces the caller's, and
+    ``draft_depth`` is capped at it."""
+
     name = "policy"
 
-    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, path: str | Path = ""):
+    def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, path: str | Path = ""):
         model_path, meta = resolve_policy_path(path)
         trained = meta["env"]
+        # the observation is the policy's own (look-ahead, depths, order, ranges); every other env
+        # field is irrelevant to the plan: the env prices with the caller's cost model (below)
         overrides = {k: trained[k] for k in OBSERVATION_FIELDS if k in trained}
         if overrides.get("max_users") is None:
             overrides["max_users"] = trained["num_users"]
-        cfg = cfg.replace(**overrides).validate()
-        super().__init__(cost, cfg, gamma=min(gamma, cfg.max_gamma), seed=seed)
+        cfg = EnvConfig(num_users=trained["num_users"], **overrides).validate()
+        super().__init__(cost, cfg.max_gamma, draft_depth=min(draft_depth, cfg.max_gamma), seed=seed)
         self.algo = meta["algo"]
         self.model = algo_class(self.algo).load(model_path, device="cpu")
         self.masked = self.algo == "maskable_ppo"

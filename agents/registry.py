@@ -11,8 +11,8 @@ from agents.edge_first import EdgeFirst
 from agents.optimal import Exhaustive, Optimal
 from agents.optimal_v1 import OptimalV1
 from agents.scheduler import Scheduler
-from envs.config import EnvConfig
 from envs.cost_model import CostModel
+from envs.plan import DEFAULT_DRAFT_DEPTH
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     cls.name: cls
@@ -28,17 +28,21 @@ OPTIONS = {
 }
 
 
-def make_scheduler(name: str, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None, **options: Any) -> Scheduler:
-    """Build a scheduler by name; ``policy`` needs ``policy_path`` (a trained model)."""
+def make_scheduler(name: str, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, **options: Any) -> Scheduler:
+    """Build a scheduler by name; ``policy`` needs ``policy_path`` (a trained model).
+
+    ``max_gamma`` is the largest draft depth a plan may use, ``draft_depth`` the fixed depth of the
+    schedulers that use one (see :class:`agents.scheduler.Scheduler`).
+    """
     if name == "policy":
         from agents.policy import PolicyScheduler  # torch is only imported when a policy is used
 
         path = options.get("policy_path")
         if not path:
             raise ValueError("scheduler 'policy' needs policy_path=PATH/model.zip")
-        return PolicyScheduler(cost, cfg, gamma=gamma, seed=seed, path=path)
+        return PolicyScheduler(cost, max_gamma, draft_depth=draft_depth, seed=seed, path=path)
     if name not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {name!r}; known: {sorted(SCHEDULERS) + ['policy']}")
     cls = SCHEDULERS[name]
     kwargs = {k: v for k, v in options.items() if v is not None and k in OPTIONS and issubclass(cls, OPTIONS[k])}
-    return cls(cost, cfg, gamma=gamma, seed=seed, **kwargs)
+    return cls(cost, max_gamma, draft_depth=draft_depth, seed=seed, **kwargs)

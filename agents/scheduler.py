@@ -12,9 +12,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from envs.config import EnvConfig
 from envs.cost_model import CostModel
-from envs.plan import Plan
+from envs.plan import DEFAULT_DRAFT_DEPTH, Plan
 from envs.workload import Round
 
 
@@ -23,12 +22,17 @@ class Scheduler(ABC):
 
     name: str = "scheduler"
 
-    def __init__(self, cost: CostModel, cfg: EnvConfig, gamma: int = 4, seed: int | None = None):
-        if not 1 <= gamma <= cfg.max_gamma:
-            raise ValueError(f"gamma must be in [1, max_gamma={cfg.max_gamma}], got {gamma}")
+    def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None):
+        """``cost`` prices plans; ``max_gamma`` is the largest draft depth a plan may use (tokens);
+        ``draft_depth`` the depth of the schedulers that use one fixed depth (``Plan.gamma``);
+        ``seed`` seeds :attr:`rng` (randomised schedulers only)."""
+        if isinstance(max_gamma, bool) or not isinstance(max_gamma, (int, np.integer)) or max_gamma < 1:
+            raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+        if isinstance(draft_depth, bool) or not isinstance(draft_depth, (int, np.integer)) or not 1 <= draft_depth <= max_gamma:
+            raise ValueError(f"draft_depth must be an integer in [1, max_gamma={max_gamma}], got {draft_depth!r}")
         self.cost = cost
-        self.cfg = cfg
-        self.gamma = int(gamma)
+        self.max_gamma = int(max_gamma)
+        self.gamma = int(draft_depth)  #: the fixed draft depth (``Plan.gamma``), tokens per SD iteration
         self.rng = np.random.default_rng(seed)
 
     @abstractmethod

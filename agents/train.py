@@ -47,7 +47,13 @@ from agents.policy import algo_class
 from agents.threads import limit_threads
 from agents.train_callbacks import ValidateAndCheckpoint, ValidationEvaluation
 from agents.train_log import WANDB_MODES, attach_writers, hparams_of, log_policy_artifact, wandb_run
-from envs.config import EnvConfig
+from envs.config import (
+    ConfigError,
+    EnvConfig,
+    refuse_renamed_keys,
+    refuse_renamed_overrides,
+    resolve_draft_depth,
+)
 from envs.workload import make_rounds
 
 # conf/train.yaml: ``hydra.run.dir: ${specsched_or:${output_dir},outputs/train/...}`` -- the run's
@@ -91,7 +97,7 @@ class TrainConfig:
     checkpoint_freq: int | None = None  #: timesteps between checkpoints; None = every 10 % of total_timesteps; 0 = none
     progress_bar: bool = True
     export_onnx: bool = True
-    gamma: int = 4
+    draft_depth: int | None = None  #: SD draft depth of the fixed-depth baselines; None = DEFAULT_DRAFT_DEPTH (resolved by _check)
     threads: int = 1  #: torch / BLAS threads (agents/threads.py: more threads is slower on a shared machine)
     curriculum: list = field(default_factory=list)  #: K of earlier stages, e.g. [12, 30]; the last stage is env.num_users
 
@@ -100,7 +106,11 @@ class TrainConfig:
         cfg = dict(cfg)
         cfg.pop("profile", None)  # the profile group's data; env.profile names it
         cfg.pop("output_dir", None)
-        top = {"env", "agent", "eval", "logger", "seed", "total_timesteps", "n_envs", "resume", "checkpoint_freq", "progress_bar", "export_onnx", "gamma", "threads", "curriculum"}
+        try:
+            refuse_renamed_keys(cfg, "train")
+        except ConfigError as err:
+            raise TrainConfigError(str(err)) from None
+        top = {"env", "agent", "eval", "logger", "seed", "total_timesteps", "n_envs", "resume", "checkpoint_freq", "progress_bar", "export_onnx", "draft_depth", "threads", "curriculum"}
         unknown = sorted(set(cfg) - top)
         if unknown:
             raise TrainConfigError(f"unknown train config key(s) {unknown}; known: {sorted(top)}")
@@ -137,7 +147,10 @@ class TrainConfig:
         need("threads", isinstance(self.threads, int) and not isinstance(self.threads, bool) and 1 <= self.threads <= 1024, "an integer in [1, 1024]", self.threads)
         need("seed", self.seed < 2**32, "an integer in [0, 2**32)", self.seed)
         need("eval.seed", isinstance(self.eval.seed, int) and 0 <= self.eval.seed < 2**32, "an integer in [0, 2**32)", self.eval.seed)
-        need("gamma", isinstance(self.gamma, int) and 1 <= self.gamma <= self.env.max_gamma, f"an integer in [1, env.max_gamma={self.env.max_gamma}]", self.gamma)
+        try:
+            self.draft_depth = resolve_draft_depth(self.draft_depth, self.env.max_gamma, "train")
+        except ConfigError as err:
+            raise TrainConfigError(str(err)) from None
         need("eval.rounds", isinstance(self.eval.rounds, int) and self.eval.rounds >= 1, "an integer >= 1", self.eval.rounds)
         need("eval.freq", isinstance(self.eval.freq, int) and self.eval.freq >= 0, "an integer >= 0 (0 = only at the end)", self.eval.freq)
         need("eval.final_rounds", isinstance(self.eval.final_rounds, int) and self.eval.final_rounds >= 0, "an integer >= 0", self.eval.final_rounds)
@@ -276,7 +289,7 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     run = wandb_run(cfg.logger, out, raw, name=f"{cfg.agent.algo}-k{cfg.env.num_users}-s{cfg.seed}")
     attach_writers(model, out, cfg.logger, run, append=resume is not None, hparams=hparams_of(cfg), step=start_step)
 
-    evaluation = ValidationEvaluation(cfg.env, cfg.eval.rounds, cfg.eval.seed, cfg.gamma, masked=cfg.agent.algo == "maskable_ppo") if cfg.eval.rounds > 0 else None
+    evaluation = ValidationEvaluation(cfg.env, cfg.eval.rounds, cfg.eval.seed, cfg.draft_depth, masked=cfg.agent.algo == "maskable_ppo") if cfg.eval.rounds > 0 else None
     checkpoint_freq = cfg.checkpoint_freq if cfg.checkpoint_freq is not None else max(cfg.total_timesteps // 10, 1)
     callback = ValidateAndCheckpoint(out, evaluation, cfg.eval.freq, checkpoint_freq, start=start_step)
     callback.init_callback(model)  # the final evaluation needs it even when a resumed run has nothing left to train
@@ -316,7 +329,7 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     if cfg.eval.final_rounds > 0:
         names = list(dict.fromkeys([*cfg.eval.final_schedulers, "policy"]))
         test_rounds = make_rounds(cfg.env, cfg.eval.final_rounds, cfg.eval.seed, split="test")
-        df = evaluate_schedulers(cfg.env, names, rounds=test_rounds, seed=cfg.eval.seed, gamma=cfg.gamma, progress=cfg.progress_bar, policy_path=str(out))
+        df = evaluate_schedulers(cfg.env, names, rounds=test_rounds, seed=cfg.eval.seed, draft_depth=cfg.draft_depth, progress=cfg.progress_bar, policy_path=str(out))
         write_csv_atomic(df, out / "eval.csv")
         table = summarize(df)
         write_csv_atomic(table, out / "eval_summary.csv")
@@ -355,6 +368,9 @@ def _main() -> None:
         if "table" in summary:
             print(format_summary(summary["table"]))
 
+    import sys
+
+    refuse_renamed_overrides(sys.argv[1:], "train")
     app()
 
 

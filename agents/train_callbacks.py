@@ -25,13 +25,13 @@ from envs.workload import make_rounds
 class ValidationEvaluation:
     """The policy on ``rounds`` validation rounds from ``seed``; BALANCE's score on them is the reference."""
 
-    def __init__(self, env: EnvConfig, rounds: int, seed: int, gamma: int, masked: bool):
+    def __init__(self, env: EnvConfig, rounds: int, seed: int, draft_depth: int, masked: bool):
         from envs.edge_schedule import EdgeScheduleVectorEnv
 
         self.rounds = make_rounds(env, rounds, seed, split="validation")
         self.venv = EdgeScheduleVectorEnv(num_envs=len(self.rounds), **env.to_dict())
         # BALANCE's users served on the realised values (not just admitted: they differ under noise)
-        balance = evaluate_schedulers(env, ["balance"], rounds=self.rounds, seed=seed, gamma=gamma)
+        balance = evaluate_schedulers(env, ["balance"], rounds=self.rounds, seed=seed, draft_depth=draft_depth)
         self.balance_served = float(balance.served.mean())
         self.masked = masked
 

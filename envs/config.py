@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from envs.model_choices import ModelChoices, choice_problem
+from envs.plan import DEFAULT_DRAFT_DEPTH
 
 MAX_USERS_LIMIT = 4096
 KV_MEMORY_MODELS = ("per_user", "padded")
@@ -175,3 +177,39 @@ class EnvConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- app configs (train, evaluate, serve)
+#: top-level app config keys that were renamed: old -> new. ``gamma`` (the draft depth) collided
+#: with ``agent.gamma``, the RL discount.
+RENAMED_APP_KEYS = {"gamma": "draft_depth"}
+
+
+def _renamed_message(app: str, old: str) -> str:
+    new = RENAMED_APP_KEYS[old]
+    return f"{app} config key '{old}' was renamed to '{new}' (the SD draft depth, tokens per iteration; 'gamma' stays the RL discount agent.gamma): use {new}=N, or {new}=null for the default {DEFAULT_DRAFT_DEPTH}"
+
+
+def refuse_renamed_keys(app_cfg: Mapping[str, Any], app: str) -> None:
+    """Raise :class:`ConfigError` naming the new key if ``app_cfg`` uses a renamed top-level key."""
+    for old in RENAMED_APP_KEYS:
+        if old in app_cfg:
+            raise ConfigError(_renamed_message(app, old))
+
+
+def refuse_renamed_overrides(overrides: Sequence[str], app: str) -> None:
+    """The same for command-line overrides (``gamma=5``, ``+gamma=5``), before Hydra composes."""
+    for arg in overrides:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        if key in RENAMED_APP_KEYS:
+            raise ConfigError(_renamed_message(app, key))
+
+
+def resolve_draft_depth(value: Any, max_gamma: int, app: str) -> int:
+    """The app config's ``draft_depth``: ``None`` is ``min(DEFAULT_DRAFT_DEPTH, max_gamma)``, else
+    an integer in ``[1, max_gamma]`` (tokens drafted per SD iteration)."""
+    if value is None:
+        return min(DEFAULT_DRAFT_DEPTH, max_gamma)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= max_gamma:
+        raise ConfigError(f"{app} config 'draft_depth' must be null (= {DEFAULT_DRAFT_DEPTH}) or an integer in [1, max_gamma={max_gamma}], got {value!r}")
+    return value

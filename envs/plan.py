@@ -9,6 +9,9 @@ import numpy as np
 REJECT, AD, SD = 0, 1, 2
 ED = 3  #: SpecEdge split: the user's edge GPU drafts, the server verifies (EdgeSchedule-v1, envs.split_plan)
 MODE_NAMES = {REJECT: "reject", AD: "ad", SD: "sd", ED: "ed"}
+#: the draft depth (tokens drafted per SD iteration) wherever none is configured: plans, schedulers,
+#: the apps' ``draft_depth: null``
+DEFAULT_DRAFT_DEPTH = 4
 
 
 @dataclass
@@ -24,7 +27,7 @@ class Plan:
     """
 
     modes: np.ndarray
-    gamma: int = 4
+    gamma: int = DEFAULT_DRAFT_DEPTH
     z: float = 1.0
     lam: float = 1.0
     decision_s: float = 0.0
@@ -54,5 +57,5 @@ class Plan:
         return self.admitted_ad + self.admitted_sd + self.admitted_ed
 
     @classmethod
-    def reject_all(cls, num_users: int, gamma: int = 4) -> Plan:
+    def reject_all(cls, num_users: int, gamma: int = DEFAULT_DRAFT_DEPTH) -> Plan:
         return cls(np.zeros(num_users, dtype=np.int8), gamma=gamma, z=1.0, lam=1.0)

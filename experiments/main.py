@@ -242,12 +242,12 @@ def main(argv: list[str] | None = None) -> Path:
 
     rnds = make_rounds(tc.env, args.rounds, tc.eval.seed, split="test")
     print(f"[main] {', '.join(OTHERS)} on {args.rounds} test rounds", flush=True)
-    others = evaluate_schedulers(tc.env, OTHERS, rounds=rnds, seed=tc.eval.seed, gamma=tc.gamma, progress=True, time_limit_s=10.0)
+    others = evaluate_schedulers(tc.env, OTHERS, rounds=rnds, seed=tc.eval.seed, draft_depth=tc.draft_depth, progress=True, time_limit_s=10.0)
     balance = others[others.scheduler == "balance"]
     policies: dict[int, pd.DataFrame] = {}
     for i, seed in enumerate(seeds, 1):
         print(f"[main] seed {seed} ({i}/{len(seeds)}): policy on the same {args.rounds} test rounds", flush=True)
-        policies[seed] = evaluate_schedulers(tc.env, ["policy"], rounds=rnds, seed=tc.eval.seed, gamma=tc.gamma, policy_path=str(runs[seed])).assign(seed=seed)
+        policies[seed] = evaluate_schedulers(tc.env, ["policy"], rounds=rnds, seed=tc.eval.seed, draft_depth=tc.draft_depth, policy_path=str(runs[seed])).assign(seed=seed)
     write_csv_atomic(pd.concat([*policies.values(), others], ignore_index=True), out / "comparison.csv")
 
     rows = seed_rows(runs, {s: pd.concat([balance, p.drop(columns="seed")], ignore_index=True) for s, p in policies.items()}, train_s)

@@ -64,8 +64,8 @@ def run(ks: list[int], rounds: list[int], limits: list[float], bound_steps: list
     for k, n, limit, step in zip(ks, rounds, limits, bound_steps, strict=True):
         cfg = EnvConfig(num_users=k)
         cost = CostModel.from_config(cfg)
-        bal = Balance(cost, cfg)
-        opt = Optimal(cost, cfg, time_limit_s=limit, bound_step=step)
+        bal = Balance(cost, cfg.max_gamma)
+        opt = Optimal(cost, cfg.max_gamma, time_limit_s=limit, bound_step=step)
         for r, rnd in enumerate(make_rounds(cfg, n, SEED, split="test")):
             b_plan = bal.plan(rnd)
             row = {"K": k, "round": r, "balance": b_plan.admitted, "balance_s": b_plan.decision_s}

@@ -100,7 +100,7 @@ def run_study(study: Study, rounds: int, seed: int, base_env: dict, progress: bo
     frames = []
     for v in tqdm(study.values, desc=study.name, disable=not progress):
         cfg = EnvConfig.from_kwargs(**{**base_env, **study.base, **study.to_env(v)})
-        df = evaluate_schedulers(cfg, study.schedulers, rounds=make_rounds(cfg, rounds, seed, split="test"), seed=seed, gamma=study.gamma(v), **study.options)
+        df = evaluate_schedulers(cfg, study.schedulers, rounds=make_rounds(cfg, rounds, seed, split="test"), seed=seed, draft_depth=study.gamma(v), **study.options)
         frames.append(df.assign(value=v))
     return pd.concat(frames, ignore_index=True)
 

@@ -100,7 +100,7 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
     """
     cost = CostModel(load_profile(profile))
     cfg = EnvConfig(num_users=1, profile=profile, input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
-    sched = make_scheduler(scheduler, cost, cfg, seed=0)
+    sched = make_scheduler(scheduler, cost, cfg.max_gamma, seed=0)
     rows = []
     for r, g in df.groupby("round"):
         n = len(g)

@@ -95,7 +95,7 @@ class RoundServer:
         self.cost = CalibratedCostModel(self.base_cost, self.calibration)
         # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
         self.env_cfg = EnvConfig(num_users=1, profile=cfg.profile, input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
-        self.scheduler = make_scheduler(cfg.scheduler, self.cost, self.env_cfg, gamma=cfg.gamma, seed=0, policy_path=cfg.policy_path)
+        self.scheduler = make_scheduler(cfg.scheduler, self.cost, self.env_cfg.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
         self.alpha = cfg.alpha_init
         self.metrics = metrics or ServeMetrics()
         self.metrics.alpha.set(self.alpha)
@@ -153,7 +153,7 @@ class RoundServer:
     def min_service_s(self, req: LiveRequest) -> float:
         """The fastest ``req`` could be served: alone on the device, in its faster mode (calibrated)."""
         if req.alone_s is None:  # the profile's part is computed once: the queue is swept often and may be long
-            s, n, g = len(req.prompt_ids), req.max_tokens, self.cfg.gamma
+            s, n, g = len(req.prompt_ids), req.max_tokens, self.cfg.draft_depth
             req.alone_s = (self.base_cost.ad_time1(1, s, n), self.base_cost.sd_time1(1, s, n, sd_iterations1(n, self.alpha, g), g))
         f = self.calibration.factor
         return min(req.alone_s[0] * f["ad"], req.alone_s[1] * f["sd"])
@@ -276,7 +276,7 @@ class RoundServer:
         while the server was idle). ``learn=False``: a warm-up (first calls of a model are slow)."""
         tok = self.pair.tokenizer
         prompt = tok.encode(PROBE_PROMPT) or [0]
-        g = self.cfg.gamma
+        g = self.cfg.draft_depth
         for mode in ("ad", "sd"):
             start = time.perf_counter()
             if mode == "ad":

@@ -36,6 +36,7 @@ import logging
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from envs.config import refuse_renamed_keys, refuse_renamed_overrides
 from runtime.api import ServeApp, create_app
 from runtime.executor import run_parallel, run_shared
 from runtime.rounds import RoundServer
@@ -110,6 +111,7 @@ def config_from_hydra(values: dict) -> ServeConfig:
     path = values.pop("profile_path", None)
     if path:
         values["profile"] = str(path)
+    refuse_renamed_keys(values, "serve")
     known = set(ServeConfig.__dataclass_fields__)
     unknown = sorted(set(values) - known)
     if unknown:
@@ -139,6 +141,7 @@ def main() -> None:
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # the two "devices" split the cores
         make_server(cfg, log_level="info").run()
 
+    refuse_renamed_overrides(sys.argv[1:], "serve")
     sys.argv = profile_path_args(sys.argv)
     app()
 

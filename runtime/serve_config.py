@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envs.config import EnvConfig, resolve_draft_depth
 from envs.profile import Profile, load_profile
 
 
@@ -38,7 +39,7 @@ class ServeConfig:
     max_tokens_limit: int = 512
     max_prompt_tokens: int = 2048
     default_deadline_s: float = 30.0
-    gamma: int = 4
+    draft_depth: int | None = None  #: SD draft depth (tokens per iteration); None = envs.plan.DEFAULT_DRAFT_DEPTH (resolved by validate)
     alpha_init: float = 0.8  #: acceptance estimate before any SD has run (then an EMA of the engine's measurements)
     policy_path: str | None = None
     shutdown_timeout_s: float = 30.0  #: SIGTERM: running rounds get this long, then every remaining stream is ended
@@ -79,7 +80,7 @@ class ServeConfig:
         integer("max_tokens_limit", 1)
         integer("max_prompt_tokens", 1)
         integer("max_body_bytes", 1024)
-        integer("gamma", 1, 8)
+        self.draft_depth = resolve_draft_depth(self.draft_depth, EnvConfig.max_gamma, "serve")  # the planning env's default max_gamma
         need(isinstance(self.alpha_init, int | float) and 0 < self.alpha_init < 1, "alpha_init", "in (0, 1)")
         need(isinstance(self.calibration_weight, int | float) and 0 < self.calibration_weight <= 1, "calibration_weight", "in (0, 1]")
         need(isinstance(self.calibration_margin_sd, int | float) and 0 <= self.calibration_margin_sd <= 10, "calibration_margin_sd", "in [0, 10]")

@@ -49,7 +49,7 @@ def _why(cost, rnd, modes, gamma):
 
 
 def _opt(cost, rnd, gamma=2):
-    return Exhaustive(cost, CFG, gamma=gamma, warm_start=False).plan(rnd).admitted
+    return Exhaustive(cost, CFG.max_gamma, draft_depth=gamma, warm_start=False).plan(rnd).admitted
 
 
 MIXED = [AD, AD, SD]
@@ -82,8 +82,8 @@ def test_draft_weights_count_only_when_sd_is_used():
     tight = golden_cost(BASE + 80_000)
     assert decide_everywhere(tight, rnd, [AD, AD, REJECT], 2)
     assert not decide_everywhere(golden_cost(BASE + 79_999), rnd, [AD, AD, REJECT], 2)
-    assert ADOnly(tight, CFG, gamma=2).plan(rnd).modes.tolist() == [AD, AD, REJECT]
-    assert ADOnly(golden_cost(BASE + 79_999), CFG, gamma=2).plan(rnd).admitted == 1
+    assert ADOnly(tight, CFG.max_gamma, draft_depth=2).plan(rnd).modes.tolist() == [AD, AD, REJECT]
+    assert ADOnly(golden_cost(BASE + 79_999), CFG.max_gamma, draft_depth=2).plan(rnd).admitted == 1
     # ...and with SD budget 60_000 nothing mixed fits, so the optimum is the AD pair
     assert _opt(tight, rnd) == 2
 
@@ -92,8 +92,8 @@ def test_sd_only_memory_edge():
     rnd = three_users()
     # SD {0, 1}: 2 * (10 + 10 + 2) * 3000 = 132_000 bytes plus W_S
     edge = golden_cost(BASE + 20_000 + 132_000)
-    assert SDOnly(edge, CFG, gamma=2).plan(rnd).modes.tolist() == [SD, SD, REJECT]
-    assert SDOnly(golden_cost(BASE + 20_000 + 131_999), CFG, gamma=2).plan(rnd).admitted == 1
+    assert SDOnly(edge, CFG.max_gamma, draft_depth=2).plan(rnd).modes.tolist() == [SD, SD, REJECT]
+    assert SDOnly(golden_cost(BASE + 20_000 + 131_999), CFG.max_gamma, draft_depth=2).plan(rnd).admitted == 1
 
 
 # ------------------------------------------------------------------ memory, padded and the +gamma drafts

@@ -44,3 +44,83 @@ def test_candidate_accessors_match_what_apply_commits(seed):
         builder.candidate_memory()
     with pytest.raises(RuntimeError, match="prepare"):
         scalar.candidate_ad_share()
+
+
+# ---------------------------------------------------------------- schedulers take (cost, max_gamma)
+def test_every_scheduler_builds_from_cost_and_max_gamma():
+    from agents.registry import SCHEDULERS, make_scheduler
+    from envs.plan import DEFAULT_DRAFT_DEPTH
+
+    rnd = sample_round(np.random.default_rng(0), CFG)
+    for name in SCHEDULERS:
+        if name in ("exhaustive", "optimal", "optimal_v1"):
+            continue  # searches: covered by tests/test_schedulers.py, too slow to run for every seed here
+        sched = make_scheduler(name, COST, CFG.max_gamma, seed=0)
+        assert sched.max_gamma == CFG.max_gamma and sched.gamma == DEFAULT_DRAFT_DEPTH
+        assert not hasattr(sched, "cfg")
+        plan = sched.plan(rnd)
+        assert 1 <= plan.gamma <= CFG.max_gamma
+    assert make_scheduler("balance", COST, 2, draft_depth=2).gamma == 2
+
+
+@pytest.mark.parametrize("max_gamma", [0, -1, 2.5, True, CFG])
+def test_scheduler_refuses_a_bad_max_gamma(max_gamma):
+    from agents.balance import Balance
+
+    with pytest.raises(ValueError, match="max_gamma must be an integer >= 1"):
+        Balance(COST, max_gamma)
+
+
+@pytest.mark.parametrize("depth", [0, 9, 2.0, None, True])
+def test_scheduler_refuses_a_bad_draft_depth(depth):
+    from agents.balance import Balance
+
+    with pytest.raises(ValueError, match=r"draft_depth must be an integer in \[1, max_gamma=8\]"):
+        Balance(COST, 8, draft_depth=depth)
+
+
+# ---------------------------------------------------------------- the draft-depth config key
+def test_draft_depth_resolves_in_one_place():
+    from envs.config import ConfigError, resolve_draft_depth
+    from envs.plan import DEFAULT_DRAFT_DEPTH, Plan
+
+    assert resolve_draft_depth(None, 8, "x") == DEFAULT_DRAFT_DEPTH == Plan(np.zeros(1)).gamma
+    assert resolve_draft_depth(None, 2, "x") == 2  # the default never exceeds the largest depth
+    assert resolve_draft_depth(3, 8, "x") == 3
+    for bad in (0, 9, 2.5, "4", True):
+        with pytest.raises(ConfigError, match=r"x config 'draft_depth' must be null \(= 4\) or an integer in \[1, max_gamma=8\]"):
+            resolve_draft_depth(bad, 8, "x")
+
+
+def test_the_old_gamma_key_is_refused_with_the_new_name():
+    from agents.evaluate import run
+    from agents.train import TrainConfig, TrainConfigError
+    from envs.config import ConfigError, refuse_renamed_overrides
+
+    with pytest.raises(ConfigError, match="evaluate config key 'gamma' was renamed to 'draft_depth'"):
+        run({"env": {"num_users": 4}, "schedulers": ["balance"], "rounds": 1, "seed": 0, "gamma": 4})
+    with pytest.raises(TrainConfigError, match="'gamma' was renamed to 'draft_depth'"):
+        TrainConfig.from_dict({"env": {}, "agent": {}, "eval": {}, "logger": {}, "gamma": 4})
+    for arg in ("gamma=5", "+gamma=5", "++gamma=5"):
+        with pytest.raises(ConfigError, match="draft_depth"):
+            refuse_renamed_overrides(["env.num_users=4", arg], "serve")
+    refuse_renamed_overrides(["agent.gamma=0.9", "draft_depth=3", "env.max_gamma=4"], "train")  # not the old key
+
+
+def test_serve_config_refuses_gamma_and_resolves_draft_depth():
+    from runtime.serve import config_from_hydra
+    from runtime.serve_config import ServeConfig
+
+    with pytest.raises(ValueError, match="'gamma' was renamed to 'draft_depth'"):
+        config_from_hydra({"scheduler": "balance", "gamma": 4})
+    assert ServeConfig(profile="cpu_specsched-pair").validate().draft_depth == 4
+    with pytest.raises(ValueError, match="serve config 'draft_depth'"):
+        ServeConfig(profile="cpu_specsched-pair", draft_depth=0).validate()
+
+
+def test_evaluate_command_line_refuses_gamma():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "agents.evaluate", "gamma=4", "rounds=1"], capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "draft_depth" in res.stderr

@@ -30,7 +30,7 @@ def test_evaluate_cli(tmp_path):
 
 
 def test_evaluate_bad_config_is_clear():
-    base = {"env": {"num_users": 0}, "schedulers": ["balance"], "rounds": 1, "seed": 0, "split": "test", "threads": 1, "gamma": 4, "grid_step": 0.05, "time_limit_s": 1.0, "policy_path": None, "output": None, "progress": False}
+    base = {"env": {"num_users": 0}, "schedulers": ["balance"], "rounds": 1, "seed": 0, "split": "test", "threads": 1, "draft_depth": None, "grid_step": 0.05, "time_limit_s": 1.0, "policy_path": None, "output": None, "progress": False}
     with pytest.raises(ValueError, match="num_users"):
         run(base)
     with pytest.raises(ValueError, match="unknown evaluate config key"):

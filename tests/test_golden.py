@@ -250,17 +250,17 @@ def test_small_round_optimum_golden():
     """
     rnd = three_users()
     want = [AD, AD, SD]
-    for sched in (Exhaustive(COST, CFG, gamma=2, warm_start=False), Optimal(COST, CFG, gamma=2), Balance(COST, CFG, gamma=2)):
+    for sched in (Exhaustive(COST, CFG.max_gamma, draft_depth=2, warm_start=False), Optimal(COST, CFG.max_gamma, draft_depth=2), Balance(COST, CFG.max_gamma, draft_depth=2)):
         plan = sched.plan(rnd)
         assert plan.modes.tolist() == want, sched.name
         assert plan.gamma == 2
-    assert Optimal(COST, CFG, gamma=2).plan(rnd).extra["upper_bound"] == 3
+    assert Optimal(COST, CFG.max_gamma, draft_depth=2).plan(rnd).extra["upper_bound"] == 3
     assert split_upper_bound(COST, rnd, 2) == 3  # a valid bound cannot be below the optimum
-    assert ADOnly(COST, CFG, gamma=2).plan(rnd).modes.tolist() == [AD, AD, REJECT]
-    sd_only = SDOnly(COST, CFG, gamma=2).plan(rnd)
+    assert ADOnly(COST, CFG.max_gamma, draft_depth=2).plan(rnd).modes.tolist() == [AD, AD, REJECT]
+    sd_only = SDOnly(COST, CFG.max_gamma, draft_depth=2).plan(rnd)
     assert sd_only.modes.tolist() == [SD, SD, REJECT]
     # gamma = 1: user 2 needs C_S = 0.1218 (see above) -> 0.937 + 0.167 > 1: only 2 served
-    assert Exhaustive(COST, CFG, gamma=1, warm_start=False).plan(rnd).admitted == 2
+    assert Exhaustive(COST, CFG.max_gamma, draft_depth=1, warm_start=False).plan(rnd).admitted == 2
 
 
 # ------------------------------------------------------------------ the outcome

@@ -40,7 +40,7 @@ def test_import_writes_a_loadable_policy_folder(ppo_zip, tmp_path):
     assert meta["algo"] == "ppo" and meta["env"]["max_users"] == 8 and meta["source"]["env_kwargs_from"] == "--env-kwargs"
     cfg = EnvConfig.from_kwargs(**KWARGS)
     cost = CostModel.from_config(cfg)
-    sched = PolicyScheduler(cost, cfg, path=out)
+    sched = PolicyScheduler(cost, cfg.max_gamma, path=out)
     rnd = sample_round(np.random.default_rng(0), cfg)
     plan = sched.plan(rnd)
     assert check_plan(cost, rnd, plan).feasible

@@ -59,7 +59,7 @@ def _case(seed: int, k: int, kv: str, adversarial: bool | str, tight: bool):
 
 
 def _n(name: str, cost: CostModel, rnd) -> int:
-    plan = make_scheduler(name, cost, CFG, gamma=GAMMA).plan(rnd)
+    plan = make_scheduler(name, cost, CFG.max_gamma, draft_depth=GAMMA).plan(rnd)
     assert check_plan(cost, rnd, plan).feasible, name
     return plan.admitted
 
@@ -199,7 +199,7 @@ def test_balance_and_split_baselines_solve_each_mode_exactly(seed, k, kv, advers
     opt = brute_force_optimum(cost, rnd, GAMMA)
     counts = {}
     for name in ("balance", "ecra", "ema", "ecrma"):
-        plan = make_scheduler(name, cost, CFG, gamma=GAMMA).plan(rnd)
+        plan = make_scheduler(name, cost, CFG.max_gamma, draft_depth=GAMMA).plan(rnd)
         assert check_plan(cost, rnd, plan).feasible, name
         counts[name] = plan.admitted
         if plan.admitted == 0:
@@ -221,7 +221,7 @@ def test_balance_and_split_baselines_solve_each_mode_exactly(seed, k, kv, advers
 def test_adversarial_rounds_balance_half_and_exhaustive_exact(seed, k, kv, tight):
     rnd, cost = _case(seed, k, kv, adversarial=True, tight=tight)
     opt = brute_force_optimum(cost, rnd, GAMMA)
-    ex = Exhaustive(cost, CFG, gamma=GAMMA, warm_start=False).plan(rnd)
+    ex = Exhaustive(cost, CFG.max_gamma, draft_depth=GAMMA, warm_start=False).plan(rnd)
     assert check_plan(cost, rnd, ex).feasible
     assert ex.admitted == opt
     assert opt >= _n("balance", cost, rnd) and 2 * _n("balance", cost, rnd) >= opt
@@ -251,7 +251,7 @@ def test_grid_pruning_matches_full_scan(seed, k, kv, adversarial, tight):
     g = grid(0.1)
     plan = split_search(cost, rnd, GAMMA, g, g)
     assert plan.admitted == _full_scan(cost, rnd, g, g)
-    assert Balance(cost, CFG, gamma=GAMMA, grid_step=0.1).plan(rnd).admitted == plan.admitted
+    assert Balance(cost, CFG.max_gamma, draft_depth=GAMMA, grid_step=0.1).plan(rnd).admitted == plan.admitted
 
 
 @pytest.mark.parametrize("kv", ["per_user", "padded"])
@@ -340,6 +340,6 @@ def test_single_mode_optima_and_balance_under_model_choices(seed, k, kv, choice,
     want_sd, _ = best_single_mode(cost, rnd, SD, GAMMA, 1.0, float(cost.memory_budget(True)))
     assert _n("ad_only", cost, rnd) == want_ad
     assert _n("sd_only", cost, rnd) == want_sd
-    plan = Balance(cost, CFG, gamma=GAMMA).plan(rnd)
+    plan = Balance(cost, CFG.max_gamma, draft_depth=GAMMA).plan(rnd)
     assert check_plan(cost, rnd, plan).feasible
     assert plan.admitted >= max(want_ad, want_sd)

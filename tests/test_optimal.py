@@ -118,10 +118,10 @@ def test_optimal_and_exhaustive_equal_brute_force(seed, name, k, tight):
     """The pruned searches (node bounds, target descent) against plain enumeration of 3^K plans."""
     cfg, cost, rnd = _setup(name, k, seed, tight)
     brute = _brute_force(cost, rnd)
-    plan = Optimal(cost, cfg, time_limit_s=60).plan(rnd)
+    plan = Optimal(cost, cfg.max_gamma, time_limit_s=60).plan(rnd)
     assert plan.extra["certified"] and plan.extra["optimal"] and plan.extra["gap"] == 0
     assert plan.admitted == brute
-    assert Exhaustive(cost, cfg, warm_start=False).plan(rnd).admitted == brute
+    assert Exhaustive(cost, cfg.max_gamma, warm_start=False).plan(rnd).admitted == brute
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -129,8 +129,8 @@ def test_optimal_and_exhaustive_equal_brute_force(seed, name, k, tight):
 def test_exhaustive_agrees_with_plain_search_at_k12(seed, name, tight):
     """At K = 12 (too many plans to enumerate) the target descent agrees with the plain DFS."""
     cfg, cost, rnd = _setup(name, 12, seed, tight)
-    plain = Exhaustive(cost, cfg, warm_start=False).plan(rnd).admitted
-    assert Optimal(cost, cfg, time_limit_s=60).plan(rnd).admitted == plain
+    plain = Exhaustive(cost, cfg.max_gamma, warm_start=False).plan(rnd).admitted
+    assert Optimal(cost, cfg.max_gamma, time_limit_s=60).plan(rnd).admitted == plain
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -138,17 +138,17 @@ def test_bound_covers_every_scheduler(name):
     """A short limit leaves gaps at K = 30; the bound must still cover every scheduler's plan."""
     for seed in range(2):
         cfg, cost, rnd = _setup(name, 30, seed)
-        plan = Optimal(cost, cfg, time_limit_s=1.5, bound_step=0.05).plan(rnd)
+        plan = Optimal(cost, cfg.max_gamma, time_limit_s=1.5, bound_step=0.05).plan(rnd)
         ub = plan.extra["upper_bound"]
         assert plan.extra["gap"] == ub - plan.admitted >= 0
         assert check_plans(cost, rnd, plan.modes, plan.gamma).feasible
         for other in ("balance", "greedy", "sd_only", "ad_only"):
-            assert make_scheduler(other, cost, cfg, seed=0).plan(rnd).admitted <= ub
+            assert make_scheduler(other, cost, cfg.max_gamma, seed=0).plan(rnd).admitted <= ub
 
 
 def test_trace_is_anytime_and_consistent():
     cfg, cost, rnd = _setup("paper", 40, 3)
-    plan = Optimal(cost, cfg, time_limit_s=3.0, bound_step=0.05).plan(rnd)
+    plan = Optimal(cost, cfg.max_gamma, time_limit_s=3.0, bound_step=0.05).plan(rnd)
     tr = plan.extra["trace"]
     assert tr and tr[0]["event"] == "warm start"
     assert all(a["t_s"] <= b["t_s"] and a["lower"] <= b["lower"] and a["upper"] >= b["upper"] for a, b in zip(tr, tr[1:], strict=False))
@@ -159,11 +159,11 @@ def test_trace_is_anytime_and_consistent():
 def test_warm_plan_is_used():
     """A given plan better than BALANCE's is the starting incumbent (e.g. a learned policy's)."""
     cfg, cost, rnd = _setup("paper", 12, 5, tight=True)
-    best = Exhaustive(cost, cfg).plan(rnd)
-    plan = Optimal(cost, cfg, time_limit_s=0.01).solve(rnd, warm=[best])
+    best = Exhaustive(cost, cfg.max_gamma).plan(rnd)
+    plan = Optimal(cost, cfg.max_gamma, time_limit_s=0.01).solve(rnd, warm=[best])
     assert plan.extra["trace"][0]["lower"] >= best.admitted
     bad = Plan(np.full(12, SD, dtype=np.int8), gamma=4)  # infeasible: ignored, not trusted
-    assert Optimal(cost, cfg, time_limit_s=0.01).solve(rnd, warm=[bad]).admitted <= best.admitted
+    assert Optimal(cost, cfg.max_gamma, time_limit_s=0.01).solve(rnd, warm=[bad]).admitted <= best.admitted
 
 
 @settings(max_examples=25, deadline=None)
@@ -181,7 +181,7 @@ def test_repair_always_feasible(seed, fill):
 def test_bad_options_named(field, value):
     cfg = EnvConfig(num_users=5)
     with pytest.raises(ValueError, match=field):
-        Optimal(CostModel.from_config(cfg), cfg, **{field: value})
+        Optimal(CostModel.from_config(cfg), cfg.max_gamma, **{field: value})
 
 
 def test_optimality_experiment_writes_consistent_results(tmp_path):

@@ -75,7 +75,7 @@ def test_every_plan_is_feasible_and_shares_valid(seed, k, tight):
     for name in SCHEDULERS:
         if name in HEAVY and k > 6:
             continue
-        plan = make_scheduler(name, cost, cfg, gamma=GAMMA, seed=seed).plan(rnd)
+        plan = make_scheduler(name, cost, cfg.max_gamma, draft_depth=GAMMA, seed=seed).plan(rnd)
         assert plan.modes.shape == (k,) and set(np.unique(plan.modes)) <= {0, AD, SD}, name
         assert 1 <= plan.gamma <= cfg.max_gamma, name
         assert 0.0 <= plan.z <= 1.0 and 0.0 <= plan.lam <= 1.0, name
@@ -89,7 +89,7 @@ def test_every_plan_is_feasible_and_shares_valid(seed, k, tight):
 def test_exact_searches_equal_brute_force_and_bounds_dominate(seed, k, tight):
     cfg, cost, rnd = _round(k, seed, tight)
     opt = brute_force(cost, rnd)
-    n = {name: make_scheduler(name, cost, cfg, gamma=GAMMA, seed=seed).plan(rnd) for name in ("balance", "ad_only", "sd_only", "ecra", "ema", "ecrma", "greedy", "random", "exhaustive", "optimal")}
+    n = {name: make_scheduler(name, cost, cfg.max_gamma, draft_depth=GAMMA, seed=seed).plan(rnd) for name in ("balance", "ad_only", "sd_only", "ecra", "ema", "ecrma", "greedy", "random", "exhaustive", "optimal")}
     count = {name: p.admitted for name, p in n.items()}
     assert count["exhaustive"] == opt
     assert count["optimal"] == opt and n["optimal"].extra["optimal"] and n["optimal"].extra["upper_bound"] == opt
@@ -109,16 +109,16 @@ def test_exact_searches_equal_brute_force_and_bounds_dominate(seed, k, tight):
 @given(seed=st.integers(0, 10**6), tight=st.booleans())
 def test_exhaustive_and_optimal_agree_at_k12(seed, tight):
     cfg, cost, rnd = _round(12, seed) if not tight else (TIGHT[8], TIGHT_COSTS[8], sample_round(np.random.default_rng(seed), TIGHT[8]))
-    ex = Exhaustive(cost, cfg, gamma=GAMMA, warm_start=False).plan(rnd)
-    bb = Optimal(cost, cfg, gamma=GAMMA, time_limit_s=30).plan(rnd)
+    ex = Exhaustive(cost, cfg.max_gamma, draft_depth=GAMMA, warm_start=False).plan(rnd)
+    bb = Optimal(cost, cfg.max_gamma, draft_depth=GAMMA, time_limit_s=30).plan(rnd)
     assert bb.extra["optimal"]
     assert ex.admitted == bb.admitted == bb.extra["upper_bound"]
 
 
 def test_gamma_search_is_the_best_fixed_gamma():
     cfg, cost, rnd = _round(6, 3, tight=True)
-    per_gamma = [Balance(cost, cfg, gamma=g).plan(rnd).admitted for g in range(1, cfg.max_gamma + 1)]
-    best = BalanceGammaSearch(cost, cfg).plan(rnd)
+    per_gamma = [Balance(cost, cfg.max_gamma, draft_depth=g).plan(rnd).admitted for g in range(1, cfg.max_gamma + 1)]
+    best = BalanceGammaSearch(cost, cfg.max_gamma).plan(rnd)
     assert best.admitted == max(per_gamma)
     assert per_gamma[best.gamma - 1] == best.admitted  # the plan's own depth achieves it
 
@@ -126,34 +126,34 @@ def test_gamma_search_is_the_best_fixed_gamma():
 def test_same_seed_same_plan():
     cfg, cost, rnd = _round(8, 7)
     for name in ("balance", "random", "greedy", "optimal"):
-        a = make_scheduler(name, cost, cfg, seed=1).plan(rnd)
-        b = make_scheduler(name, cost, cfg, seed=1).plan(rnd)
+        a = make_scheduler(name, cost, cfg.max_gamma, seed=1).plan(rnd)
+        b = make_scheduler(name, cost, cfg.max_gamma, seed=1).plan(rnd)
         assert np.array_equal(a.modes, b.modes) and a.z == b.z and a.lam == b.lam and a.gamma == b.gamma
 
 
 def test_random_scheduler_depends_on_its_seed():
     cfg, cost = CFGS[12], COSTS[12]
     rounds = [sample_round(np.random.default_rng(s), cfg) for s in range(4)]
-    plans = [[make_scheduler("random", cost, cfg, seed=seed).plan(r).modes.tolist() for r in rounds] for seed in (1, 2)]
+    plans = [[make_scheduler("random", cost, cfg.max_gamma, seed=seed).plan(r).modes.tolist() for r in rounds] for seed in (1, 2)]
     assert plans[0] != plans[1]
 
 
 def test_bad_arguments_are_named():
     cfg, cost = CFGS[5], COSTS[5]
     with pytest.raises(ValueError, match="num_users <= 10, got 12"):
-        Exhaustive(COSTS[12], CFGS[12], max_users=10).plan(sample_round(np.random.default_rng(0), CFGS[12]))
-    with pytest.raises(ValueError, match=r"gamma must be in \[1, max_gamma=8\], got 9"):
-        Balance(cost, cfg, gamma=9)
-    with pytest.raises(ValueError, match=r"gamma must be in \[1, max_gamma=8\], got 0"):
-        Balance(cost, cfg, gamma=0)
+        Exhaustive(COSTS[12], CFGS[12].max_gamma, max_users=10).plan(sample_round(np.random.default_rng(0), CFGS[12]))
+    with pytest.raises(ValueError, match=r"draft_depth must be an integer in \[1, max_gamma=8\], got 9"):
+        Balance(cost, cfg.max_gamma, draft_depth=9)
+    with pytest.raises(ValueError, match=r"draft_depth must be an integer in \[1, max_gamma=8\], got 0"):
+        Balance(cost, cfg.max_gamma, draft_depth=0)
     with pytest.raises(ValueError, match="grid_step must be in"):
         grid(0.0)
     with pytest.raises(ValueError, match="grid_step must be in"):
         grid(1.5)
     with pytest.raises(ValueError, match="unknown scheduler 'nope'"):
-        make_scheduler("nope", cost, cfg)
+        make_scheduler("nope", cost, cfg.max_gamma)
     with pytest.raises(ValueError, match="policy_path"):
-        make_scheduler("policy", cost, cfg)
+        make_scheduler("policy", cost, cfg.max_gamma)
 
 
 def test_grid_includes_both_ends_and_the_step():
@@ -167,9 +167,9 @@ def test_optimal_reports_gap_under_time_limit():
     cfg = EnvConfig(num_users=40)
     cost = CostModel.from_config(cfg)
     rnd = sample_round(np.random.default_rng(2), cfg)
-    plan = Optimal(cost, cfg, time_limit_s=0.5).plan(rnd)
+    plan = Optimal(cost, cfg.max_gamma, time_limit_s=0.5).plan(rnd)
     assert check_plan(cost, rnd, plan).feasible
-    assert plan.extra["upper_bound"] >= plan.admitted >= Balance(cost, cfg).plan(rnd).admitted
+    assert plan.extra["upper_bound"] >= plan.admitted >= Balance(cost, cfg.max_gamma).plan(rnd).admitted
     assert plan.extra["gap"] == plan.extra["upper_bound"] - plan.admitted
     assert plan.extra["optimal"] == (plan.extra["gap"] == 0)
     assert plan.extra["upper_bound"] <= cfg.num_users

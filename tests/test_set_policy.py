@@ -116,7 +116,7 @@ def test_one_policy_plans_rounds_of_any_size(tmp_path):
         cfg = EnvConfig(num_users=k)
         cost = CostModel.from_config(cfg)
         rnd = sample_round(np.random.default_rng(k), cfg)
-        plan = PolicyScheduler(cost, cfg, path=tmp_path).plan(rnd)
+        plan = PolicyScheduler(cost, cfg.max_gamma, path=tmp_path).plan(rnd)
         assert len(plan.modes) == k and check_plan(cost, rnd, plan).feasible
 
 

@@ -63,7 +63,7 @@ def test_optimal_v1_equals_brute_force_over_every_depth(k, seed):
     cfg, cost = setting(k, edge_fraction=0.7, max_gamma=2)
     split = SplitCostModel(cost.profile)
     for rnd in make_rounds(cfg, 2, seed):
-        plan = OptimalV1(cost, cfg, 2).plan(rnd)
+        plan = OptimalV1(cost, cfg.max_gamma, 2).plan(rnd)
         users = ed_users(split, rnd, 2)
         assert check_plan_split(cost, users, rnd, plan.modes, plan.gamma, depths_of(plan, k)).feasible
         assert plan.admitted == brute_force_v1(cost, users, rnd, 2)
@@ -75,7 +75,7 @@ def test_optimal_v1_equals_brute_force_k5(seed):
     cfg, cost = setting(5, edge_fraction=0.6, max_gamma=2)
     split = SplitCostModel(cost.profile)
     for rnd in make_rounds(cfg, 2, 100 + seed):
-        plan = OptimalV1(cost, cfg, 2).plan(rnd)
+        plan = OptimalV1(cost, cfg.max_gamma, 2).plan(rnd)
         assert plan.admitted == brute_force_v1(cost, ed_users(split, rnd, 2), rnd, 2)
 
 
@@ -106,7 +106,7 @@ def test_every_plan_is_feasible_and_the_optimum_beats_every_heuristic(seed, k, f
     split = SplitCostModel(cost.profile)
     rnd = make_rounds(cfg, 1, seed)[0]
     users = ed_users(split, rnd, cfg.max_gamma)
-    plans = {cls.name: cls(cost, cfg, 4).plan(rnd) for cls in (Balance, BalanceED, EdgeFirst, OptimalV1)}
+    plans = {cls.name: cls(cost, cfg.max_gamma, 4).plan(rnd) for cls in (Balance, BalanceED, EdgeFirst, OptimalV1)}
     for name, plan in plans.items():
         rep = check_plan_split(cost, users, rnd, plan.modes, plan.gamma, depths_of(plan, k))
         assert rep.feasible, name
@@ -121,7 +121,7 @@ def test_every_plan_is_feasible_and_the_optimum_beats_every_heuristic(seed, k, f
 def test_without_edge_users_the_ed_schedulers_are_balance(cls):
     cfg, cost = setting(30, edge_fraction=0.0)
     for rnd in make_rounds(cfg, 3, 5):
-        a, b = Balance(cost, cfg, 4).plan(rnd), cls(cost, cfg, 4).plan(rnd)
+        a, b = Balance(cost, cfg.max_gamma, 4).plan(rnd), cls(cost, cfg.max_gamma, 4).plan(rnd)
         assert np.array_equal(a.modes, b.modes) and (a.z, a.lam, a.gamma) == (b.z, b.lam, b.gamma)
         assert b.admitted_ed == 0 and b.ed_depth is None
 
@@ -165,7 +165,7 @@ def test_users_whose_edge_cannot_hold_the_draft_never_run_ed(tmp_path):
         too_long = rnd.input_tokens + rnd.output_tokens + 2 > room_tokens
         assert too_long.any() and not users.allowed[too_long].any()
         for cls in (BalanceED, EdgeFirst, OptimalV1):
-            plan = cls(cost, cfg, 4).plan(rnd)
+            plan = cls(cost, cfg.max_gamma, 4).plan(rnd)
             ed = np.flatnonzero(plan.modes == ED)
             assert users.allowed[ed, plan.ed_depth[ed] - 1].all() if len(ed) else True
             assert not too_long[ed].any()
@@ -174,18 +174,18 @@ def test_users_whose_edge_cannot_hold_the_draft_never_run_ed(tmp_path):
 def test_optimal_v1_refuses_large_rounds():
     cfg, cost = setting(9)
     with pytest.raises(ValueError, match="num_users <= 8"):
-        OptimalV1(cost, cfg, 4).plan(make_rounds(cfg, 1, 0)[0])
+        OptimalV1(cost, cfg.max_gamma, 4).plan(make_rounds(cfg, 1, 0)[0])
 
 
 def test_on_a_profile_without_an_edge_nobody_runs_ed():
     plain = EnvConfig(num_users=6, edge_fraction=1.0)  # every user has an edge, but the profile has none
     cost = CostModel.from_config(plain)
     for rnd in make_rounds(plain, 2, 1):
-        base = Balance(cost, plain, 4).plan(rnd)
+        base = Balance(cost, plain.max_gamma, 4).plan(rnd)
         for cls in (BalanceED, EdgeFirst):
-            plan = cls(cost, plain, 4).plan(rnd)
+            plan = cls(cost, plain.max_gamma, 4).plan(rnd)
             assert np.array_equal(plan.modes, base.modes) and plan.admitted_ed == 0
-        best = OptimalV1(cost, plain, 4).plan(rnd)
+        best = OptimalV1(cost, plain.max_gamma, 4).plan(rnd)
         assert best.admitted_ed == 0 and best.admitted >= base.admitted
 
 

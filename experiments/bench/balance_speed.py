@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         rounds = make_rounds(cfg, args.rounds, 0)
         times = {}
         for name in ("balance", "ad_only"):
-            sched = make_scheduler(name, cost, cfg)
+            sched = make_scheduler(name, cost, cfg.max_gamma)
             t = []
             for rnd in rounds:
                 start = time.perf_counter()
