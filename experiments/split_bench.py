@@ -140,7 +140,7 @@ def baseline_sweep(args, pair) -> pd.DataFrame:
             chunk = work[start : start + batch]
             emits: dict[int, list[tuple[float, int]]] = {i: [] for i in range(len(chunk))}
             res = drain(sd_steps(pair.target, pair.draft, chunk, gamma, args.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                                 on_tokens=lambda row, ids: emits[row].append((time.perf_counter(), len(ids)))))
+                                 on_tokens=lambda row, ids, emits=emits: emits[row].append((time.perf_counter(), len(ids)))))
             tokens += res.generated
             itls += [(e[-1][0] - e[0][0]) / sum(n for _, n in e[1:]) * 1e3 for e in emits.values() if len(e) > 1 and sum(n for _, n in e[1:])]
         wall = time.perf_counter() - t0

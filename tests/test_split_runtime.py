@@ -56,7 +56,7 @@ def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, tempera
 
     def client(i):
         edge = EdgeClient(draft, LocalLink(batcher), depth=depth, proactive=proactive, device_lock=lock)
-        results[i] = [edge.generate(p, n, temperature=temperature, seed=1000 * i + k) for k, (p, n) in enumerate(zip(*jobs[i]))]
+        results[i] = [edge.generate(p, n, temperature=temperature, seed=1000 * i + k) for k, (p, n) in enumerate(zip(*jobs[i], strict=True))]
         edge.link.close()
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(jobs))]
@@ -80,7 +80,7 @@ def test_greedy_split_equals_greedy_ad(models, seed):
     for draft, depth, proactive, cohorts, shared in ((close, 1 + seed, True, 1, False), (far, 4 - seed % 3, False, 2, True),
                                                      (close, DepthController(initial=2), True, 2, True)):
         results, batcher = run_clients(target, draft, jobs, cohorts=cohorts, depth=depth, proactive=proactive, shared_device=shared)
-        for (prompts, limits), outs in zip(jobs, results):
+        for (prompts, limits), outs in zip(jobs, results, strict=True):
             assert [o.tokens for o in outs] == generate_ad(target, prompts, limits).tokens, (seed, depth, proactive)
             assert all(o.outcome == "length" for o in outs)
         assert batcher.verifier.sessions == {}  # every finished request freed its state
@@ -91,7 +91,7 @@ def test_shape_buckets_do_not_change_outputs(models, bucket):
     target, close, _ = models
     jobs = [([[1, 2, 3], [7] * 11], [18, 9]), ([[5, 6]], [20]), ([[9, 8, 7, 6, 5]], [14])]
     results, _ = run_clients(target, close, jobs, cohorts=1, depth=3, bucket=bucket)
-    for (prompts, limits), outs in zip(jobs, results):
+    for (prompts, limits), outs in zip(jobs, results, strict=True):
         assert [o.tokens for o in outs] == generate_ad(target, prompts, limits).tokens
 
 
@@ -126,7 +126,7 @@ def test_sampling_split_matches_target_distribution():
     for start in range(0, n, 500):  # 500 users per batch, each with its own seed
         sessions = [DraftSession(draft, prompt) for _ in range(500)]
         reqs = [VerifyRequest(f"u{start + i}", tuple(s.propose(2 if i % 2 else 1)), tuple(prompt), 3, 1.0, start + i) for i, s in enumerate(sessions)]
-        for s, r, res in zip(sessions, reqs, verifier.verify(reqs)):
+        for s, r, res in zip(sessions, reqs, verifier.verify(reqs), strict=True):
             s.commit(len(r.drafts), res.accepted, res.bonus)
             if len(s.tokens) < 5:  # one token so far: verify one more step (no drafts)
                 (res2,) = verifier.verify([VerifyRequest(r.client, (), (), len(s.tokens), 1.0)])

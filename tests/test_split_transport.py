@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from test_split_runtime import tiny
 
 from runtime.engines import generate_ad
 from runtime.split.batcher import VerificationBatcher
@@ -21,7 +22,6 @@ from runtime.split.grpc_server import start_server
 from runtime.split.messages import METHOD, VerdictMsg, VerifyMsg
 from runtime.split.transport import DelayedLink, GrpcLink
 from runtime.split.verifier import BatchVerifier, VerifyRequest
-from test_split_runtime import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -178,7 +178,7 @@ class VerificationBatcher:
             st.batches, st.rows = st.batches + 1, st.rows + len(batch)
             st.batch_sizes.append(len(batch))
             cohort = self._last_cohort
-            for q, res in zip(batch, results):
+            for q, res in zip(batch, results, strict=True):
                 if isinstance(res, Exception):
                     q.future.set_exception(res)
                     continue

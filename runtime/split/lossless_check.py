@@ -60,11 +60,11 @@ def top2_margin(target, context: list[int]) -> float:
 
 def compare(target, prompts, reference, outputs, tolerance: float) -> dict:
     identical, ties, failures = 0, [], []
-    for i, (p, ref, out) in enumerate(zip(prompts, reference, outputs)):
+    for i, (p, ref, out) in enumerate(zip(prompts, reference, outputs, strict=True)):
         if out == ref:
             identical += 1
             continue
-        k = next((j for j, (a, b) in enumerate(zip(ref, out)) if a != b), min(len(ref), len(out)))
+        k = next((j for j, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b), min(len(ref), len(out)))
         margin = top2_margin(target, p + ref[:k]) if k < min(len(ref), len(out)) else float("inf")
         (ties if margin <= tolerance else failures).append({"prompt": i, "position": k, "margin": margin})
     return {"identical": identical, "near_ties": ties, "failures": failures}

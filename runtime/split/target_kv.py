@@ -61,7 +61,7 @@ def split_rows(cache, width: int, past_lengths: list[int], keep: list[int]) -> l
     """Each row's KV after a forward: its own past plus the first ``keep[i]`` query columns."""
     out = []
     layers = [(layer.keys, layer.values) for layer in cache.layers]  # each (B, kv_heads, P + N, head_dim)
-    for row, (n_past, n_keep) in enumerate(zip(past_lengths, keep)):
+    for row, (n_past, n_keep) in enumerate(zip(past_lengths, keep, strict=True)):
         lo, hi = width - n_past, width + n_keep
         out.append(tuple((k[row : row + 1, :, lo:hi].clone(), v[row : row + 1, :, lo:hi].clone()) for k, v in layers))
     return out

@@ -121,8 +121,8 @@ class BatchVerifier:
                 gen = torch.Generator(device=self.device).manual_seed(r.seed)
                 self.sessions[r.client] = Session(None, -1, r.committed, r.temperature, gen)
         sessions = [self.sessions[requests[i].client] for i in rows]
-        contexts = [list(requests[i].prompt) if requests[i].prompt else [s.pending] for i, s in zip(rows, sessions)]
-        queries = [c + list(requests[i].drafts) for i, c in zip(rows, contexts)]
+        contexts = [list(requests[i].prompt) if requests[i].prompt else [s.pending] for i, s in zip(rows, sessions, strict=True)]
+        queries = [c + list(requests[i].drafts) for i, c in zip(rows, contexts, strict=True)]
         pasts = [s.kv for s in sessions]
         past_len = [kv_length(p) for p in pasts]
 
@@ -131,14 +131,14 @@ class BatchVerifier:
         n_q = bucketed(max(len(q) for q in queries), min(self.bucket, 8))
         ids = torch.zeros((len(rows), n_q), dtype=torch.long)  # (B, N) queries, right-padded with token 0
         mask = torch.zeros((len(rows), width + n_q), dtype=torch.long)  # (B, P + N) left-padded past, all query columns
-        for b, (q, n) in enumerate(zip(queries, past_len)):
+        for b, (q, n) in enumerate(zip(queries, past_len, strict=True)):
             ids[b, : len(q)] = torch.tensor(q, dtype=torch.long)
             mask[b, width - n :] = 1  # padded query tokens come after the real ones, which causally never see them
         positions = torch.tensor(past_len)[:, None] + torch.arange(n_q)[None, :]  # (B, N) per-row positions
         logits = self.target(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
                              past_key_values=cache, use_cache=True).logits  # (B, N, V)
         keep = []
-        for b, (i, s, ctx) in enumerate(zip(rows, sessions, contexts)):
+        for b, (i, s, ctx) in enumerate(zip(rows, sessions, contexts, strict=True)):
             drafts = list(requests[i].drafts)
             scores = logits[b, len(ctx) - 1 : len(ctx) + len(drafts)]  # (depth + 1, V)
             if s.temperature == 0:
@@ -150,7 +150,7 @@ class BatchVerifier:
             keep.append(len(ctx) + n)  # context + accepted drafts get target KV; the bonus is pending
             s.pending, s.committed = bonus, s.committed + n + 1
             results[i] = Verdict(n, bonus, s.committed)
-        for s, kv in zip(sessions, split_rows(cache, width, past_len, keep)):
+        for s, kv in zip(sessions, split_rows(cache, width, past_len, keep), strict=True):
             s.kv = kv
         if self.device.type == "cuda":
             torch.cuda.synchronize()
