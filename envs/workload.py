@@ -84,6 +84,56 @@ class Round:
         )
 
 
+    @classmethod
+    def from_requests(cls, input_tokens, output_tokens, deadline_s, alpha, uplink_s, downlink_s) -> Round:
+        """A round of measured requests with given link times (no radio model; realised = predicted).
+
+        ``input_tokens`` (>= 1) and ``output_tokens`` (>= 1, the predicted output) per request,
+        ``deadline_s`` (> 0, seconds left from now), ``alpha`` (predicted acceptance, in [0, 1]),
+        ``uplink_s`` / ``downlink_s`` (>= 0 seconds: the prompt still to be received, the output to be
+        sent), each an array of one value per request or, for the link times, one value for all.
+        ``distance_m`` is NaN: there is no radio link to place the user on. Raises ``ValueError``
+        naming the field and its range.
+        """
+        i = np.asarray(input_tokens)
+        k = i.shape[0] if i.ndim == 1 else -1
+        if k < 1:
+            raise ValueError(f"input_tokens must be a 1-D array of at least one request, got shape {i.shape}")
+
+        def per_request(name: str, value, integer: bool, ok, allowed: str, scalar_ok: bool = False) -> np.ndarray:
+            raw = np.asarray(value)
+            if scalar_ok and raw.ndim == 0:
+                raw = np.full(k, raw)
+            if raw.shape != (k,):
+                raise ValueError(f"{name} must hold one value per request ({k}, as input_tokens), got shape {raw.shape}")
+            if raw.dtype.kind not in "iuf" or (integer and raw.dtype.kind == "f" and not np.all(raw == np.round(raw))):
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+            x = raw.astype(np.int64 if integer else float)
+            good = np.isfinite(x) & ok(x)
+            if not np.all(good):
+                raise ValueError(f"{name} must be {allowed}, got {x[~good][0].item()!r} (request {int(np.flatnonzero(~good)[0])})")
+            return x
+
+        inp = per_request("input_tokens", i, True, lambda x: x >= 1, "integers >= 1")
+        out = per_request("output_tokens", output_tokens, True, lambda x: x >= 1, "integers >= 1")
+        dl = per_request("deadline_s", deadline_s, False, lambda x: x > 0, "finite seconds > 0")
+        a = per_request("alpha", alpha, False, lambda x: (x >= 0) & (x <= 1), "in [0, 1]")
+        up = per_request("uplink_s", uplink_s, False, lambda x: x >= 0, "finite seconds >= 0", scalar_ok=True)
+        down = per_request("downlink_s", downlink_s, False, lambda x: x >= 0, "finite seconds >= 0", scalar_ok=True)
+        return cls(
+            input_tokens=inp,
+            output_tokens=out,
+            deadline_s=dl,
+            alpha=a,
+            distance_m=np.full(k, np.nan),
+            uplink_s=up,
+            downlink_s=down,
+            realized_output_tokens=out.copy(),
+            realized_alpha=a.copy(),
+            realized_downlink_s=down.copy(),
+        )
+
+
 def _beta_with_mean_cv(mean: np.ndarray, cv: float, u: np.ndarray) -> np.ndarray:
     """Quantile ``u`` of a Beta with the given mean and coefficient of variation.
 

@@ -99,14 +99,15 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
     realises each SD request's measured acceptance (isolating the cost model from acceptance).
     """
     cost = CostModel(load_profile(profile))
-    cfg = EnvConfig(num_users=1, profile=profile, input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
-    sched = make_scheduler(scheduler, cost, cfg.max_gamma, seed=0)
+    sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0)  # the server's largest draft depth (runtime.rounds)
     rows = []
     for r, g in df.groupby("round"):
         n = len(g)
         planned = g.alpha_planned.dropna() if "alpha_planned" in g else pd.Series(dtype=float)
         a_plan = float(planned.iloc[0]) if len(planned) else alpha
-        rnd = Round.from_arrays(cfg, g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6), np.full(n, a_plan), np.full(n, cfg.min_distance_m))
+        # as the server builds its rounds (runtime.rounds): measured requests, no link time over loopback
+        rnd = Round.from_requests(g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6), np.full(n, a_plan),
+                                  uplink_s=0.0, downlink_s=0.0)
         plan = sched.plan(rnd)
         out = evaluate_plan(cost, rnd, plan, completion=completion, sharing=sharing)
         measured = dataclasses.replace(rnd, realized_alpha=measured_alpha(g, rnd.alpha))

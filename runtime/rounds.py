@@ -94,8 +94,8 @@ class RoundServer:
         self.base_cost = CostModel(profile)
         self.cost = CalibratedCostModel(self.base_cost, self.calibration)
         # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
-        self.env_cfg = EnvConfig(num_users=1, profile=cfg.profile, input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
-        self.scheduler = make_scheduler(cfg.scheduler, self.cost, self.env_cfg.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
+        # plans may use draft depths up to the environment's default largest one (as ServeConfig's draft_depth)
+        self.scheduler = make_scheduler(cfg.scheduler, self.cost, EnvConfig.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
         self.alpha = cfg.alpha_init
         self.metrics = metrics or ServeMetrics()
         self.metrics.alpha.set(self.alpha)
@@ -251,13 +251,14 @@ class RoundServer:
 
     def _round(self, batch: list[LiveRequest], now: float) -> Round:
         n = len(batch)
-        return Round.from_arrays(
-            self.env_cfg,
+        return Round.from_requests(
             input_tokens=[len(r.prompt_ids) for r in batch],
             output_tokens=[r.max_tokens for r in batch],
             deadline_s=[max(r.deadline_s - (now - r.arrival), 1e-6) for r in batch],
             alpha=np.full(n, self.alpha),
-            distance_m=np.full(n, self.env_cfg.min_distance_m),  # loopback: the shortest link
+            # the prompts are here already and the text goes back over loopback: no link time left
+            uplink_s=0.0,
+            downlink_s=0.0,
         )
 
     def _predicted_s(self, cost: CostModel, mode: str, members: list[LiveRequest], gamma: int, outputs: list[int] | None = None,

@@ -124,3 +124,40 @@ def test_evaluate_command_line_refuses_gamma():
 
     res = subprocess.run([sys.executable, "-m", "agents.evaluate", "gamma=4", "rounds=1"], capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "draft_depth" in res.stderr
+
+
+# ---------------------------------------------------------------- rounds from measured requests
+def test_round_from_requests_matches_from_arrays_given_the_same_link_times():
+    from envs.workload import Round
+
+    cfg = EnvConfig(num_users=3)
+    ref = Round.from_arrays(cfg, [5, 60, 7], [9, 3, 40], [1.0, 2.0, 0.5], [0.7, 0.8, 0.95], [10.0, 100.0, 200.0])
+    rnd = Round.from_requests([5, 60, 7], [9, 3, 40], [1.0, 2.0, 0.5], [0.7, 0.8, 0.95], ref.uplink_s, ref.downlink_s)
+    for name in ("input_tokens", "output_tokens", "deadline_s", "alpha", "uplink_s", "downlink_s", "realized_output_tokens", "realized_alpha", "realized_downlink_s", "slack_s"):
+        assert np.array_equal(getattr(rnd, name), getattr(ref, name)), name
+    assert np.isnan(rnd.distance_m).all() and rnd.has_edge is None
+    zero = Round.from_requests([5], [9], [1.0], [0.7], 0.0, 0.0)  # one value for all requests
+    assert zero.uplink_s.tolist() == [0.0] and zero.slack_s.tolist() == [1.0]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("input_tokens", [0, 3], r"input_tokens must be integers >= 1, got 0 \(request 0\)"),
+    ("input_tokens", [1.5, 3], "input_tokens must be integers >= 1"),
+    ("input_tokens", [], "input_tokens must be a 1-D array of at least one request"),
+    ("input_tokens", 4, "input_tokens must be a 1-D array of at least one request"),
+    ("output_tokens", [3], r"output_tokens must hold one value per request \(2, as input_tokens\)"),
+    ("output_tokens", [3, -1], r"output_tokens must be integers >= 1, got -1 \(request 1\)"),
+    ("deadline_s", [1.0, 0.0], r"deadline_s must be finite seconds > 0, got 0.0 \(request 1\)"),
+    ("deadline_s", [np.inf, 1.0], "deadline_s must be finite seconds > 0"),
+    ("alpha", [0.5, 1.2], r"alpha must be in \[0, 1\], got 1.2"),
+    ("alpha", ["x", "y"], r"alpha must be in \[0, 1\]"),
+    ("uplink_s", -0.1, "uplink_s must be finite seconds >= 0"),
+    ("uplink_s", [0.0, 0.0, 0.0], r"uplink_s must hold one value per request \(2"),
+    ("downlink_s", [0.0, np.nan], "downlink_s must be finite seconds >= 0"),
+])
+def test_round_from_requests_names_the_bad_field(field, value, message):
+    from envs.workload import Round
+
+    args = {"input_tokens": [5, 6], "output_tokens": [7, 8], "deadline_s": [1.0, 2.0], "alpha": [0.7, 0.8], "uplink_s": 0.0, "downlink_s": [0.0, 0.01]}
+    with pytest.raises(ValueError, match=message):
+        Round.from_requests(**{**args, field: value})
