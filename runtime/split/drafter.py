@@ -23,8 +23,7 @@ from __future__ import annotations
 import time
 
 import torch
-
-from runtime.engines import _cache as new_cache
+from transformers import DynamicCache
 
 
 class DraftSession:
@@ -37,7 +36,7 @@ class DraftSession:
         self.device = next(draft.parameters()).device
         self.tokens: list[int] = list(prompt)  #: committed text
         self.chain: list[int] = []  #: draft tokens beyond the committed text, in order
-        self.cache = new_cache()
+        self.cache = DynamicCache()
         self.fed = 0  #: tokens of ``tokens + chain`` whose KV the draft cache holds
         self.draft_seconds = 0.0  #: time spent in draft forwards (all of them)
         self.draft_steps = 0

@@ -16,8 +16,7 @@ that bucketing should confirm on a GPU (not measured yet).
 from __future__ import annotations
 
 import torch
-
-from runtime.engines import _cache as new_cache
+from transformers import DynamicCache
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # keys, values: (1, kv_heads, length, head_dim)
 ClientKV = tuple[LayerKV, ...]
@@ -37,7 +36,7 @@ def stack_past(pasts: list[ClientKV | None], bucket: int = 1):
     ``bucket``); returns ``(cache, width)``. Rows without a past (a first request) are all
     padding; with no past at all the cache is empty."""
     longest = max(kv_length(p) for p in pasts)
-    cache = new_cache()
+    cache = DynamicCache()
     if longest == 0:
         return cache, 0
     width = bucketed(longest, bucket)
@@ -52,8 +51,6 @@ def stack_past(pasts: list[ClientKV | None], bucket: int = 1):
                 keys[row, :, width - n :] = past[layer][0][0]
                 values[row, :, width - n :] = past[layer][1][0]
         layers.append((keys, values))
-    from transformers import DynamicCache
-
     return DynamicCache(ddp_cache_data=layers), width
 
 

@@ -130,6 +130,7 @@ class _DelayLine:
         self._heap: list = []
         self._cond = threading.Condition()
         self._ids = itertools.count()
+        self._stopping = False
         threading.Thread(target=self._run, name="wan-shim", daemon=True).start()
 
     def at(self, when: float, fn) -> None:
@@ -137,10 +138,18 @@ class _DelayLine:
             heapq.heappush(self._heap, (when, next(self._ids), fn))
             self._cond.notify()
 
+    def stop_when_empty(self) -> None:
+        """End the thread once every scheduled callback has run."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._heap or self._heap[0][0] > time.perf_counter():
+                    if not self._heap and self._stopping:
+                        return
                     self._cond.wait(None if not self._heap else self._heap[0][0] - time.perf_counter())
                 _, _, fn = heapq.heappop(self._heap)
             fn()
@@ -191,6 +200,7 @@ class DelayedLink:
 
     def close(self) -> None:
         self._line.at(self._arrival(4, up=True), self.inner.close)
+        self._line.stop_when_empty()
 
 
 def _copy(src: Future, dst: Future) -> None:
