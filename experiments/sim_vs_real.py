@@ -1,17 +1,34 @@
 """The same rounds through the simulator (measured profile) and through the live server.
 
     python -m experiments.sim_vs_real [--schedulers balance,ad_only,sd_only] [--rounds 5] [--users 8]
+    python -m experiments.sim_vs_real --cpu-hog        # one CPU-bound process beside the server
 
 For each scheduler: start ``runtime.serve`` on loopback with the project's pair, replay rounds
 with ``runtime.loadgen``, stop the server; then plan the same rounds -- as the server saw them:
 prompt tokens, ``max_tokens`` as the output prediction, the deadline less the round window --
-with the same scheduler and the same acceptance estimate the server had, on the same measured
-profile (``--profile``, default the one-thread ``cpu1_specsched-pair``: table + engine overhead),
+with the same scheduler and the same acceptance estimate the server had, on the same profile,
 and compute their outcome in the simulator with the server's semantics (each request ends at its
 own last token; time-slicing hands a finished batch's share to the other). Reports served count
-and p50 latency, real vs simulated, per scheduler and per mode. The server's online calibration is
-pinned at 1 here (it plans with the bare profile, as the simulator does): the experiment measures
-the profile against reality. Writes ``results/sim_vs_real.{csv,md}`` (atomically).
+and p50 latency, real vs simulated, per scheduler and per mode (with the compute time split into
+prefill -- up to the first token -- and decoding, so the source of a gap shows).
+
+**Which profile.** By default (``--profile auto``) a profile measured on *this* machine: the
+shipped table for the server's thread count plus a quick calibration measured here on first use
+and cached per machine fingerprint (``runtime.machine_profile``; < 2 min once, then instant).
+``--profile NAME|PATH`` forces a profile as it is; ``--no-auto-profile`` plans with the shipped
+table uncalibrated; ``--remeasure-profile`` measures the calibration again (it is only as good as
+the machine's state at first use: measure on an idle machine). The report names the file, why it
+was chosen, this machine, where its table and its calibration were measured, and the factors.
+
+**Idle** (default): the server's online calibration is pinned at 1 (it plans with the bare
+profile, as the simulator does, and skips its speed probes): the experiment measures the profile
+against reality. Writes ``results/sim_vs_real.{csv,md}`` (atomically).
+
+**CPU hog** (``--cpu-hog``): one CPU-bound process runs beside the server, and every scheduler
+runs twice: with the server's online self-calibration on (``runtime.calibration``; the simulator
+plans and costs with the per-mode factors the server ended with, read from ``/stats``) and off
+(both plan with the bare profile: the figure without calibration). Writes
+``results/sim_vs_real_cpu_hog.{csv,md}``.
 
 The server runs with one torch thread by default: on a 2-core machine shared with the HTTP stack
 and the load generator, two OpenMP threads made the same replay's real p50 swing between 0.71 and
@@ -41,7 +58,9 @@ from envs.outcome import evaluate_plan
 from envs.plan import AD, SD
 from envs.profile import load_profile
 from envs.workload import Round
+from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.loadgen import run as loadgen
+from runtime.machine_profile import AUTO, PlanningProfile, resolve_profile
 from runtime.pair import build_pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +75,10 @@ def free_port() -> int:
 
 def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, profile: str, threads: int, devices: str | None = None, calibrate: bool = True):
     """Start ``runtime.serve`` on loopback; returns (process, url) once ``/health`` answers.
-    ``calibrate=False`` pins the server's calibration factor at 1: it plans with the bare profile."""
+    ``calibrate=False`` pins the server's calibration factor at 1 -- it plans with the bare profile --
+    and turns its speed probes off (their samples would be thrown away; the first would delay round 1).
+    Returns once the server has also warmed up (its first model calls are slow): the replay must not
+    time the warm-up, which the simulator does not model."""
     import tempfile
 
     cmd = [sys.executable, "-m", "runtime.serve", f"scheduler={scheduler}", f"port={port}", f"pair={pair}", f"window_s={window_s}", f"alpha_init={alpha}",
@@ -64,7 +86,7 @@ def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, 
     if devices:
         cmd.append(f"devices=[{devices}]")
     if not calibrate:
-        cmd.append("calibration_bounds=[1.0,1.0]")
+        cmd += ["calibration_bounds=[1.0,1.0]", "calibration_probe_s=0"]
     # the server's log goes to a file: a pipe nobody reads would block it once full
     log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
@@ -74,12 +96,20 @@ def serve(scheduler: str, pair: Path, port: int, window_s: float, alpha: float, 
             log.seek(0)
             raise RuntimeError(f"server exited: {log.read()[-2000:]}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            r = httpx.get(f"{url}/health", timeout=1)
+            if r.status_code == 200 and r.json().get("warmed_up", True):
                 return proc, url
+            time.sleep(0.1)
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.terminate()
     raise RuntimeError("server did not start within 120 s")
+
+
+def server_calibration(url: str) -> dict[str, float]:
+    """The per-mode factors (real / predicted step time) the server plans with now (``/stats``)."""
+    factors = httpx.get(f"{url}/stats", timeout=10).json()["calibration"]
+    return {mode: float(factors[mode]) for mode in ("ad", "sd")}
 
 
 def measured_alpha(g: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:
@@ -92,13 +122,21 @@ def measured_alpha(g: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(a), np.clip(a, 0.0, 0.999), fallback)
 
 
-def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, completion: str, sharing: str, profile: str) -> pd.DataFrame:
+def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, completion: str, sharing: str, profile: str,
+             factors: dict[str, float] | None = None) -> pd.DataFrame:
     """Plan each round as the server did (same inputs, same acceptance estimate) and cost it.
 
     Two outcomes: ``sim`` realises the estimate (what the environment predicts), ``sim_measured``
     realises each SD request's measured acceptance (isolating the cost model from acceptance).
+    ``factors``: the server's online calibration (real / predicted step time per mode); planning
+    and costing both scale the profile's AD and SD batch times by them, as the server's planner does.
     """
     cost = CostModel(load_profile(profile))
+    if factors is not None:
+        calibration = StepCalibration()
+        for mode, f in factors.items():
+            calibration.update(mode, f, 1.0)  # the first sample is the factor (no smoothing, no margin)
+        cost = CalibratedCostModel(cost, calibration)
     sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0)  # the server's largest draft depth (runtime.rounds)
     rows = []
     for r, g in df.groupby("round"):
@@ -112,13 +150,29 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
         out = evaluate_plan(cost, rnd, plan, completion=completion, sharing=sharing)
         measured = dataclasses.replace(rnd, realized_alpha=measured_alpha(g, rnd.alpha))
         out_m = evaluate_plan(cost, measured, plan, completion=completion, sharing=sharing)
+        prefill = prefill_s(cost.profile, rnd, plan, factors)
         for k, (_, row) in enumerate(g.iterrows()):
             lat = out.latency_s[k] + window_s if np.isfinite(out.latency_s[k]) else np.nan
             lat_m = out_m.latency_s[k] + window_s if np.isfinite(out_m.latency_s[k]) else np.nan
             rows.append({"round": r, "user": row.user, "sim_mode": {AD: "ad", SD: "sd"}.get(int(plan.modes[k]), "-"),
                          "sim_served": bool(out.served[k]), "sim_latency_s": lat,
-                         "sim_measured_served": bool(out_m.served[k]), "sim_measured_latency_s": lat_m})
+                         "sim_measured_served": bool(out_m.served[k]), "sim_measured_latency_s": lat_m, "sim_prefill_s": prefill[k]})
     return pd.DataFrame(rows)
+
+
+def prefill_s(profile, rnd: Round, plan, factors: dict[str, float] | None = None) -> np.ndarray:
+    """Per user, the simulated prefill of its batch (the target's pass over the padded prompts, plus the
+    draft's for SD) at the batch's compute share while both batches run (NaN for rejected users)."""
+    out = np.full(rnd.num_users, np.nan)
+    both = bool(np.any(plan.modes == AD) and np.any(plan.modes == SD))
+    for mode, key, share in ((AD, "ad", plan.z), (SD, "sd", 1.0 - plan.z)):
+        members = plan.modes == mode
+        if not members.any():
+            continue
+        b, s = int(members.sum()), int(rnd.input_tokens[members].max())
+        t = float(profile.tau_llm.tau(b, s, s)) + (float(profile.tau_slm.tau(b, s, s)) if mode == SD else 0.0)
+        out[members] = t * (factors or {}).get(key, 1.0) / (max(share, 1e-6) if both else 1.0)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,53 +187,121 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--completion", default="own", choices=["own", "batch"], help="the simulator's completion model (the server answers each request at its own last token)")
     ap.add_argument("--sharing", default="work_conserving", choices=["work_conserving", "fixed"], help="the simulator's sharing model (the server's time-slicing is work-conserving)")
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens to the load generator")
-    ap.add_argument("--threads", type=int, default=1, help="the server's torch threads (the profile must be measured with as many)")
-    ap.add_argument("--profile", default="cpu1_specsched-pair", help="the measured profile both the server and the simulator plan with")
+    ap.add_argument("--threads", type=int, default=1, help="the server's torch threads (the profile is measured with as many)")
+    ap.add_argument("--profile", default=AUTO, help="the profile both the server and the simulator plan with: auto (measured on this machine, cached) or a NAME / .yaml PATH used as it is")
+    ap.add_argument("--auto-profile", action=argparse.BooleanOptionalAction, default=True, help="with --profile auto: measure (once, cached) a calibration of the shipped table on this machine; off: the shipped table as it is")
+    ap.add_argument("--remeasure-profile", action="store_true", help="with --profile auto: measure this machine's calibration again even if cached (e.g. the cached one was measured on a busy machine)")
+    ap.add_argument("--cpu-hog", action="store_true", help="run one CPU-bound process beside the server; each scheduler runs with the server's online calibration on and off")
     ap.add_argument("--devices", default=None, help="two devices for the server, e.g. cpu,cpu or cuda:0,cuda:1 (the simulator still models one shared device)")
     ap.add_argument("--pair", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    check_args(ap, args)
     pair = args.pair or build_pair()
+    device = args.devices.split(",")[0] if args.devices else "cpu"
+    planning = resolve_profile(args.profile, pair=pair, device=device, threads=args.threads, auto=args.auto_profile, refresh=args.remeasure_profile)
+    print(planning.describe(), flush=True)
     env = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "paper.yaml"))
+    settings = [(name, calibrate) for name in args.schedulers.split(",") for calibrate in ((True, False) if args.cpu_hog else (False,))]
     frames, summary, by_mode = [], [], []
-    for name in args.schedulers.split(","):
-        # the server plans with the bare profile, as the simulator does: this compares the profile with reality
-        proc, url = serve(name, pair, free_port(), args.window_s, args.alpha, args.profile, args.threads, args.devices, calibrate=False)
-        try:
-            real, _ = loadgen({"env": env, "url": url, "rounds": args.rounds, "users": args.users, "seed": 0, "time_scale": args.time_scale, "token_scale": args.token_scale, "max_tokens_cap": 160, "round_gap_s": 0.0, "output": None, "timeout_s": 300, "stream": args.stream})
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-        sim = simulate(real, name, args.window_s, args.alpha, args.completion, args.sharing, args.profile)
-        both = real.merge(sim, on=["round", "user"]).assign(scheduler=name)
-        frames.append(both)
-        summary.append(compare(both, name))
-        by_mode.extend(compare_by_mode(both, name, args.window_s))
-    df = pd.concat(frames, ignore_index=True)
-    table, modes = pd.DataFrame(summary), pd.DataFrame(by_mode)
+    hog = cpu_hog() if args.cpu_hog else None  # started after the profile is measured: the profile describes the idle machine
+    try:
+        for i, (name, calibrate) in enumerate(settings, 1):
+            label = "on" if calibrate else "off"
+            print(f"[{i}/{len(settings)}] {name}, online calibration {label}{', CPU hog running' if hog else ''}", flush=True)
+            # idle: the server plans with the bare profile, as the simulator does -- this compares the profile with reality
+            proc, url = serve(name, pair, free_port(), args.window_s, args.alpha, str(planning.path), args.threads, args.devices, calibrate=calibrate)
+            try:
+                real, _ = loadgen({"env": env, "url": url, "rounds": args.rounds, "users": args.users, "seed": 0, "time_scale": args.time_scale, "token_scale": args.token_scale,
+                                   "max_tokens_cap": 160, "round_gap_s": 0.0, "output": None, "timeout_s": 300, "stream": args.stream})
+                factors = server_calibration(url) if calibrate else None
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+            sim = simulate(real, name, args.window_s, args.alpha, args.completion, args.sharing, str(planning.path), factors)
+            both = real.merge(sim, on=["round", "user"]).assign(scheduler=name, calibration=label)
+            frames.append(both)
+            extra = {"calibration": label, **({f"factor {m}": f for m, f in factors.items()} if factors else {})} if args.cpu_hog else {}
+            summary.append({**compare(both, name, args.window_s), **extra})
+            by_mode.extend({**row, **({"calibration": label} if args.cpu_hog else {})} for row in compare_by_mode(both, name, args.window_s))
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    write_report(args, planning, pd.concat(frames, ignore_index=True), pd.DataFrame(summary), pd.DataFrame(by_mode))
+
+
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Bad settings fail here, naming the option, before a pair is built or a profile measured."""
+    from agents.registry import SCHEDULERS
+
+    unknown = [s for s in args.schedulers.split(",") if s not in SCHEDULERS]
+    if unknown:
+        ap.error(f"--schedulers: unknown {unknown}; known: {sorted(SCHEDULERS)}")
+    for name, lo, hi in (("rounds", 1, None), ("users", 1, 64), ("threads", 1, None)):
+        v = getattr(args, name)
+        if v < lo or (hi is not None and v > hi):
+            ap.error(f"--{name} must be an integer in [{lo}, {hi or 'inf'}], got {v}")
+    for name in ("time_scale", "token_scale", "window_s"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if not 0 < args.alpha < 1:
+        ap.error(f"--alpha must be in (0, 1), got {args.alpha}")
+    if args.pair is not None and not args.pair.is_dir():
+        ap.error(f"--pair must be a built pair folder, got {args.pair}")
+    if args.profile != AUTO and (not args.auto_profile or args.remeasure_profile):
+        ap.error("--no-auto-profile and --remeasure-profile only apply to --profile auto (a named profile is always used as it is)")
+    if args.remeasure_profile and not args.auto_profile:
+        ap.error("--remeasure-profile contradicts --no-auto-profile")
+
+
+def cpu_hog() -> subprocess.Popen:
+    """One CPU-bound process (a busy Python loop) beside the server, until killed."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def profile_lines(planning: PlanningProfile) -> list[str]:
+    """Which profile and calibration the run planned with, for the report."""
+    s = planning.summary()
+
+    def short(path: str) -> str:  # repository-relative, or ~ for the home folder's cache
+        return path.replace(str(ROOT) + "/", "").replace(str(Path.home()), "~")
+
+    return [f"- profile: `{short(s['profile'])}` ({s['source']}; base `{short(s['base'])}`; this machine's key `{s['machine key']}`)",
+            f"- this machine: {s['this machine']}", f"- table measured on: {s['table measured on']}", f"- calibration measured on: {s['calibration measured on']}",
+            f"- calibration (measured / table pass time, per model and new tokens q): {s['calibration']}"]
+
+
+def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.DataFrame, modes: pd.DataFrame) -> None:
+    stem = "sim_vs_real_cpu_hog" if args.cpu_hog else "sim_vs_real"
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(df, args.out / "sim_vs_real.csv")  # a reader never sees half a table
+    write_csv_atomic(df, args.out / f"{stem}.csv")  # a reader never sees half a table
     cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
-    cmd += (f" --profile {args.profile}" if args.profile != "cpu1_specsched-pair" else "") + (" --pair PATH" if args.pair else "")
-    profile_file = args.profile if args.profile.endswith((".yaml", ".yml")) else f"conf/profile/{args.profile}.yaml"
+    cmd += (f" --profile {args.profile}" if args.profile != AUTO else "") + ("" if args.auto_profile else " --no-auto-profile")
+    cmd += (" --cpu-hog" if args.cpu_hog else "") + (" --pair PATH" if args.pair else "")
+    setting = ("one CPU-bound process (a busy loop) ran beside the server throughout; each scheduler ran with the server's online calibration on "
+               "(the simulator plans and costs with the per-mode factors the server ended with: columns *factor*) and off (both plan with the bare profile). "
+               if args.cpu_hog else "the server's online calibration pinned at 1 (it plans with the bare profile, as the simulator does). ")
     text = "\n".join([
-        "# Simulated vs real", "",
+        "# Simulated vs real" + (" with a CPU hog" if args.cpu_hog else ""), "",
         f"{args.rounds} rounds x {args.users} requests per scheduler, deadlines x {args.time_scale}, outputs x {args.token_scale}, round window {args.window_s} s; "
-        f"the project's pair on this CPU, server with {args.threads} torch thread(s){f' per device, devices {args.devices}' if args.devices else ''}; server and simulator plan with `{profile_file}` "
-        f"(table + engine overhead); simulator outcome: completion `{args.completion}`, sharing `{args.sharing}`. "
+        f"the project's pair on this CPU, server with {args.threads} torch thread(s){f' per device, devices {args.devices}' if args.devices else ''}; {setting}"
+        f"Simulator outcome: completion `{args.completion}`, sharing `{args.sharing}`. "
         "Latency is from the request's arrival to its last token (the round window included). "
         "*sim* realises the acceptance estimate the server planned with (what the environment predicts); *sim, measured acceptance* realises each SD request's measured acceptance.", "",
+        "Server and simulator planned with:", "", *profile_lines(planning), "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
-        "By mode (requests that ran in that mode in both; compute = latency - wait - planning, real; latency - window, simulated):", "",
+        "By mode (requests that ran in that mode in both). Compute = latency - wait - planning (real), latency - window (simulated); "
+        "prefill = time to the first token - wait - planning (real), the batch's prefill passes at its compute share (simulated); decode = compute - prefill:", "",
         modes.to_markdown(index=False, floatfmt=".3g"), "",
         f"Reproduce: `{cmd}`", "",
     ])
-    write_text_atomic(args.out / "sim_vs_real.md", text)
+    write_text_atomic(args.out / f"{stem}.md", text)
     print(text)
 
 
-def compare(both: pd.DataFrame, name: str) -> dict:
-    """Served count and p50 latency, real vs simulated, for one scheduler."""
+def compare(both: pd.DataFrame, name: str, window_s: float) -> dict:
+    """Served count and p50 latency, real vs simulated, for one scheduler (and its compute p50 error per mode)."""
     done = both.outcome.isin(["served", "late"])
     real_served = int((both.outcome == "served").sum())
     real_p50 = both.latency_s[done].median()
@@ -195,20 +317,32 @@ def compare(both: pd.DataFrame, name: str) -> dict:
         row[f"p50 ({label}) (s)"] = p50
         row[f"p50 error % ({label})"] = (p50 - real_p50) / real_p50 * 100 if real_p50 else np.nan
     row["same modes (%)"] = float((both["mode"].fillna("-") == both.sim_mode).mean() * 100)
+    for mode_row in compare_by_mode(both, name, window_s):  # where a latency gap comes from
+        row[f"{mode_row['mode'].upper()} compute p50 error %"] = mode_row["error %"]
     return row
 
 
 def compare_by_mode(both: pd.DataFrame, name: str, window_s: float) -> list[dict]:
+    """Compute time per mode, real vs simulated, split into prefill (to the first token) and decoding."""
     rows = []
     for mode in ("ad", "sd"):
         m = both[(both["mode"] == mode) & (both.sim_mode == mode) & both.outcome.isin(["served", "late"])]
         if m.empty:
             continue
-        real = (m.latency_s - m.wait_s - m.plan_s).median() if "wait_s" in m else np.nan
-        sim = (m.sim_latency_s - window_s).median()
-        rows.append({"scheduler": name, "mode": mode, "requests": len(m), "compute p50 real (s)": real, "compute p50 sim (s)": sim,
-                     "error %": (sim - real) / real * 100, "TTFT p50 real (s)": m.ttft_s.median() if "ttft_s" in m else np.nan})
+        real = (m.latency_s - m.wait_s - m.plan_s) if "wait_s" in m else pd.Series(np.nan, index=m.index)
+        sim = m.sim_latency_s - window_s
+        real_pre = (m.ttft_s - m.wait_s - m.plan_s) if "ttft_s" in m and "wait_s" in m else pd.Series(np.nan, index=m.index)
+        sim_pre = m.sim_prefill_s if "sim_prefill_s" in m else pd.Series(np.nan, index=m.index)
+        row = {"scheduler": name, "mode": mode, "requests": len(m), "compute p50 real (s)": real.median(), "compute p50 sim (s)": sim.median(),
+               "error %": _err(sim.median(), real.median()), "prefill p50 real (s)": real_pre.median(), "prefill p50 sim (s)": sim_pre.median(),
+               "prefill error %": _err(sim_pre.median(), real_pre.median()), "decode p50 real (s)": (real - real_pre).median(),
+               "decode p50 sim (s)": (sim - sim_pre).median(), "decode error %": _err((sim - sim_pre).median(), (real - real_pre).median())}
+        rows.append(row)
     return rows
+
+
+def _err(sim: float, real: float) -> float:
+    return (sim - real) / real * 100 if real and np.isfinite(real) else np.nan
 
 
 if __name__ == "__main__":

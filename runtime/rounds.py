@@ -39,7 +39,6 @@ from agents.registry import make_scheduler
 from envs.config import EnvConfig
 from envs.cost_model import CostModel, sd_iterations1
 from envs.plan import AD, SD
-from envs.profile import load_profile
 from envs.workload import Round
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.engines import ad_steps, drain, sd_steps
@@ -54,6 +53,7 @@ from runtime.executor import (
 )
 from runtime.fingerprint import machine_fingerprint, warn_if_measured_elsewhere
 from runtime.live_request import LiveRequest
+from runtime.machine_profile import resolve_profile
 from runtime.metrics import ServeMetrics
 from runtime.pair import ModelPair
 from runtime.serve_config import ServeConfig, check_profile_matches_pair, policy_profile_warning
@@ -77,7 +77,10 @@ class RoundServer:
     def __init__(self, cfg: ServeConfig, pair: ModelPair, metrics: ServeMetrics | None = None):
         self.cfg = cfg.validate()
         self.pair = pair
-        profile = load_profile(cfg.profile)
+        # profile=auto: measured on this machine (cached per machine fingerprint); a name or path: as it is
+        self.planning = resolve_profile(cfg.profile, pair=pair, device=cfg.devices[0] if cfg.devices else cfg.device, dtype=cfg.dtype, auto=cfg.auto_profile)
+        log.info(self.planning.describe())
+        profile = self.planning.profile
         check_profile_matches_pair(profile, getattr(pair.target, "config", None), getattr(pair.draft, "config", None))
         warning = policy_profile_warning(cfg.policy_path if cfg.scheduler == "policy" else None, profile)
         if warning:

@@ -31,7 +31,11 @@ class ServeConfig:
     devices: list[str] | None = None  #: two devices: AD batches on the first, SD on the second (overrides ``device``)
     dtype: str = "float32"
     threads: int | None = None  #: torch CPU threads (None = torch's default); plan with a profile measured at the same count
-    profile: str = "cpu_specsched-pair"  #: the cost model the scheduler plans with: a name in conf/profile/ or a .yaml path
+    #: the cost model the scheduler plans with: ``auto`` = a profile measured on this machine (the shipped table for the
+    #: thread count plus a quick calibration, measured on first use and cached per machine: runtime.machine_profile),
+    #: or a name in conf/profile/ or a .yaml path, used as it is
+    profile: str = "auto"
+    auto_profile: bool = True  #: with profile=auto: measure (< 2 min, once per machine) on a cache miss; false: the shipped table as it is
     window_s: float = 0.5  #: how long a round collects requests
     max_round: int = 64  #: most requests in one round (the rest carry over to the next round)
     max_queue: int = 512  #: requests waiting beyond this are refused (503)
@@ -94,9 +98,11 @@ class ServeConfig:
         for name in ("pair", "target", "draft"):
             path = getattr(self, name)
             need(path is None or Path(path).is_dir(), name, "null or an existing folder")
+        need(isinstance(self.auto_profile, bool), "auto_profile", "true or false")
         self._check_scheduler()
         try:
-            load_profile(self.profile)
+            if self.profile != "auto":  # auto is resolved once the pair is loaded (runtime.machine_profile)
+                load_profile(self.profile)
         except ValueError as err:
             raise ValueError(f"serve config 'profile': {err}") from None
         return self

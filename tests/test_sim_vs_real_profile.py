@@ -1,0 +1,78 @@
+"""experiments.sim_vs_real: which profile it plans with, the by-mode gap decomposition, the CPU-hog run."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from envs.plan import AD, REJECT, SD, Plan
+from envs.profile import load_profile
+from experiments import sim_vs_real as svr
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--users", "0"], "--users must be an integer in [1, 64]"),
+        (["--schedulers", "balance,nosuch"], "unknown ['nosuch']"),
+        (["--profile", "cpu_specsched-pair", "--no-auto-profile"], "only apply to --profile auto"),
+        (["--profile", "cpu_specsched-pair", "--remeasure-profile"], "only apply to --profile auto"),
+        (["--no-auto-profile", "--remeasure-profile"], "contradicts"),
+        (["--alpha", "1.5"], "--alpha must be in (0, 1)"),
+        (["--pair", "/nonexistent/pair"], "--pair must be a built pair folder"),
+    ],
+)
+def test_bad_options_fail_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        svr.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def _both(window=0.3):
+    """Two AD requests: real compute 1.0 / 1.2 s with the first token after 0.4 / 0.5 s; simulated 0.8 / 1.0 s, prefill 0.3 s."""
+    return pd.DataFrame({"mode": ["ad", "ad"], "sim_mode": ["ad", "ad"], "outcome": ["served", "late"], "wait_s": [0.3, 0.3], "plan_s": [0.0, 0.0],
+                         "latency_s": [1.3, 1.5], "ttft_s": [0.7, 0.8], "sim_latency_s": [0.8 + window, 1.0 + window], "sim_prefill_s": [0.3, 0.3],
+                         "sim_served": [True, True], "sim_measured_served": [True, True], "sim_measured_latency_s": [0.8 + window, 1.0 + window]})
+
+
+def test_by_mode_splits_the_compute_gap_into_prefill_and_decode():
+    (row,) = svr.compare_by_mode(_both(), "x", 0.3)
+    assert row["compute p50 real (s)"] == pytest.approx(1.1) and row["compute p50 sim (s)"] == pytest.approx(0.9)
+    assert row["prefill p50 real (s)"] == pytest.approx(0.45) and row["prefill error %"] == pytest.approx((0.3 - 0.45) / 0.45 * 100)
+    assert row["decode p50 real (s)"] == pytest.approx(0.65) and row["decode p50 sim (s)"] == pytest.approx(0.6)
+    summary = svr.compare(_both(), "x", 0.3)
+    assert summary["AD compute p50 error %"] == pytest.approx((0.9 - 1.1) / 1.1 * 100) and "SD compute p50 error %" not in summary
+
+
+def test_simulated_prefill_is_the_batch_pass_at_its_share():
+    from envs.config import EnvConfig
+    from envs.workload import Round
+
+    prof = load_profile("cpu1_specsched-pair")
+    cfg = EnvConfig(num_users=1, profile="cpu1_specsched-pair", input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
+    rnd = Round.from_arrays(cfg, np.array([100, 150, 80, 60]), np.array([10, 10, 10, 10]), np.full(4, 10.0), np.full(4, 0.9), np.full(4, cfg.min_distance_m))
+    plan = Plan(modes=np.array([AD, AD, SD, REJECT]), gamma=4, z=0.25, lam=0.5)
+    pre = svr.prefill_s(prof, rnd, plan, {"ad": 2.0, "sd": 1.0})
+    assert pre[0] == pre[1] == pytest.approx(float(prof.tau_llm.tau(2, 150, 150)) * 2.0 / 0.25)
+    assert pre[2] == pytest.approx((float(prof.tau_llm.tau(1, 80, 80)) + float(prof.tau_slm.tau(1, 80, 80))) / 0.75)
+    assert np.isnan(pre[3])
+    alone = svr.prefill_s(prof, rnd, Plan(modes=np.array([AD, REJECT, REJECT, REJECT]), gamma=4, z=0.25, lam=0.5))
+    assert alone[0] == pytest.approx(float(prof.tau_llm.tau(1, 100, 100)))  # one batch: the whole device
+
+
+@pytest.mark.slow
+def test_cpu_hog_run_end_to_end(pair, profile, tmp_path):
+    res = subprocess.run(cwd=ROOT, args=[sys.executable, "-m", "experiments.sim_vs_real", "--schedulers", "ad_only", "--rounds", "1", "--users", "2", "--token-scale", "0.05",
+                                         "--time-scale", "4", "--cpu-hog", "--pair", str(pair.path), "--profile", str(profile), "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = (tmp_path / "sim_vs_real_cpu_hog.md").read_text()
+    assert "# Simulated vs real with a CPU hog" in text and "(forced;" in text and str(Path(profile).name) in text
+    table = pd.read_csv(tmp_path / "sim_vs_real_cpu_hog.csv")
+    assert sorted(set(table.calibration)) == ["off", "on"] and len(table) == 4
+    assert "factor ad" in text and "prefill error %" in text, text  # long deadlines: served, so the by-mode rows exist
+    assert not (tmp_path / "sim_vs_real.md").exists()  # the idle table is not overwritten by a hog run
