@@ -5,16 +5,18 @@ solves each mode exactly (``agents.mode_solver``). ED's batch adds aggregates th
 enumeration does not cover (per-user depths, edge iteration times, edge prefills; see
 ``envs.split_plan``), so ED is placed *around* BALANCE rather than inside it:
 
-1. **The ED set.** Candidate ED sets form a nested family: edge-capable users sorted by the
+1. **The ED set.** Candidate ED sets form two nested families: edge-capable users sorted by the
    least share each would need alone in ED (ascending), added one at a time when the set stays
-   feasible on the whole server (:func:`nested_ed_sets`). ``max_ed_sets`` of them (evenly spaced,
-   always including the empty set and the largest) are tried.
+   feasible on the whole server (:func:`nested_ed_sets`); and the same grown from only the
+   edge-capable users BALANCE's own plan rejects (ED first for those AD/SD cannot serve).
+   ``max_ed_sets`` of each family (evenly spaced, always including the empty set and the
+   largest) are tried.
 2. **The ED depths** of a set are chosen exactly (``agents.ed_batch``: the depths that minimise
    the set's share; no assignment needs less share or less memory).
 3. **AD and SD on the rest**: BALANCE's grid search over ``(z, lam)`` with the compute share and
    KV memory the ED batch leaves (:func:`split_search_within`): AD gets ``z (1 - zeta_E)``, SD
    ``(1 - z)(1 - zeta_E)``, the KV budget is reduced by the ED batch's memory.
-4. The plan serving most users wins; ties keep the smaller ED set (the empty set first).
+4. The plan serving most users wins; ties keep the earlier (the empty set first).
 
 **What is exact and what is not.** Given the ED set, steps 2 and 3 are BALANCE's own guarantees
 (AD and SD per-mode solves exact; the grid over ``(z, lam)``). The ED set itself is a heuristic
@@ -25,12 +27,14 @@ user it *is* BALANCE's plan (``tests/test_specedge_schedulers.py`` holds both).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from agents.balance import Balance, grid, split_search
 from agents.ed_batch import EdOption, cheapest_option, ed_options, round_ed_users, split_model
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
-from envs.plan import AD, ED, SD, Plan
+from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_plan import EdUsers, check_plan_split
 from envs.workload import Round
 
@@ -151,19 +155,14 @@ class BalanceED(Balance):
         super().__init__(*args, **kwargs)
         self.split = split_model(self.cost.profile)  # None: the profile has no edge, so no user runs ED
 
-    @property
-    def max_depth(self) -> int:
-        """The largest draft depth (SD's and every ED user's)."""
-        return int(self.max_gamma) if hasattr(self, "max_gamma") else int(self.cfg.max_gamma)
-
     def decide(self, rnd: Round) -> Plan:
-        users = round_ed_users(self.split, rnd, self.max_depth)
-        best_plan, best_n = None, -1
-        for ed_idx in spaced(nested_ed_sets(self.cost, users, rnd), self.max_ed_sets):
-            if len(ed_idx) == 0:  # BALANCE itself: its own plan, shares and all
-                best_plan = split_search(self.cost, rnd, self.gamma, self._z, self._lam)
-                best_n = best_plan.admitted
-                continue
+        users = round_ed_users(self.split, rnd, self.max_gamma)
+        # the empty ED set first: BALANCE itself, its own plan, shares and all
+        best_plan = split_search(self.cost, rnd, self.gamma, self._z, self._lam)
+        best_n = best_plan.admitted
+        rejected = replace(users, allowed=users.allowed & (best_plan.modes == REJECT)[:, None])
+        families = (nested_ed_sets(self.cost, users, rnd), nested_ed_sets(self.cost, rejected, rnd))
+        for ed_idx in (s for family in families for s in spaced(family, self.max_ed_sets)[1:]):
             option = cheapest_option(ed_options(self.cost, users, rnd, ed_idx), 1.0, float(self.cost.memory_budget(False)))
             if option is None:
                 continue

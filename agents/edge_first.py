@@ -46,15 +46,11 @@ class EdgeFirst(Balance):
         super().__init__(*args, **kwargs)
         self.split = split_model(self.cost.profile)  # None: the profile has no edge, so no user runs ED
 
-    @property
-    def max_depth(self) -> int:
-        return int(self.max_gamma) if hasattr(self, "max_gamma") else int(self.cfg.max_gamma)
-
     def decide(self, rnd: Round) -> Plan:
         if self.split is None:
             return split_search(self.cost, rnd, self.gamma, self._z, self._lam)
-        users = round_ed_users(self.split, rnd, self.max_depth)
-        depth = calibrated_depths(self.split, rnd, users, self.max_depth)
+        users = round_ed_users(self.split, rnd, self.max_gamma)
+        depth = calibrated_depths(self.split, rnd, users, self.max_gamma)
         cand = np.flatnonzero(depth > 0)
         cand = cand[users.allowed[cand, depth[cand] - 1]]
         if len(cand) == 0:

@@ -85,15 +85,11 @@ class OptimalV1(Scheduler):
         super().__init__(*args, **kwargs)
         self.split = split_model(self.cost.profile)  # None: the profile has no edge, so no user runs ED
 
-    @property
-    def max_depth(self) -> int:
-        return int(self.max_gamma) if hasattr(self, "max_gamma") else int(self.cfg.max_gamma)
-
     def decide(self, rnd: Round) -> Plan:
         if rnd.num_users > self.max_users:
             raise ValueError(f"optimal_v1 is exhaustive and limited to num_users <= {self.max_users}, got {rnd.num_users}")
-        users = round_ed_users(self.split, rnd, self.max_depth)
-        found = exhaustive_v1(self.cost, users, rnd, range(1, self.max_depth + 1))
+        users = round_ed_users(self.split, rnd, self.max_gamma)
+        found = exhaustive_v1(self.cost, users, rnd, range(1, self.max_gamma + 1))
         if found is None:
             return Plan.reject_all(rnd.num_users, self.gamma)
         modes, gamma, ed_idx, opt = found

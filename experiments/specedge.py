@@ -161,7 +161,7 @@ def hybrid_rows(ks: list[int], fractions: list[float], rounds: int, progress: bo
             for r, rnd in enumerate(make_rounds(cfg, rounds, SEED, split="test")):
                 users = ed_users(split, rnd, cfg.max_gamma)
                 for cls in schedulers:
-                    plan = cls(cost, cfg, 4).plan(rnd)
+                    plan = cls(cost, cfg.max_gamma, 4).plan(rnd)
                     depth = plan.ed_depth if plan.ed_depth is not None else np.zeros(k, dtype=np.int64)
                     if not check_plan_split(cost, users, rnd, plan.modes, plan.gamma, depth).feasible:
                         raise RuntimeError(f"{cls.name} returned an infeasible plan (K={k}, edge_fraction={frac}, round {r})")
