@@ -37,7 +37,7 @@ from envs.outcome import evaluate_plan
 from envs.plan import DEFAULT_DRAFT_DEPTH
 from envs.workload import Round, Split, make_rounds, round_rng
 
-__all__ = ["evaluate_schedulers", "format_summary", "make_rounds", "round_rng", "run", "summarize"]  # make_rounds/round_rng: moved to envs.workload, kept importable here
+__all__ = ["evaluate_schedulers", "format_summary", "run", "summarize"]
 
 OPTIMA = ("optimal", "exhaustive")
 

@@ -12,28 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
+from agents.masked_policy import MaskedArgmax
 from agents.policy import algo_class, resolve_policy_path
-
-
-class MaskedArgmax(nn.Module):
-    """The deterministic policy with the mask applied: ``(obs, mask) -> argmax action``."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.policy = model.policy
-        self.is_dqn = not hasattr(model.policy, "action_net")
-
-    def forward(self, obs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.is_dqn:
-            logits = self.policy.q_net(obs)
-        else:
-            features = self.policy.extract_features(obs, self.policy.pi_features_extractor)
-            latent = self.policy.mlp_extractor.forward_actor(features)
-            logits = self.policy.action_net(latent)
-        logits = torch.where(mask > 0.5, logits, torch.full_like(logits, -1e8))
-        return torch.argmax(logits, dim=-1)
 
 
 def export_onnx(path: str | Path, out: str | Path | None = None) -> Path:

@@ -81,7 +81,7 @@ def _check_model(model, cfg: EnvConfig, algo: str) -> None:
         raise PolicyImportError(f"the model has action space {model.action_space}, the env Discrete({2 + cfg.max_gamma}) (max_gamma={cfg.max_gamma})")
     import torch
 
-    from agents.export import MaskedArgmax
+    from agents.masked_policy import MaskedArgmax
 
     try:
         net = MaskedArgmax(model).eval()

@@ -68,7 +68,7 @@ class PolicyScheduler(Scheduler):
         self.algo = meta["algo"]
         self.model = algo_class(self.algo).load(model_path, device="cpu")
         self.masked = self.algo == "maskable_ppo"
-        from agents.export import MaskedArgmax
+        from agents.masked_policy import MaskedArgmax
 
         # the same module the ONNX export traces: one forward pass, no SB3 predict() overhead
         self.net = MaskedArgmax(self.model).eval()

@@ -18,7 +18,7 @@ a user sits in:
 The network is invariant to the order of the users to come and to the amount of padding, so a
 policy trained on a curriculum of small rounds runs on rounds of any size up to ``max_users``
 (``conf/experiment/general.yaml``). Masks are respected as usual: MaskablePPO masks the logits
-(and :class:`agents.export.MaskedArgmax` does so in the ONNX graph).
+(and :class:`agents.masked_policy.MaskedArgmax` does so in the ONNX graph).
 
 Speed: during training and in torch inference the padded slots beyond the batch's largest set are
 cut off before the user MLP, so a K = 20 round costs K = 20 work even when ``max_users`` is 500.

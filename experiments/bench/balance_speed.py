@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 
 from agents.artefacts import write_text_atomic
-from agents.evaluate import make_rounds
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
+from envs.workload import make_rounds
 
 
 def main(argv: list[str] | None = None) -> None:
