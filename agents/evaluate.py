@@ -147,7 +147,11 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     unknown = sorted(set(cfg) - known)
     if unknown:
         raise ValueError(f"unknown evaluate config key(s) {unknown}; known: {sorted(known)}")
-    env_cfg = EnvConfig.from_kwargs(**cfg["env"])
+    env_raw = dict(cfg["env"])
+    env_id = env_raw.pop("id", "EdgeSchedule-v0")  # which environment's rounds and plans (conf/env/split_k20.yaml: v1)
+    if env_id not in ("EdgeSchedule-v0", "EdgeSchedule-v1"):
+        raise ValueError(f"env.id must be 'EdgeSchedule-v0' or 'EdgeSchedule-v1', got {env_id!r}")
+    env_cfg = EnvConfig.from_kwargs(**env_raw)
     names = list(cfg["schedulers"])
     if not names:
         raise ValueError("schedulers must name at least one scheduler")
@@ -161,7 +165,10 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     if not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     limit_threads(int(cfg.get("threads", 1)))  # before any policy's torch work (agents/threads.py)
-    df = evaluate_schedulers(
+    evaluate_fn = evaluate_schedulers
+    if env_id == "EdgeSchedule-v1":  # ED plans: the split exact check and outcome (agents/evaluate_v1.py)
+        from agents.evaluate_v1 import evaluate_schedulers_v1 as evaluate_fn
+    df = evaluate_fn(
         env_cfg,
         names,
         rounds=rounds,

@@ -57,6 +57,8 @@ class PolicyScheduler(Scheduler):
 
     def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, path: str | Path = ""):
         model_path, meta = resolve_policy_path(path)
+        if meta.get("env_id", "EdgeSchedule-v0") != "EdgeSchedule-v0":  # its observation is another env's
+            raise ValueError(f"policy {model_path} was trained on {meta['env_id']}: evaluate it on its own rounds (env.id={meta['env_id']}; agents.policy_v1)")
         trained = meta["env"]
         # the observation is the policy's own (look-ahead, depths, order, ranges); every other env
         # field is irrelevant to the plan: the env prices with the caller's cost model (below)

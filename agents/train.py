@@ -62,6 +62,10 @@ if not OmegaConf.has_resolver("specsched_or"):
     OmegaConf.register_new_resolver("specsched_or", lambda value, default: default if value is None else value)
 
 
+#: environments ``env.id`` may name: v0 (reject/AD/SD) and v1 (adds the SpecEdge split ED@g; agents/sb3_vec_env_v1.py)
+ENV_IDS = ("EdgeSchedule-v0", "EdgeSchedule-v1")
+
+
 class TrainConfigError(ValueError):
     """A training config value is out of range; the message names the key and the allowed values."""
 
@@ -100,6 +104,7 @@ class TrainConfig:
     draft_depth: int | None = None  #: SD draft depth of the fixed-depth baselines; None = DEFAULT_DRAFT_DEPTH (resolved by _check)
     threads: int = 1  #: torch / BLAS threads (agents/threads.py: more threads is slower on a shared machine)
     curriculum: list = field(default_factory=list)  #: K of earlier stages, e.g. [12, 30]; the last stage is env.num_users
+    env_id: str = "EdgeSchedule-v0"  #: ``env.id`` in the config: the environment trained on (ENV_IDS)
 
     @classmethod
     def from_dict(cls, cfg: dict) -> TrainConfig:
@@ -114,8 +119,12 @@ class TrainConfig:
         unknown = sorted(set(cfg) - top)
         if unknown:
             raise TrainConfigError(f"unknown train config key(s) {unknown}; known: {sorted(top)}")
+        env_raw = dict(cfg.get("env", {}))
+        env_id = env_raw.pop("id", "EdgeSchedule-v0")  # not an EnvConfig field: which environment the config is for
+        if env_id not in ENV_IDS:
+            raise TrainConfigError(f"env.id must be one of {list(ENV_IDS)}, got {env_id!r}")
         try:
-            env = EnvConfig.from_kwargs(**cfg.get("env", {}))
+            env = EnvConfig.from_kwargs(**env_raw)
         except ValueError as err:
             raise TrainConfigError(str(err)) from None
         agent = _dataclass(AgentConfig, cfg.get("agent", {}), "agent")
@@ -131,7 +140,7 @@ class TrainConfig:
             raise TrainConfigError(str(err)) from None
         ev = _dataclass(EvalConfig, cfg.get("eval", {}), "eval")
         rest = {k: cfg[k] for k in top - {"env", "agent", "eval"} if k in cfg}
-        out = cls(env=env, agent=agent, eval=ev, **{"logger": {}, **rest})
+        out = cls(env=env, agent=agent, eval=ev, env_id=env_id, **{"logger": {}, **rest})
         out._check()
         return out
 
@@ -233,6 +242,7 @@ def _metadata(cfg: TrainConfig, stages: list[int], start_step: int) -> dict[str,
     """``policy.json``: what the scheduler needs to load, and which round streams the run used."""
     return {
         "algo": cfg.agent.algo,
+        "env_id": cfg.env_id,
         "env": cfg.env.to_dict(),
         "seed": cfg.seed,
         "threads": cfg.threads,
@@ -253,7 +263,12 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     limit_threads(cfg.threads)  # before any torch work (see agents/threads.py)
     from stable_baselines3.common.utils import set_random_seed
 
-    from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
+    if cfg.env_id == "EdgeSchedule-v1":
+        from agents.evaluate_v1 import ValidationEvaluationV1 as Validation
+        from agents.sb3_vec_env_v1 import EdgeScheduleV1SB3VecEnv as EdgeScheduleSB3VecEnv
+    else:
+        from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
+        Validation = ValidationEvaluation
 
     set_random_seed(cfg.seed)
     write_text_atomic(out / "config.yaml", yaml.safe_dump(raw, sort_keys=False))
@@ -289,7 +304,7 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     run = wandb_run(cfg.logger, out, raw, name=f"{cfg.agent.algo}-k{cfg.env.num_users}-s{cfg.seed}")
     attach_writers(model, out, cfg.logger, run, append=resume is not None, hparams=hparams_of(cfg), step=start_step)
 
-    evaluation = ValidationEvaluation(cfg.env, cfg.eval.rounds, cfg.eval.seed, cfg.draft_depth, masked=cfg.agent.algo == "maskable_ppo") if cfg.eval.rounds > 0 else None
+    evaluation = Validation(cfg.env, cfg.eval.rounds, cfg.eval.seed, cfg.draft_depth, masked=cfg.agent.algo == "maskable_ppo") if cfg.eval.rounds > 0 else None
     checkpoint_freq = cfg.checkpoint_freq if cfg.checkpoint_freq is not None else max(cfg.total_timesteps // 10, 1)
     callback = ValidateAndCheckpoint(out, evaluation, cfg.eval.freq, checkpoint_freq, start=start_step)
     callback.init_callback(model)  # the final evaluation needs it even when a resumed run has nothing left to train
@@ -329,7 +344,10 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     if cfg.eval.final_rounds > 0:
         names = list(dict.fromkeys([*cfg.eval.final_schedulers, "policy"]))
         test_rounds = make_rounds(cfg.env, cfg.eval.final_rounds, cfg.eval.seed, split="test")
-        df = evaluate_schedulers(cfg.env, names, rounds=test_rounds, seed=cfg.eval.seed, draft_depth=cfg.draft_depth, progress=cfg.progress_bar, policy_path=str(out))
+        evaluate_fn = evaluate_schedulers
+        if cfg.env_id == "EdgeSchedule-v1":
+            from agents.evaluate_v1 import evaluate_schedulers_v1 as evaluate_fn
+        df = evaluate_fn(cfg.env, names, rounds=test_rounds, seed=cfg.eval.seed, draft_depth=cfg.draft_depth, progress=cfg.progress_bar, policy_path=str(out))
         write_csv_atomic(df, out / "eval.csv")
         table = summarize(df)
         write_csv_atomic(table, out / "eval_summary.csv")
