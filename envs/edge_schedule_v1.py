@@ -175,10 +175,23 @@ class EdgeScheduleV1Env(gym.Env):
         self._done = True
         self._budget = max(self.cost.memory_budget1(True), 1.0)
         self._obs_size = observation_size(self.cfg)
+        # config scalars the per-step code reads (cached: attribute chains showed in the profile)
+        self._g, self._k, self._k_max = g, self.cfg.num_users, self.cfg.k_max
+        self._admission_reward = self.cfg.reward_timing == "admission"
+        self._scales = (float(self.cfg.input_tokens[1]), float(self.cfg.output_tokens[1]), float(self.cfg.deadline_s[1]))
 
     @property
     def round(self) -> Round | None:
         return self._round
+
+    def set_cost_model(self, cost: CostModel) -> None:
+        """Plan against another cost model (e.g. a scheduler's) from the next reset; the split model
+        follows its profile (none when the profile has no edge/network sections: then no user is offered ED)."""
+        has_split = cost.profile.edge is not None and cost.profile.network is not None
+        self.cost = cost
+        self.split = SplitCostModel(cost.profile, self.split.options if self.split is not None else SplitOptions()) if has_split else None
+        self._plan = SplitScalarPlan(cost, self.cfg.max_gamma)
+        self._budget = max(cost.memory_budget1(True), 1.0)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -191,6 +204,7 @@ class EdgeScheduleV1Env(gym.Env):
         self._round = rnd
         self._order = order = rnd.order(cfg.user_order)
         self._feats = round_features(rnd, order, cfg)
+        self._flat = self._feats.reshape(-1)  # the look-ahead block is one contiguous slice of it
         r = rnd if cfg.user_order == "arrival" else rnd.subset(order)
         has_ed = self.split is not None and rnd.has_edge is not None and bool(rnd.has_edge.any())
         self._ed = users = ed_users(self.split, rnd, cfg.max_gamma) if has_ed else None  # the round's original order
@@ -215,18 +229,22 @@ class EdgeScheduleV1Env(gym.Env):
     def step(self, action):
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset()")
-        g = self.cfg.max_gamma
-        a = action_index(action, self._n)
+        g = self._g
+        # hot path (profiled): a plain int skips action_index's array round trip; same rule (range check)
+        if type(action) is int:
+            a = action if 0 <= action < self._n else -1
+        else:
+            a = action_index(action, self._n)
         valid = a >= 0 and self._plan.apply(a)
         t = self._t
         mode = REJECT if not valid or a == 0 else (AD if a == 1 else (SD if a <= 1 + g else ED))
         self._modes[t] = mode
         if mode == ED:
             self._depth[t] = a - 1 - g
-        reward = 1.0 if (mode != REJECT and self.cfg.reward_timing == "admission") else 0.0
+        reward = 1.0 if (mode != REJECT and self._admission_reward) else 0.0
         info: dict[str, Any] = {"invalid_action": not valid}
         self._t = t + 1
-        terminated = self._t >= self.cfg.num_users
+        terminated = self._t >= self._k
         if terminated:
             self._done = True
             p = self._plan
@@ -239,24 +257,28 @@ class EdgeScheduleV1Env(gym.Env):
         return self._encode(), reward, terminated, False, info
 
     def _encode(self) -> np.ndarray:
-        cfg, p, t, k = self.cfg, self._plan, self._t, self.cfg.num_users
+        p, t, k = self._plan, self._t, self._k
         obs = np.zeros(self._obs_size, dtype=np.float32)
         live = t < k
         if live:
             obs[:USER_FEATURES] = self._feats[t]
-        i_hi, o_hi, t_hi = cfg.input_tokens[1], cfg.output_tokens[1], cfg.deadline_s[1]
-        head = []
-        for m in (0, 1, 2):
-            slack = p.slack_min[m] if p.slack_min[m] != math.inf else t_hi
-            head += (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, slack / t_hi)
-        share_ad = p.candidate_ad_share() if live else 1.0
-        head += (p.gamma / cfg.max_gamma, share_ad, t / k)
-        obs[USER_FEATURES:HEAD] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head]
-        obs[HEAD : HEAD + self._n] = self._masks
-        n = max(0, min(k - t - 1, cfg.k_max))
-        if n:
+        i_hi, o_hi, t_hi = self._scales
+        budget = self._budget
+        b, s_max, n_max, share, mem, slack_min = p.b, p.s_max, p.n_max, p.share, p.mem, p.slack_min
+        # the same values, operations and order as one row per mode (m = 0, 1, 2), then SD depth, AD share, progress
+        sl0, sl1, sl2 = slack_min
+        head = (b[0] / k, s_max[0] / i_hi, n_max[0] / o_hi, share[0], mem[0] / budget, (sl0 if sl0 != math.inf else t_hi) / t_hi,
+                b[1] / k, s_max[1] / i_hi, n_max[1] / o_hi, share[1], mem[1] / budget, (sl1 if sl1 != math.inf else t_hi) / t_hi,
+                b[2] / k, s_max[2] / i_hi, n_max[2] / o_hi, share[2], mem[2] / budget, (sl2 if sl2 != math.inf else t_hi) / t_hi,
+                p.gamma / self._g, p.candidate_ad_share() if live else 1.0, t / k)
+        # head (clipped to [0, 1]) and the mask in one assignment: numpy calls dominate at this size
+        obs[USER_FEATURES : HEAD + self._n] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head] + self._masks
+        n = k - t - 1
+        if n > self._k_max:
+            n = self._k_max
+        if n > 0:
             start = HEAD + self._n
-            obs[start : start + n * USER_FEATURES] = self._feats[t + 1 : t + 1 + n].ravel()
+            obs[start : start + n * USER_FEATURES] = self._flat[(t + 1) * USER_FEATURES : (t + 1 + n) * USER_FEATURES]
         return obs
 
     def render(self):
