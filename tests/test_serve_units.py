@@ -241,3 +241,37 @@ def test_arrival_is_stamped_before_the_body_is_read():
     limits = BodyLimits(app, ServeConfig(), ServeMetrics())
     asyncio.run(limits({"type": "http", "method": "POST", "headers": []}, receive, send))
     assert seen["body"] == b"{}" and seen["app_at"] - seen["arrival"] >= 0.2
+
+
+def test_header_timeout_tells_unread_bytes_from_a_silent_client():
+    """Bytes the kernel holds but the (busy) event loop has not read yet mean the client did send:
+    the header timeout gives such a connection more time instead of resetting it."""
+    from runtime.serve import _unread_bytes_waiting
+
+    async def go():
+        transports = []
+
+        class Idle(asyncio.Protocol):
+            def connection_made(self, transport):
+                transport.pause_reading()  # like a loop too busy to read
+                transports.append(transport)
+
+        server = await asyncio.get_running_loop().create_server(Idle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            _, silent = await asyncio.open_connection("127.0.0.1", port)
+            _, talker = await asyncio.open_connection("127.0.0.1", port)
+            talker.write(b"POST / HTTP/1.1\r\n")
+            await talker.drain()
+            talker_port = talker.get_extra_info("sockname")[1]
+            for _ in range(200):  # until both are accepted and the talker's bytes are in the kernel
+                if len(transports) == 2 and any(_unread_bytes_waiting(t) for t in transports):
+                    break
+                await asyncio.sleep(0.01)
+            by_peer = {t.get_extra_info("peername")[1]: t for t in transports}
+            result = [_unread_bytes_waiting(by_peer[p]) for p in sorted(by_peer, key=lambda p: p == talker_port)]
+            silent.close()
+            talker.close()
+            return result
+
+    assert asyncio.run(go()) == [False, True]
