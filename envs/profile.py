@@ -533,14 +533,38 @@ def available_profiles() -> list[str]:
     return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
 
 
-def load_profile(name_or_path: str | Path) -> Profile:
-    """Load and validate a profile by name (a file in ``conf/profile/`` without ``.yaml``) or path."""
+def profile_path(name_or_path: str | Path) -> Path:
+    """The file a profile name (``conf/profile/NAME.yaml``) or path (``*.yaml`` / ``*.yml``) names.
+
+    This is what an app config's ``profile: NAME_OR_PATH`` means; raises :class:`ProfileError`
+    with the available names if there is no such file.
+    """
     path = Path(name_or_path)
     # names may contain dots ("tinyllama-1.1b"), so only a .yaml/.yml suffix marks a path
     if path.suffix not in (".yaml", ".yml"):
         path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         raise ProfileError(f"profile {str(name_or_path)!r} not found; available: {available_profiles()}")
+    return path
+
+
+#: loaded profiles: resolved path -> (modification time in ns, profile); an edited file is re-read
+_LOADED: dict[Path, tuple[int, Profile]] = {}
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load and validate a profile by name (a file in ``conf/profile/`` without ``.yaml``) or path.
+
+    Loaded once per file: later calls return the same (frozen) :class:`Profile` until the file's
+    modification time changes.
+    """
+    path = profile_path(name_or_path).resolve()
+    mtime_ns = path.stat().st_mtime_ns
+    hit = _LOADED.get(path)
+    if hit is not None and hit[0] == mtime_ns:
+        return hit[1]
     with path.open() as fh:
         data = yaml.safe_load(fh)
-    return Profile.from_dict(data, name=path.stem)
+    profile = Profile.from_dict(data, name=path.stem)
+    _LOADED[path] = (mtime_ns, profile)
+    return profile

@@ -161,3 +161,42 @@ def test_round_from_requests_names_the_bad_field(field, value, message):
     args = {"input_tokens": [5, 6], "output_tokens": [7, 8], "deadline_s": [1.0, 2.0], "alpha": [0.7, 0.8], "uplink_s": 0.0, "downlink_s": [0.0, 0.01]}
     with pytest.raises(ValueError, match=message):
         Round.from_requests(**{**args, field: value})
+
+
+# ---------------------------------------------------------------- profiles: a name or a path, loaded once
+def test_profile_by_name_and_by_path_is_the_same_cached_object():
+    from envs.profile import PROFILE_DIR, load_profile, profile_path
+
+    by_name = load_profile("cpu_specsched-pair")
+    path = PROFILE_DIR / "cpu_specsched-pair.yaml"
+    assert profile_path("cpu_specsched-pair") == path and profile_path(path) == path
+    assert load_profile(path) is by_name and load_profile(str(path)) is by_name and load_profile("cpu_specsched-pair") is by_name
+    assert by_name.name == "cpu_specsched-pair"
+
+
+def test_an_edited_profile_file_is_read_again(tmp_path):
+    import os
+
+    from envs.profile import PROFILE_DIR, load_profile
+
+    path = tmp_path / "mine.yaml"
+    text = (PROFILE_DIR / "rtx4090_llama2-7b_tinyllama-1.1b.yaml").read_text()
+    path.write_text(text)
+    first = load_profile(path)
+    assert load_profile(path) is first and first.name == "mine"
+    assert "memory_bytes:" in text
+    doubled = text.replace("memory_bytes:", "memory_bytes: 2.0e+10 #", 1)
+    path.write_text(doubled)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a later modification time
+    second = load_profile(path)
+    assert second is not first and second.device.memory_bytes == 2.0e10 != first.device.memory_bytes
+
+
+def test_an_unknown_profile_names_the_available_ones(tmp_path):
+    from envs.profile import ProfileError, load_profile
+
+    with pytest.raises(ProfileError, match=r"profile 'nosuch' not found; available: \[.*cpu_specsched-pair"):
+        load_profile("nosuch")
+    with pytest.raises(ProfileError, match="not found"):
+        load_profile(tmp_path / "absent.yaml")
