@@ -16,7 +16,14 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.actions import action_indices
-from envs.edge_schedule_v1 import HEAD, USER_FEATURES, final_info, make_models, observation_size, round_features
+from envs.edge_schedule_v1 import (
+    HEAD,
+    USER_FEATURES,
+    final_info,
+    make_models,
+    observation_size,
+    round_features,
+)
 from envs.plan import AD, ED, REJECT, SD
 from envs.split_builder import SplitPlanBuilder
 from envs.split_plan import EdUsers, ed_users, shares_split
@@ -28,7 +35,7 @@ INFO_KEYS = ("served", "admitted_ad", "admitted_sd", "admitted_ed", "rejected", 
 class _V1Rounds:
     """Per-round arrays in presentation order, stacked for N rounds."""
 
-    def __init__(self, n: int, k: int, g: int):
+    def __init__(self, n: int, k: int, g: int, k_max: int):
         self.order = np.zeros((n, k), dtype=np.int64)
         self.inp = np.zeros((n, k), dtype=np.int64)
         self.out = np.zeros((n, k), dtype=np.int64)
@@ -36,7 +43,9 @@ class _V1Rounds:
         self.ed_j = np.ones((n, k, g), dtype=np.int64)
         self.ed_x = np.zeros((n, k, g))
         self.ed_ok = np.zeros((n, k, g), dtype=bool)
-        self.feats = np.zeros((n, k, USER_FEATURES), dtype=np.float32)
+        # users 0..k-1 then k_max + 1 rows of zeros: the current user at t = k and the look-ahead past
+        # the round's end read zeros, so the look-ahead is one slice (no per-element gather and mask)
+        self.feats = np.zeros((n, k + k_max + 1, USER_FEATURES), dtype=np.float32)
         self.rounds: list[Round | None] = [None] * n
         self.users: list[EdUsers | None] = [None] * n
 
@@ -48,7 +57,7 @@ class _V1Rounds:
         self.order[i] = order
         self.inp[i], self.out[i], self.alpha[i] = r.input_tokens, r.output_tokens, r.alpha
         self.up[i], self.slack[i], self.deadline[i] = r.uplink_s, r.slack_s, r.deadline_s
-        self.feats[i] = round_features(rnd, order, cfg)
+        self.feats[i, : len(order)] = round_features(rnd, order, cfg)
         if env.split is not None and rnd.has_edge is not None and rnd.has_edge.any():
             users = self.users[i] = ed_users(env.split, rnd, cfg.max_gamma)  # the round's original order
             self.ed_j[i], self.ed_x[i], self.ed_ok[i], self.prefill[i] = users.iterations[order], users.edge_s[order], users.allowed[order], users.prefill_s[order]
@@ -81,7 +90,7 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         self.action_space = spaces.MultiDiscrete(np.full(self.num_envs, self._na))
         self.observation_space = spaces.Box(0.0, 1.0, shape=(self.num_envs, observation_size(self.cfg)), dtype=np.float32)
         self._builder = SplitPlanBuilder(self.cost, self.num_envs, g)
-        self._data = _V1Rounds(self.num_envs, k, g)
+        self._data = _V1Rounds(self.num_envs, k, g, self.cfg.k_max)
         self._t = np.zeros(self.num_envs, dtype=np.int64)
         self._modes = np.zeros((self.num_envs, k), dtype=np.int8)
         self._depth = np.zeros((self.num_envs, k), dtype=np.int64)
@@ -157,7 +166,7 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         obs = np.zeros((n, observation_size(cfg)), dtype=np.float32)
         rows = np.arange(n)
         live = t < k
-        obs[:, :USER_FEATURES] = data.feats[rows, np.minimum(t, k - 1)] * live[:, None]
+        obs[:, :USER_FEATURES] = data.feats[rows, t]  # t <= k; row k is zeros
         col = USER_FEATURES
         for m in (0, 1, 2):
             slack = np.where(np.isfinite(b.slack_min[m]), b.slack_min[m], cfg.deadline_s[1])
@@ -170,7 +179,10 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         np.clip(obs[:, :HEAD], 0.0, 1.0, out=obs[:, :HEAD])
         obs[:, HEAD : HEAD + self._na] = self._masks
         future = obs[:, HEAD + self._na :].reshape(n, cfg.k_max, USER_FEATURES)
-        idx = t[:, None] + 1 + np.arange(cfg.k_max)[None, :]
-        present = idx < k
-        future[:] = data.feats[rows[:, None], np.minimum(idx, k - 1)] * present[:, :, None]
+        t0 = int(t[0])
+        if (t == t0).all():  # sub-envs in step (training, benchmarks): one strided copy
+            future[:] = data.feats[:, t0 + 1 : t0 + 1 + cfg.k_max]
+        else:  # each sub-env its own window of users t+1 .. t+k_max (zero rows past the round's end)
+            windows = np.lib.stride_tricks.sliding_window_view(data.feats, cfg.k_max, axis=1)  # (n, k + 2, features, k_max)
+            future[:] = windows[rows, t + 1].transpose(0, 2, 1)
         return obs

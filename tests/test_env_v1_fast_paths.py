@@ -1,0 +1,46 @@
+"""The speed paths of EdgeSchedule-v1 take the general path's decisions and observations.
+
+* vector twin: the look-ahead is copied as one slice when the sub-envs are in step and gathered per
+  sub-env otherwise; both equal the per-element gather with a presence mask (the original encoding);
+* scalar env: a plain ``int`` action skips ``action_index``; ints, numpy ints, integral floats and
+  invalid actions give the same trajectory as the same actions passed through ``action_index``.
+"""
+
+import numpy as np
+import pytest
+
+from envs.actions import action_index
+from envs.edge_schedule_v1 import HEAD, USER_FEATURES, EdgeScheduleV1Env
+from envs.edge_schedule_v1_vector import EdgeScheduleV1VectorEnv
+
+
+@pytest.mark.parametrize("max_users", [None, 5, 20])
+def test_vector_lookahead_equals_masked_gather(max_users):
+    v = EdgeScheduleV1VectorEnv(num_envs=9, num_users=12, edge_fraction=0.5, max_users=max_users)
+    v.reset(seed=1)
+    k, km, rows = v.cfg.num_users, v.cfg.k_max, np.arange(9)
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        v._t = np.full(9, rng.integers(0, k + 1)) if trial % 3 == 0 else rng.integers(0, k + 1, size=9)  # in step, and not
+        obs, t, feats = v._encode(), v._t, v._data.feats[:, :k]
+        idx = t[:, None] + 1 + np.arange(km)[None, :]
+        assert np.array_equal(obs[:, :USER_FEATURES], feats[rows, np.minimum(t, k - 1)] * (t < k)[:, None])
+        assert np.array_equal(obs[:, HEAD + v._na :].reshape(9, km, USER_FEATURES), feats[rows[:, None], np.minimum(idx, k - 1)] * (idx < k)[:, :, None])
+
+
+def test_scalar_int_fast_path_same_trajectory():
+    a_env, b_env = (EdgeScheduleV1Env(num_users=10, edge_fraction=0.7) for _ in range(2))
+    n = a_env.action_space.n
+    rng = np.random.default_rng(3)
+    for ep in range(6):
+        oa, _ = a_env.reset(seed=ep)
+        ob, _ = b_env.reset(seed=ep)
+        done = False
+        while not done:
+            m = a_env.action_masks()
+            raw = [int(rng.choice(np.flatnonzero(m))), int(rng.integers(-2, n + 2)), np.int64(1), 2.0, 2.5, True][int(rng.integers(0, 6))]
+            idx = action_index(raw, n)  # the general rule, as an int or -1
+            oa, ra, done, _, ia = a_env.step(raw)
+            ob, rb, done_b, _, ib = b_env.step(idx if idx >= 0 else n + 7)  # an out-of-range int: invalid as well
+            assert np.array_equal(oa, ob) and ra == rb and done == done_b and ia["invalid_action"] == ib["invalid_action"]
+        assert ia["served"] == ib["served"] and np.array_equal(ia["modes"], ib["modes"]) and np.array_equal(ia["ed_depth"], ib["ed_depth"])
