@@ -110,3 +110,14 @@ def test_tiny_v1_training_and_policy_as_scheduler(tmp_path):
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert set(pd.read_csv(csv).scheduler) == {"balance_ed", "policy"}
+
+    # the results script: seeds vs the best heuristic with paired CIs, and the best-on-validation policy shipped
+    from experiments.learned_v1 import main as learned_v1
+
+    seeds = learned_v1(["--runs", str(out), "--rounds", "3", "--opt-rounds", "2", "--opt-k", "4", "--out", str(tmp_path / "res"), "--ship", str(tmp_path / "ship"), "--quiet"])
+    assert list(seeds.policy) == ["policy s0", "mean of 1 seeds"] and seeds.reference.iloc[0] in ("balance_ed", "edge_first")
+    for name in ("learned_v1.md", "learned_v1.png", "learned_v1_rounds.csv", "learned_v1_seeds.csv", "learned_v1_optimum.csv"):
+        assert (tmp_path / "res" / name).is_file(), name
+    assert sorted(p.name for p in (tmp_path / "ship").iterdir()) == ["model.zip", "policy.json", "policy.onnx"]
+    opt = pd.read_csv(tmp_path / "res" / "learned_v1_optimum.csv").groupby("scheduler").served.sum()
+    assert (opt <= opt["optimal_v1"]).all()  # nothing beats the exact optimum
