@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
+from test_runtime import tiny
 
 from runtime.engines import generate_ad, generate_sd
 from runtime.sampling import RowSampler, inverse_cdf, nucleus
-from test_runtime import tiny
 
 
 @pytest.fixture(scope="module")
