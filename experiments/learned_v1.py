@@ -14,7 +14,7 @@ the ratio of users served; across seeds: the mean difference with its Student-t 
 ``--opt-rounds`` the policies also play rounds of ``--opt-k`` users (<= 8, where the exact
 ``optimal_v1`` runs) against it -- a generalisation check: the policy was trained at its own K.
 
-``--ship DIR`` copies the small files (``model.zip``, ``policy.json``, ``policy.onnx``) of the run
+``--ship DIR`` copies the small files (``model.zip``, ``policy.json``, ``policy.onnx``, ``config.yaml``, ``progress.csv``) of the run
 with the best **validation** score (``eval/served_frac`` in its ``progress.csv``) to ``DIR``.
 Writes ``OUT/learned_v1.{md,png}``, ``OUT/learned_v1_rounds.csv`` (one row per scheduler and round),
 ``OUT/learned_v1_seeds.csv`` (per-seed and across-seed rows), ``OUT/learned_v1_optimum.csv``.
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = 1000003  #: the test stream's seed (the training's eval.seed; validation is a disjoint stream of it)
 HEURISTICS = ["balance", "balance_ed", "edge_first"]
 CANDIDATES = ("balance_ed", "edge_first")  #: the reference is the better of these on the test rounds
-SHIP_FILES = ("model.zip", "policy.json", "policy.onnx")
+SHIP_FILES = ("model.zip", "policy.json", "policy.onnx", "config.yaml", "progress.csv")
 
 
 def validation_score(run: Path) -> float:

@@ -118,6 +118,6 @@ def test_tiny_v1_training_and_policy_as_scheduler(tmp_path):
     assert list(seeds.policy) == ["policy s0", "mean of 1 seeds"] and seeds.reference.iloc[0] in ("balance_ed", "edge_first")
     for name in ("learned_v1.md", "learned_v1.png", "learned_v1_rounds.csv", "learned_v1_seeds.csv", "learned_v1_optimum.csv"):
         assert (tmp_path / "res" / name).is_file(), name
-    assert sorted(p.name for p in (tmp_path / "ship").iterdir()) == ["model.zip", "policy.json", "policy.onnx"]
+    assert sorted(p.name for p in (tmp_path / "ship").iterdir()) == ["config.yaml", "model.zip", "policy.json", "policy.onnx", "progress.csv"]
     opt = pd.read_csv(tmp_path / "res" / "learned_v1_optimum.csv").groupby("scheduler").served.sum()
     assert (opt <= opt["optimal_v1"]).all()  # nothing beats the exact optimum
