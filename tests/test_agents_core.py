@@ -462,7 +462,7 @@ def test_exhaustive_scheduler_limits_and_extras():
         scheduler(Exhaustive, cost, 4, gamma, time_limit_s=0.0).plan(rnd)
     nobody = make_round([5, 5], [10, 10], [0.02, 0.03], [0.9, 0.9], [0.01, 0.01], [0.005, 0.005])
     plan = scheduler(Exhaustive, golden(), 4, gamma).plan(nobody)
-    assert plan.admitted == 0 and (plan.z, plan.lam) == (1.0, 1.0) and plan.extra == {"gap": 0, "upper_bound": 0}
+    assert plan.admitted == 0 and (plan.z, plan.lam, plan.gamma) == (1.0, 1.0, gamma) and plan.extra == {"gap": 0, "upper_bound": 0}
 
 
 # ------------------------------------------------------------------------------ the split bound
@@ -759,7 +759,15 @@ def test_scheduler_defaults_and_seeds():
     assert (o.time_limit_s, o.bound_step, o.incumbent_step, o.exhaustive_share) == (10.0, 0.02, 0.05, 1.0)
     assert scheduler(Optimal, cost, 4, 2, time_limit_s=0.5).time_limit_s == 0.5
     assert scheduler(Balance, cost, 4, 2).grid_step == 0.05
+    try:  # the draft depth a scheduler gets when none is given
+        from envs.plan import DEFAULT_DRAFT_DEPTH as depth
+    except ImportError:
+        depth = 4
     for cls in (Balance, BalanceGammaSearch, Exhaustive, Optimal):
+        if "cfg" in inspect.signature(cls.__init__).parameters:
+            assert cls(cost, EnvConfig(max_gamma=8)).gamma == depth, cls
+        else:
+            assert cls(cost, 8).gamma == depth, cls
         s = scheduler(cls, cost, 4, 3, seed=11)
         assert s.rng.integers(1 << 30) == np.random.default_rng(11).integers(1 << 30), cls
         assert s.gamma == 3
