@@ -141,7 +141,7 @@ def format_summary(summary: pd.DataFrame) -> str:
 
 def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The evaluation as the Hydra app runs it, from a plain dict config."""
-    cfg = {k: v for k, v in cfg.items() if k != "profile"}  # the profile group's data; env.profile names it
+    cfg = {k: v for k, v in cfg.items() if k != "profile"}  # the app-level profile name; env.profile carries it (interpolated)
     refuse_renamed_keys(cfg, "evaluate")
     known = {"env", "schedulers", "rounds", "seed", "split", "draft_depth", "grid_step", "time_limit_s", "policy_path", "output", "progress", "threads"}
     unknown = sorted(set(cfg) - known)

@@ -109,7 +109,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, cfg: dict) -> TrainConfig:
         cfg = dict(cfg)
-        cfg.pop("profile", None)  # the profile group's data; env.profile names it
+        cfg.pop("profile", None)  # the app-level profile name; env.profile carries it (interpolated)
         cfg.pop("output_dir", None)
         try:
             refuse_renamed_keys(cfg, "train")

@@ -38,7 +38,7 @@ class EnvConfig:
     # --- round size and hardware -------------------------------------------------------------
     num_users: int = 50  #: K, users per round
     max_users: int | None = None  #: K_max, users the observation looks ahead (padded); default num_users
-    profile: str = "rtx4090_llama2-7b_tinyllama-1.1b"  #: file in conf/profile/ (no .yaml) or a path
+    profile: str = "rtx4090_llama2-7b_tinyllama-1.1b"  #: file in envs/profiles/ (no .yaml) or a path
     memory_bytes: float | None = None  #: override the device memory Q (memory sweeps)
     max_gamma: int = 8  #: G, the largest draft depth; actions are reject, AD, SD@1..G
     # --- workload (per user, uniform) ---------------------------------------------------------
@@ -91,7 +91,7 @@ class EnvConfig:
         if self.max_users is not None and (not isinstance(self.max_users, int) or isinstance(self.max_users, bool) or not 1 <= self.max_users <= MAX_USERS_LIMIT):
             raise bad("max_users", f"null or an integer in [1, {MAX_USERS_LIMIT}]", self.max_users)
         if not isinstance(self.profile, str) or not self.profile:
-            raise bad("profile", "the name of a file in conf/profile/ without .yaml", self.profile)
+            raise bad("profile", "the name of a file in envs/profiles/ without .yaml", self.profile)
         if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int | float) and self.memory_bytes > 0):
             raise bad("memory_bytes", "null or a number > 0", self.memory_bytes)
         if not isinstance(self.max_gamma, int) or not 1 <= self.max_gamma <= 32:

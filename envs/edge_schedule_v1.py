@@ -67,7 +67,7 @@ Terminated after the last user (``K`` steps); never truncated. The final ``info`
 edge_fraction=0.5)``: any :class:`envs.config.EnvConfig` field, plus the split switches
 ``proactive`` (default True), ``bonus_match`` (None = the user's acceptance) and ``interrupt``
 (``"step"`` or ``"immediate"``) of ``envs.split_cost.SplitOptions``. v1's defaults differ from
-v0's in two fields: ``profile`` (a split profile, ``conf/profile/split_*.yaml``) and
+v0's in two fields: ``profile`` (a split profile, ``envs/profiles/split_*.yaml``) and
 ``edge_fraction`` (0.5). A profile without ``edge``/``network`` sections needs ``edge_fraction=0``;
 with ``edge_fraction=0`` v1 serves exactly what v0 serves on the same rounds.
 

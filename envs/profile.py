@@ -1,6 +1,6 @@
 """Hardware/model cost profiles: what one forward pass costs and how much memory things take.
 
-A profile is a YAML file under ``conf/profile/`` that names a device, a large model (LLM) and a
+A profile is a YAML file under ``envs/profiles/`` that names a device, a large model (LLM) and a
 small model (SLM), and says where pass times ``tau_M(b, q, c)`` come from:
 
 * ``roofline`` -- computed from the specs: ``tau = layers * layer_overhead_s
@@ -36,7 +36,9 @@ import yaml
 
 from envs.calibration import Calibration, ScaleCurve, provenance_from_dict
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "conf" / "profile"
+#: the shipped profiles: package data of ``envs`` (so a plain ``pip install .`` has them), not a
+#: Hydra config group -- app configs name a profile by a string (``profile=NAME`` or ``profile=PATH``)
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 LATENCY_SOURCES = ("roofline", "table", "linear")
 
 
@@ -534,7 +536,7 @@ def available_profiles() -> list[str]:
 
 
 def profile_path(name_or_path: str | Path) -> Path:
-    """The file a profile name (``conf/profile/NAME.yaml``) or path (``*.yaml`` / ``*.yml``) names.
+    """The file a profile name (``envs/profiles/NAME.yaml``) or path (``*.yaml`` / ``*.yml``) names.
 
     This is what an app config's ``profile: NAME_OR_PATH`` means; raises :class:`ProfileError`
     with the available names if there is no such file.
@@ -553,7 +555,7 @@ _LOADED: dict[Path, tuple[int, Profile]] = {}
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
-    """Load and validate a profile by name (a file in ``conf/profile/`` without ``.yaml``) or path.
+    """Load and validate a profile by name (a file in ``envs/profiles/`` without ``.yaml``) or path.
 
     Loaded once per file: later calls return the same (frozen) :class:`Profile` until the file's
     modification time changes.

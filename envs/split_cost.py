@@ -127,7 +127,7 @@ class SplitCostModel:
 
     def __init__(self, profile: Profile, options: SplitOptions | None = None):
         if profile.edge is None or profile.network is None:
-            raise ValueError(f"profile {profile.name!r} needs 'edge' and 'network' sections for the split mode (see conf/profile/split_*.yaml)")
+            raise ValueError(f"profile {profile.name!r} needs 'edge' and 'network' sections for the split mode (see envs/profiles/split_*.yaml)")
         self.profile = profile
         self.options = SplitOptions() if options is None else options
         self.tau_l = profile.tau_llm

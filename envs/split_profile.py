@@ -1,6 +1,6 @@
-"""The shipped SpecEdge split profiles (``conf/profile/split_*.yaml``) and how they are built.
+"""The shipped SpecEdge split profiles (``envs/profiles/split_*.yaml``) and how they are built.
 
-    python -m envs.split_profile            # rewrites every conf/profile/split_*.yaml
+    python -m envs.split_profile            # rewrites every envs/profiles/split_*.yaml
 
 A split profile is an ordinary profile (the **server**: device, target ``llm``, server latency)
 plus an ``edge`` section (the edge device and the draft ``slm``'s pass time on it) and a

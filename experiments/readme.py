@@ -125,7 +125,7 @@ def profile_fit() -> str:
 
     rows, engine, notes = [], [], []
     for profile in MEASURED_PROFILES:
-        prof = yaml.safe_load((ROOT / "conf" / "profile" / f"{profile}.yaml").read_text())
+        prof = yaml.safe_load((ROOT / "envs" / "profiles" / f"{profile}.yaml").read_text())
         for key, name in (("llm", "target"), ("slm", "draft")):
             f = prof["fit"][key]
             t = prof["latency"][key]

@@ -60,7 +60,7 @@ def default_base(threads: int) -> str:
 
 
 def profile_file(name_or_path: str | Path) -> Path:
-    """The file a profile name (``conf/profile/NAME.yaml``) or ``.yaml`` path refers to (checked to exist)."""
+    """The file a profile name (``envs/profiles/NAME.yaml``) or ``.yaml`` path refers to (checked to exist)."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = PROFILE_DIR / f"{name_or_path}.yaml"

@@ -1,6 +1,6 @@
 """Measure a model pair on this device and write a ``table`` profile that ``envs/`` loads.
 
-    python -m runtime.profile --pair PATH --out conf/profile/cpu_specsched-pair.yaml
+    python -m runtime.profile --pair PATH --out envs/profiles/cpu_specsched-pair.yaml
     python -m runtime.profile --target T --draft D --device cuda --dtype float16 --out my_gpu.yaml
 
 For both models it times one forward pass ``tau(b, q, c)`` -- batch ``b``, ``q`` new tokens per
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None, help="also measure the engines' overhead (the profile's engine section; default on, off with --quick)")
     ap.add_argument("--engine-only", action="store_true", help="measure only the engine section and write it into the existing --out profile")
     ap.add_argument("--quick", action="store_true", help="calibrate an existing profile (--base, else --out) to this machine: a calibration section, < 2 min")
-    ap.add_argument("--base", default=None, help="with --quick: the profile to calibrate, a name in conf/profile/ or a .yaml path (default: --out)")
+    ap.add_argument("--base", default=None, help="with --quick: the profile to calibrate, a name in envs/profiles/ or a .yaml path (default: --out)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--role", choices=["server", "edge"], default="server",

@@ -123,18 +123,7 @@ def make_server(cfg: ServeConfig, pair=None, log_level: str = "warning") -> Spec
     return SpecSchedServer(create_app(cfg, pair), host=cfg.host, port=cfg.port, log_level=log_level)
 
 
-def profile_path_args(argv: list[str]) -> list[str]:
-    """``profile=PATH.yaml`` names a file, not an option of Hydra's ``profile`` group: pass it as
-    ``profile_path`` (Hydra would refuse it as a group choice)."""
-    return [f"profile_path={a.split('=', 1)[1]}" if a.startswith("profile=") and a.endswith((".yaml", ".yml")) else a for a in argv]
-
-
 def config_from_hydra(values: dict) -> ServeConfig:
-    if isinstance(values.get("profile"), dict):  # the profile group's data: the server loads it by name
-        values["profile"] = values["profile"]["name"]
-    path = values.pop("profile_path", None)
-    if path:
-        values["profile"] = str(path)
     refuse_renamed_keys(values, "serve")
     known = set(ServeConfig.__dataclass_fields__)
     unknown = sorted(set(values) - known)
@@ -166,7 +155,6 @@ def main() -> None:
         make_server(cfg, log_level="info").run()
 
     refuse_renamed_overrides(sys.argv[1:], "serve")
-    sys.argv = profile_path_args(sys.argv)
     app()
 
 

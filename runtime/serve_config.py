@@ -33,7 +33,7 @@ class ServeConfig:
     threads: int | None = None  #: torch CPU threads (None = torch's default); plan with a profile measured at the same count
     #: the cost model the scheduler plans with: ``auto`` = a profile measured on this machine (the shipped table for the
     #: thread count plus a quick calibration, measured on first use and cached per machine: runtime.machine_profile),
-    #: or a name in conf/profile/ or a .yaml path, used as it is
+    #: or a name in envs/profiles/ or a .yaml path, used as it is
     profile: str = "auto"
     auto_profile: bool = True  #: with profile=auto: measure (< 2 min, once per machine) on a cache miss; false: the shipped table as it is
     window_s: float = 0.5  #: how long a round collects requests

@@ -23,7 +23,7 @@ def tiny_profile(pair, folder: Path) -> Path:
     """The one-thread CPU profile's timings with the tiny pair's dimensions (the server refuses a
     profile of other dimensions); slower than the tiny pair really is, which only makes planning
     conservative until the calibration has learnt the real speed."""
-    prof = yaml.safe_load((ROOT / "conf" / "profile" / "cpu1_specsched-pair.yaml").read_text())
+    prof = yaml.safe_load((ROOT / "envs" / "profiles" / "cpu1_specsched-pair.yaml").read_text())
     for role, model in (("llm", pair.target), ("slm", pair.draft)):
         c = model.config
         prof[role].update(layers=c.num_hidden_layers, hidden=c.hidden_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -200,3 +202,21 @@ def test_an_unknown_profile_names_the_available_ones(tmp_path):
         load_profile("nosuch")
     with pytest.raises(ProfileError, match="not found"):
         load_profile(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize("app", ["train", "evaluate", "serve"])
+@pytest.mark.parametrize("choice", ["h100_llama2-13b_llama2-7b", "envs/profiles/cpu1_specsched-pair.yaml"])
+def test_app_configs_carry_the_profile_as_a_name_or_path(app, choice):
+    """`profile=NAME|PATH` is a plain value (not a Hydra group that pastes the table into the config)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from envs.profile import load_profile
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        raw = OmegaConf.to_container(compose(config_name=app, overrides=[f"profile={choice}"]), resolve=True)
+    assert raw["profile"] == choice
+    if app != "serve":
+        assert raw["env"]["profile"] == choice
+    assert load_profile(choice).name

@@ -86,3 +86,21 @@ def test_the_environment_imports_without_the_learning_or_serving_stack():
 def test_setup_installs_from_the_lock(script):
     text = (ROOT / script).read_text()
     assert "-c requirements.lock" in text and '".[all,dev]"' in text
+
+
+def test_the_wheel_ships_the_profiles(tmp_path):
+    """A plain `pip install .` must be able to load every shipped profile by name: they are package
+    data of `envs` (envs/profiles/), not files beside the checkout."""
+    import zipfile
+
+    from envs.profile import PROFILE_DIR
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = tmp_path.glob("specsched-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"envs/profiles/{p.name}" for p in PROFILE_DIR.glob("*.yaml")}
+    assert shipped and shipped <= names, sorted(shipped - names)

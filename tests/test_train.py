@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from agents.train import TrainConfig, TrainConfigError
+from envs.profile import PROFILE_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = str(ROOT / "conf")
@@ -34,7 +35,7 @@ def test_agent_and_logger_groups_compose(agent, logger):
 
 
 @pytest.mark.parametrize("env", _groups("env"))
-@pytest.mark.parametrize("profile", _groups("profile"))
+@pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")))
 def test_env_and_profile_groups_compose(env, profile):
     for name in ("train", "evaluate"):
         cfg = _compose(f"env={env}", f"profile={profile}", name=name)
