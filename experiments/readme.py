@@ -61,6 +61,27 @@ def robustness_summary() -> str:
     return pd.DataFrame(rows).to_markdown(index=False)
 
 
+
+def _between(path: Path, start: str, end: str | None = None) -> str:
+    """The text of a generated file from the line that starts with ``start`` up to (not including)
+    the line that starts with ``end`` (or the end of the file)."""
+    lines = path.read_text().splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(start))
+    j = next((k for k in range(i + 1, len(lines)) if end and lines[k].startswith(end)), len(lines))
+    return "\n".join(lines[i:j]).strip()
+
+
+def specedge_hybrid() -> str:
+    """BALANCE vs BALANCE-with-ED served users (paired), from experiments.specedge's hybrid summary."""
+    df = pd.read_csv(RESULTS / "specedge" / "hybrid_summary.csv")
+    out = pd.DataFrame({
+        "K": df["num_users"], "edge fraction": df["edge_fraction"],
+        "balance": df["balance_served"], "balance_ed": df["balance_ed_served"],
+        "balance_ed − balance (95 % CI)": [f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]" for m, lo, hi in zip(df["balance_ed_minus_balance_mean"], df["balance_ed_minus_balance_ci_low"], df["balance_ed_minus_balance_ci_high"], strict=True)],
+        "edge_first": df["edge_first_served"],
+    })
+    return out.to_markdown(index=False, floatfmt=".2f") + "\n\nUsers served per round, 50 test rounds per point, paired by round (bootstrap 95 % CI). Reproduce: `python -m experiments.specedge --out results/specedge`."
+
 SECTIONS = {
     "headline": lambda: _table(RESULTS / "k.md"),
     "paper": paper_summary,
@@ -82,6 +103,13 @@ SECTIONS = {
     "train_speed": lambda: _table_with(RESULTS / "train_speed.md", "Target", "Reproduce"),
     "mutation": lambda: _table_with(RESULTS / "mutation.md", "Produced by"),
     "coverage": lambda: _table_with(RESULTS / "coverage.md", "Produced by", "pytest exit"),
+    "specedge": lambda: _between(RESULTS / "specedge" / "specedge.md", "## Against the published", "## Hybrid").replace("## ", "#### "),
+    "specedge_hybrid": specedge_hybrid,
+    "des_check": lambda: _between(RESULTS / "specedge" / "des_check.md", "**", "## By draft").strip(),
+    "learned_v1": lambda: _between(RESULTS / "learned_v1_400k" / "learned_v1.md", "K = 20", "## All schedulers").replace("## ", "#### "),
+    "learned_v1_150k": lambda: _between(RESULTS / "learned_v1" / "learned_v1.md", "**Target", "## All"),
+    "v1_speed": lambda: _table(RESULTS / "v1_speed.md"),
+    "split_bench": lambda: _body(RESULTS / "split_bench" / "split_bench.md"),
 }
 
 
