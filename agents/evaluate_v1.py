@@ -1,12 +1,12 @@
-"""Schedulers on EdgeSchedule-v1 rounds (AD, SD and ED users): evaluation and training-time validation.
+"""Schedulers on EdgeSchedule-v1 rounds (AD, SD and ED users): evaluation.
 
 :func:`evaluate_schedulers_v1` is ``agents.evaluate.evaluate_schedulers`` for plans that may hold ED
 users: every plan is checked with the split exact check (``envs.split_plan.check_plan_split``) and
 scored with ``envs.split_plan.evaluate_split_plan`` (which *is* v0's outcome for plans without ED
 users), with the same outcome generator per round (``round_rng(seed, r, 1)``). Rows add
 ``admitted_ed``; ``agents.evaluate.summarize`` reads them as it reads v0's.
-:class:`ValidationEvaluationV1` is ``agents.train_callbacks.ValidationEvaluation`` on v1: the
-policy on validation rounds in one native vector env, against BALANCE-ED (BALANCE with the ED mode).
+Training-time validation on v1 is ``agents.train_callbacks.ValidationEvaluationV1`` (against
+:data:`REFERENCE_V1`).
 """
 
 from __future__ import annotations
@@ -63,31 +63,3 @@ def evaluate_schedulers_v1(cfg: EnvConfig, schedulers: list[str], rounds: int | 
                          "admitted_sd": plan.admitted_sd, "admitted_ed": plan.admitted_ed, "gamma": plan.gamma, "z": plan.z, "ed_share": plan.ed_share,
                          "lam": plan.lam, "decision_s": plan.decision_s})
     return pd.DataFrame(rows)
-
-
-class ValidationEvaluationV1:
-    """The policy on ``rounds`` v1 validation rounds from ``seed``; BALANCE-ED's served users are the reference."""
-
-    def __init__(self, env: EnvConfig, rounds: int, seed: int, draft_depth: int, masked: bool):
-        from envs.edge_schedule_v1_vector import EdgeScheduleV1VectorEnv
-
-        self.rounds = make_rounds(env, rounds, seed, split="validation")
-        self.venv = EdgeScheduleV1VectorEnv(num_envs=len(self.rounds), **env.to_dict())
-        ref = evaluate_schedulers_v1(env, [REFERENCE_V1], rounds=self.rounds, seed=seed, draft_depth=draft_depth)
-        self.balance_served = float(ref.served.mean())
-        self.masked = masked
-
-    def __call__(self, model) -> tuple[float, float]:
-        """(served fraction, ratio to BALANCE-ED) of ``model`` on the validation rounds."""
-        obs, _ = self.venv.reset(seed=0, options={"rounds": self.rounds})
-        served = None
-        for _ in range(self.venv.cfg.num_users):
-            if self.masked:
-                actions, _ = model.predict(obs, action_masks=self.venv.action_masks(), deterministic=True)
-            else:
-                actions, _ = model.predict(obs, deterministic=True)
-            obs, _, term, _, info = self.venv.step(actions)
-            if term.all():
-                served = info["served"]
-        mean = float(np.mean(served))
-        return mean / self.venv.cfg.num_users, mean / max(self.balance_served, 1e-9)

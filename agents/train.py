@@ -45,7 +45,11 @@ from agents.artefacts import save_model_atomic, write_csv_atomic, write_text_ato
 from agents.evaluate import evaluate_schedulers, format_summary, summarize
 from agents.policy import algo_class
 from agents.threads import limit_threads
-from agents.train_callbacks import ValidateAndCheckpoint, ValidationEvaluation
+from agents.train_callbacks import (
+    ValidateAndCheckpoint,
+    ValidationEvaluation,
+    ValidationEvaluationV1,
+)
 from agents.train_log import WANDB_MODES, attach_writers, hparams_of, log_policy_artifact, wandb_run
 from envs.config import (
     ConfigError,
@@ -264,7 +268,7 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     from stable_baselines3.common.utils import set_random_seed
 
     if cfg.env_id == "EdgeSchedule-v1":
-        from agents.evaluate_v1 import ValidationEvaluationV1 as Validation
+        Validation = ValidationEvaluationV1
         from agents.sb3_vec_env_v1 import EdgeScheduleV1SB3VecEnv as EdgeScheduleSB3VecEnv
     else:
         from agents.sb3_vec_env import EdgeScheduleSB3VecEnv

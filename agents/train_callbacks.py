@@ -2,7 +2,8 @@
 
 * :class:`ValidationEvaluation` plays the policy (deterministic, masked) on a fixed set of
   **validation** rounds in one vector env. It chooses ``model.zip`` and nothing else: published
-  tables use the disjoint test stream (``envs.workload``).
+  tables use the disjoint test stream (``envs.workload``). :class:`ValidationEvaluationV1` does
+  the same on EdgeSchedule-v1 against BALANCE-ED.
 * :class:`ValidateAndCheckpoint` evaluates every ``eval_freq`` timesteps (logging the timestep
   with each evaluation, so learning curves have an x axis), keeps the best policy as
   ``model.zip``, and writes a resumable checkpoint every ``checkpoint_freq`` timesteps. Every
@@ -26,14 +27,21 @@ class ValidationEvaluation:
     """The policy on ``rounds`` validation rounds from ``seed``; BALANCE's score on them is the reference."""
 
     def __init__(self, env: EnvConfig, rounds: int, seed: int, draft_depth: int, masked: bool):
+        self.rounds = make_rounds(env, rounds, seed, split="validation")
+        self.venv = self._vector_env(env, len(self.rounds))
+        self.balance_served = self._reference_served(env, seed, draft_depth)
+        self.masked = masked
+
+    @staticmethod
+    def _vector_env(env: EnvConfig, num_envs: int):
         from envs.edge_schedule import EdgeScheduleVectorEnv
 
-        self.rounds = make_rounds(env, rounds, seed, split="validation")
-        self.venv = EdgeScheduleVectorEnv(num_envs=len(self.rounds), **env.to_dict())
+        return EdgeScheduleVectorEnv(num_envs=num_envs, **env.to_dict())
+
+    def _reference_served(self, env: EnvConfig, seed: int, draft_depth: int) -> float:
         # BALANCE's users served on the realised values (not just admitted: they differ under noise)
         balance = evaluate_schedulers(env, ["balance"], rounds=self.rounds, seed=seed, draft_depth=draft_depth)
-        self.balance_served = float(balance.served.mean())
-        self.masked = masked
+        return float(balance.served.mean())
 
     def __call__(self, model) -> tuple[float, float]:
         """(served fraction, ratio to BALANCE) of ``model`` on the validation rounds."""
@@ -49,6 +57,22 @@ class ValidationEvaluation:
                 served = info["served"]
         mean = float(np.mean(served))
         return mean / self.venv.cfg.num_users, mean / max(self.balance_served, 1e-9)
+
+
+class ValidationEvaluationV1(ValidationEvaluation):
+    """The same validation on EdgeSchedule-v1 rounds (AD, SD and ED users), against BALANCE-ED."""
+
+    @staticmethod
+    def _vector_env(env: EnvConfig, num_envs: int):
+        from envs.edge_schedule_v1_vector import EdgeScheduleV1VectorEnv
+
+        return EdgeScheduleV1VectorEnv(num_envs=num_envs, **env.to_dict())
+
+    def _reference_served(self, env: EnvConfig, seed: int, draft_depth: int) -> float:
+        from agents.evaluate_v1 import REFERENCE_V1, evaluate_schedulers_v1
+
+        ref = evaluate_schedulers_v1(env, [REFERENCE_V1], rounds=self.rounds, seed=seed, draft_depth=draft_depth)
+        return float(ref.served.mean())
 
 
 def checkpoint_path(folder: Path, timesteps: int) -> Path:
