@@ -351,6 +351,21 @@ class EdgeScheduleEnv(gym.Env):
         return _draw(view, self.render_mode, self.cost, self.cfg)
 
 
+def vector_reset_inputs(num_envs: int, num_users: int, seed: int | list[int] | None, options: dict | None) -> tuple[list[np.random.Generator] | None, list[Round] | None]:
+    """A vector env's ``reset(seed=, options=)`` checked: one generator per sub-env (``seed + i``, or
+    the given list; None without a seed) and the given ``options["rounds"]`` (None if absent)."""
+    rngs = None
+    if seed is not None:
+        seeds = [seed + i for i in range(num_envs)] if isinstance(seed, int) else list(seed)
+        if len(seeds) != num_envs:
+            raise ValueError(f"reset(seed=...) needs {num_envs} seeds, got {len(seeds)}")
+        rngs = [seeding.np_random(s)[0] for s in seeds]
+    rounds = (options or {}).get("rounds")
+    if rounds is not None and (len(rounds) != num_envs or any(r.num_users != num_users for r in rounds)):
+        raise ValueError(f"options['rounds'] must hold {num_envs} rounds of {num_users} users")
+    return rngs, rounds
+
+
 class EdgeScheduleVectorEnv(VectorEnv):
     """``N`` independent rounds stepped together in numpy.
 
@@ -396,14 +411,9 @@ class EdgeScheduleVectorEnv(VectorEnv):
         self._needs_reset[which] = False
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
-        if seed is not None:
-            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"reset(seed=...) needs {self.num_envs} seeds, got {len(seeds)}")
-            self._rngs = [seeding.np_random(s)[0] for s in seeds]
-        rounds = (options or {}).get("rounds")
-        if rounds is not None and (len(rounds) != self.num_envs or any(r.num_users != self.cfg.num_users for r in rounds)):
-            raise ValueError(f"options['rounds'] must hold {self.num_envs} rounds of {self.cfg.num_users} users")
+        rngs, rounds = vector_reset_inputs(self.num_envs, self.cfg.num_users, seed, options)
+        if rngs is not None:
+            self._rngs = rngs
         self._reset_envs(np.ones(self.num_envs, dtype=bool), rounds)
         self._masks = self._builder.prepare(*self._data.user(self._t))
         return _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks), {}

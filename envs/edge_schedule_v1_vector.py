@@ -16,6 +16,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.actions import action_indices
+from envs.edge_schedule import vector_reset_inputs
 from envs.edge_schedule_v1 import (
     HEAD,
     USER_FEATURES,
@@ -109,14 +110,9 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         self._needs_reset[which] = False
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
-        if seed is not None:
-            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"reset(seed=...) needs {self.num_envs} seeds, got {len(seeds)}")
-            self._rngs = [seeding.np_random(s)[0] for s in seeds]
-        rounds = (options or {}).get("rounds")
-        if rounds is not None and (len(rounds) != self.num_envs or any(r.num_users != self.cfg.num_users for r in rounds)):
-            raise ValueError(f"options['rounds'] must hold {self.num_envs} rounds of {self.cfg.num_users} users")
+        rngs, rounds = vector_reset_inputs(self.num_envs, self.cfg.num_users, seed, options)
+        if rngs is not None:
+            self._rngs = rngs
         self._reset_envs(np.ones(self.num_envs, dtype=bool), rounds)
         self._masks = self._builder.prepare(*self._data.user(self._t))
         return self._encode(), {}

@@ -20,6 +20,7 @@ is the only tolerance, on the float sums.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +86,14 @@ def share_needed(time_s, b, u_max, slack_min):
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(budget > 0, time_s / np.where(budget > 0, budget, 1.0), np.inf)
     return np.where(b > 0, r, 0.0)
+
+
+def share_needed1(time_s: float, b: int, u_max: float, slack_min: float) -> float:
+    """:func:`share_needed` for one batch, in Python floats (the incremental builders' hot path)."""
+    if b <= 0:
+        return 0.0
+    budget = slack_min - u_max
+    return time_s / budget if budget > 0 else math.inf
 
 
 def shares_for(ad_share_min, sd_share_min, ad_mem, sd_mem, b_ad, b_sd):

@@ -16,14 +16,7 @@ import numpy as np
 
 from envs.actions import action_indices
 from envs.cost_model import CostModel, sd_iterations, sd_iterations1
-from envs.feasibility import EPS, share_needed, shares_for
-
-
-def _share1(time_s: float, b: int, u_max: float, slack_min: float) -> float:
-    if b <= 0:
-        return 0.0
-    budget = slack_min - u_max
-    return time_s / budget if budget > 0 else math.inf
+from envs.feasibility import EPS, share_needed, share_needed1, shares_for
 
 
 class ScalarPlan:
@@ -59,7 +52,7 @@ class ScalarPlan:
         n_a = max(self.n_max[0], out)
         u_a = max(self.u_max[0], up)
         sl_a = min(self.slack_min[0], slack)
-        share_a = _share1(c.ad_time1(b_a, s_a, n_a), b_a, u_a, sl_a)
+        share_a = share_needed1(c.ad_time1(b_a, s_a, n_a), b_a, u_a, sl_a)
         mem_a = c.ad_memory1(b_a, s_a, n_a, self.sum_out[0] + out)
         ok_a = share_a + self.share[1] <= 1 + EPS and mem_a + self.mem[1] <= c.memory_budget1(self.b[1] > 0) * (1 + EPS)
         masks = [True, ok_a] + [False] * self.g_max
@@ -73,7 +66,7 @@ class ScalarPlan:
         depths = [self.gamma] if self.gamma > 0 else range(1, self.g_max + 1)
         for g in depths:
             j_s = max(self.j_max, sd_iterations1(out, alpha, g))
-            share_s = _share1(c.sd_time1(b_s, s_s, n_s, j_s, g), b_s, u_s, sl_s)
+            share_s = share_needed1(c.sd_time1(b_s, s_s, n_s, j_s, g), b_s, u_s, sl_s)
             mem_s = c.sd_memory1(b_s, s_s, n_s, self.sum_out[1] + out, g)
             sd[g] = (j_s, share_s, mem_s)
             masks[1 + g] = self.share[0] + share_s <= 1 + EPS and self.mem[0] + mem_s <= budget_sd

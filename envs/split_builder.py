@@ -17,25 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from envs.actions import action_indices
-from envs.feasibility import EPS
+from envs.cost_model import sd_iterations1
+from envs.feasibility import EPS, share_needed1
 from envs.split_plan import ed_budget, ed_memory, ed_share, ed_time
 
 if TYPE_CHECKING:
     from envs.cost_model import CostModel
-
-
-def _iterations1(output_tokens: int, alpha: float, gamma: int) -> int:
-    # v0's sd_iterations1, the same operations (its module is being renamed; see envs.cost_model)
-    g = float(gamma)
-    e = g + 1.0 if alpha > 1.0 - 1e-9 else (1.0 - alpha ** (g + 1.0)) / (1.0 - alpha)
-    return math.ceil(float(output_tokens) / e - 1e-9)
-
-
-def _share1(time_s: float, b: int, u_max: float, slack_min: float) -> float:
-    if b <= 0:
-        return 0.0
-    budget = slack_min - u_max
-    return time_s / budget if budget > 0 else math.inf
 
 
 class SplitScalarPlan:
@@ -69,7 +56,7 @@ class SplitScalarPlan:
         n_a = max(self.n_max[0], out)
         u_a = max(self.u_max[0], up)
         sl_a = min(self.slack_min[0], slack)
-        share_a = _share1(c.ad_time1(b_a, s_a, n_a), b_a, u_a, sl_a)
+        share_a = share_needed1(c.ad_time1(b_a, s_a, n_a), b_a, u_a, sl_a)
         mem_a = c.ad_memory1(b_a, s_a, n_a, self.sum_out[0] + out)
         sh, mm = self.share, self.mem
         ok_a = share_a + sh[1] + sh[2] <= 1 + EPS and mem_a + mm[1] + mm[2] <= c.memory_budget1(self.b[1] > 0) * (1 + EPS)
@@ -82,8 +69,8 @@ class SplitScalarPlan:
         budget_sd = c.memory_budget1(True) * (1 + EPS)
         sd = {}
         for g in ([self.gamma] if self.gamma > 0 else range(1, g_max + 1)):
-            j_s = max(self.j_max, _iterations1(out, alpha, g))
-            share_s = _share1(c.sd_time1(b_s, s_s, n_s, j_s, g), b_s, u_s, sl_s)
+            j_s = max(self.j_max, sd_iterations1(out, alpha, g))
+            share_s = share_needed1(c.sd_time1(b_s, s_s, n_s, j_s, g), b_s, u_s, sl_s)
             mem_s = c.sd_memory1(b_s, s_s, n_s, self.sum_out[1] + out, g)
             sd[g] = (j_s, share_s, mem_s)
             masks[1 + g] = sh[0] + share_s + sh[2] <= 1 + EPS and mm[0] + mem_s + mm[2] <= budget_sd
