@@ -26,7 +26,14 @@ import pytest
 from agents.balance import Balance, BalanceGammaSearch, grid, split_search
 from agents.cost_envelope import CostEnvelope
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
-from agents.optimal import Exhaustive, Optimal, _node_bound, certify, exhaustive_search, split_upper_bound
+from agents.optimal import (
+    Exhaustive,
+    Optimal,
+    _node_bound,
+    certify,
+    exhaustive_search,
+    split_upper_bound,
+)
 from envs import AD, SD, CostModel, EnvConfig, Plan, Profile, Round, check_plan, check_plans
 from envs.feasibility import EPS, BatchStats, shares_respected
 
@@ -495,7 +502,7 @@ def _events(plan):
 
 def _check_trace_times(plan, wall_s):
     ts = [e["t_s"] for e in plan.extra["trace"]]
-    assert all(0.0 <= a <= b for a, b in zip(ts, ts[1:])) and ts[-1] <= wall_s + 1e-3
+    assert all(0.0 <= a <= b for a, b in zip(ts[:-1], ts[1:], strict=True)) and ts[-1] <= wall_s + 1e-3
 
 
 # a non-monotone profile (pass time falls with the context) disables the split bound, so the
@@ -809,7 +816,7 @@ def test_split_upper_bound_equals_its_definition_by_brute_force():
         ad_need, ad_mem = mode_need(cost, rnd, masks, AD, gamma)
         sd_need, sd_mem = _optimistic_sd_need(cost, rnd, masks, gamma)
 
-        def most(need, mem, share, m):
+        def most(need, mem, share, m, sizes=sizes):
             return int(np.where((need <= share * (1 + EPS)) & (mem <= m * (1 + EPS)), sizes, 0).max()) if share > 0 and m > 0 else 0
 
         m_sd, m_ad = float(cost.memory_budget(True)), float(cost.memory_budget(False))

@@ -91,11 +91,10 @@ def test_setup_installs_from_the_lock(script):
 def test_the_wheel_ships_the_profiles(tmp_path):
     """A plain `pip install .` must be able to load every shipped profile by name: they are package
     data of `envs` (envs/profiles/), not files beside the checkout."""
+    import shutil
     import zipfile
 
     from envs.profile import PROFILE_DIR
-
-    import shutil
 
     # build from a copy: setuptools writes build/ and *.egg-info beside the sources it builds
     src = tmp_path / "src"
