@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import envs  # noqa: E402
 
 
-def _rate(fn, seconds: float) -> float:
+def rate(fn, seconds: float) -> float:
     """Calls of ``fn`` per second, best of three timed windows (the machine is noisy)."""
     best = 0.0
     for _ in range(3):
@@ -48,7 +48,7 @@ def cartpole_steps_per_s(seconds: float) -> float:
         if term or trunc:
             env.reset()
 
-    return _rate(step, seconds)
+    return rate(step, seconds)
 
 
 def edge_steps_per_s(users: int, seconds: float, with_masks: bool) -> float:
@@ -72,7 +72,7 @@ def edge_steps_per_s(users: int, seconds: float, with_masks: bool) -> float:
         if term:
             env.reset()
 
-    return _rate(step, seconds)
+    return rate(step, seconds)
 
 
 def vector_decisions_per_s(users: int, num_envs: int, seconds: float) -> float:
@@ -87,7 +87,7 @@ def vector_decisions_per_s(users: int, num_envs: int, seconds: float) -> float:
         scores = rng.random(m.shape) * m
         venv.step(scores.argmax(axis=1))
 
-    return _rate(step, seconds) * num_envs
+    return rate(step, seconds) * num_envs
 
 
 def main() -> None:

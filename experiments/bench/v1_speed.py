@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # "on one core"
@@ -25,19 +24,7 @@ import numpy as np  # noqa: E402
 import envs  # noqa: E402
 from agents.artefacts import write_text_atomic  # noqa: E402
 from envs.edge_schedule_v1 import V1_DEFAULTS  # noqa: E402
-from experiments.bench.env_speed import cartpole_steps_per_s  # noqa: E402
-
-
-def rate(fn, seconds: float) -> float:
-    """Calls of ``fn`` per second, best of three timed windows (the machine is noisy)."""
-    best = 0.0
-    for _ in range(3):
-        n, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds / 3:
-            fn()
-            n += 1
-        best = max(best, n / elapsed)
-    return best
+from experiments.bench.env_speed import cartpole_steps_per_s, rate  # noqa: E402
 
 
 def scalar_steps_per_s(env_id: str, seconds: float, with_masks: bool, **kwargs) -> float:
