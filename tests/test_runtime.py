@@ -10,28 +10,16 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from tiny_models import tiny, tiny_trio
 
 from runtime.engines import generate_ad, generate_sd
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny(layers, hidden, vocab=40, seed=0, dtype=torch.float64):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-    return LlamaForCausalLM(cfg).eval().to(dtype)
-
-
 @pytest.fixture(scope="module")
 def models():
-    target = tiny(2, 32, seed=0)
-    close = copy.deepcopy(target)  # a perturbed copy: partial acceptance
-    with torch.no_grad():
-        for p in close.parameters():
-            p.add_(0.01 * torch.randn_like(p))
-    return target, close, tiny(1, 16, seed=1)
+    return tiny_trio()
 
 
 @pytest.mark.parametrize("seed", range(6))

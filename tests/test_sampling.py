@@ -1,7 +1,6 @@
 """Per-row sampling (runtime.sampling) in the AD and SD engines: exact SD at each row's own
 temperature / top-p, greedy rows unchanged beside sampled ones, seeded rows reproducible."""
 
-import copy
 import random
 
 import numpy as np
@@ -10,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
-from test_runtime import tiny
+from tiny_models import tiny, tiny_trio
 
 from runtime.engines import generate_ad, generate_sd
 from runtime.sampling import RowSampler, inverse_cdf, nucleus
@@ -18,12 +17,7 @@ from runtime.sampling import RowSampler, inverse_cdf, nucleus
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny(2, 32, seed=0)
-    close = copy.deepcopy(target)
-    with torch.no_grad():
-        for p in close.parameters():
-            p.add_(0.01 * torch.randn_like(p))
-    return target, close, tiny(1, 16, seed=1)
+    return tiny_trio()
 
 
 # ------------------------------------------------------------------------------ the pieces

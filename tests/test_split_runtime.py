@@ -1,7 +1,6 @@
 """Split runtime I: the edge drafter, batched server verification, the batcher's cohorts, the depth
 controller -- lossless against greedy AD and the target's sampling law, over the in-process link."""
 
-import copy
 import random
 import threading
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from tiny_models import tiny, tiny_trio
 
 from runtime.engines import generate_ad
 from runtime.split.acceptance import accepted_length, emitted
@@ -20,23 +20,9 @@ from runtime.split.transport import LocalLink
 from runtime.split.verifier import BatchVerifier, InvalidRequest, VerifyRequest
 
 
-def tiny(layers, hidden, vocab=40, seed=0, dtype=torch.float64):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    return LlamaForCausalLM(cfg).eval().to(dtype)
-
-
 @pytest.fixture(scope="module")
 def models():
-    target = tiny(2, 32, seed=0)
-    close = copy.deepcopy(target)  # a perturbed copy: partial acceptance
-    with torch.no_grad():
-        for p in close.parameters():
-            p.add_(0.01 * torch.randn_like(p))
-    return target, close, tiny(1, 16, seed=1)
+    return tiny_trio(max_positions=512)  # the verifier's length checks are tested at this limit
 
 
 def test_acceptance_rule():
