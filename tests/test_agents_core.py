@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import pytest
+from adversarial_rounds import mode_cost_and_memory, subset_masks
 
 from agents.balance import Balance, BalanceGammaSearch, grid, split_search
 from agents.cost_envelope import CostEnvelope
@@ -99,27 +100,14 @@ def scheduler(cls, cost: CostModel, max_gamma: int, gamma: int, **kw):
 
 
 # ---------------------------------------------------------------------------------- oracles
-def subset_masks(k: int) -> np.ndarray:
-    return ((np.arange(2**k)[:, None] >> np.arange(k)[None, :]) & 1).astype(bool)
-
-
 def all_plans(k: int) -> np.ndarray:
     return np.array(list(itertools.product((0, AD, SD), repeat=k)), dtype=np.int8).reshape(-1, k)
 
 
 def mode_need(cost: CostModel, rnd: Round, masks: np.ndarray, mode: int, gamma: int):
     """(compute share needed, KV bytes) of each subset run alone in ``mode`` (DESIGN.md §1)."""
-    st = BatchStats.of(rnd, masks, gamma)
-    if mode == AD:
-        c = cost.ad_time(st.b, st.s_max, st.n_max)
-        m = cost.ad_memory(st.b, st.s_max, st.n_max, st.sum_out)
-    else:
-        c = cost.sd_time(st.b, st.s_max, st.n_max, st.j_max, gamma)
-        m = np.where(st.b > 0, cost.sd_memory(st.b, st.s_max, st.n_max, st.sum_out, gamma), 0.0)
-    beta = st.slack_min - st.u_max
-    with np.errstate(divide="ignore", invalid="ignore"):
-        need = np.where(beta > 0, c / np.where(beta > 0, beta, 1.0), np.inf)
-    return np.where(st.b > 0, need, 0.0), np.asarray(m, dtype=float)
+    _, need, mem = mode_cost_and_memory(cost, rnd, masks, mode, gamma)
+    return need, mem
 
 
 def best_subset(cost, rnd, mode, gamma, share, mem, avail=None) -> int:
