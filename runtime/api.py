@@ -153,7 +153,10 @@ class ServeApp:
 
         self.cfg, self.pair = cfg, pair
         self.metrics = ServeMetrics()
-        self.rounds = RoundServer(cfg, pair, self.metrics)
+        rounds_class = RoundServer
+        if getattr(cfg, "placement", "local") == "split":  # ED users over gRPC beside the HTTP ones
+            from runtime.split_rounds import SplitRoundServer as rounds_class
+        self.rounds = rounds_class(cfg, pair, self.metrics)
         rounds, tokenizer = self.rounds, pair.tokenizer
         created = int(time.time())
 

@@ -98,7 +98,7 @@ class RoundServer:
         self.cost = CalibratedCostModel(self.base_cost, self.calibration)
         # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
         # plans may use draft depths up to the environment's default largest one (as ServeConfig's draft_depth)
-        self.scheduler = make_scheduler(cfg.scheduler, self.cost, EnvConfig.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
+        self.scheduler = self.make_scheduler()
         self.alpha = cfg.alpha_init
         self.metrics = metrics or ServeMetrics()
         self.metrics.alpha.set(self.alpha)
@@ -116,6 +116,16 @@ class RoundServer:
         self.last_fault: dict[str, Any] | None = None
         self.wakeup: asyncio.Event | None = None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specsched-round")  # one round on the device at a time
+
+    def make_scheduler(self):
+        """The round planner (a hook: runtime.split_rounds plans with a v1 scheduler)."""
+        cfg = self.cfg
+        return make_scheduler(cfg.scheduler, self.cost, EnvConfig.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
+
+    def place_other(self, req: LiveRequest, index: int, plan, loop) -> bool:
+        """A plan's mode other than AD / SD for ``req`` (row ``index``): True if taken care of, else it is
+        rejected. A hook: runtime.split_rounds hands ED users to their edges."""
+        return False
 
     # ----------------------------------------------------------------------------- requests
     def submit(self, req: LiveRequest) -> None:
@@ -308,12 +318,12 @@ class RoundServer:
         self.metrics.round_done()
         alpha_planned = self.alpha
         groups: dict[str, list[LiveRequest]] = {}
-        for r, m in zip(batch, plan.modes, strict=True):
+        for i, (r, m) in enumerate(zip(batch, plan.modes, strict=True)):
             r.alpha_planned, r.round_start, r.planned_at = alpha_planned, began, decided
             if m in (AD, SD):
                 r.mode = "ad" if m == AD else "sd"
                 groups.setdefault(r.mode, []).append(r)
-            else:
+            elif not self.place_other(r, i, plan, loop):
                 r.completed_at = decided
                 loop.call_soon_threadsafe(self.finish, r, "rejected", "admission: the plan cannot meet this deadline")
         if not groups:
