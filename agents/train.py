@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,8 +260,11 @@ def _metadata(cfg: TrainConfig, stages: list[int], start_step: int) -> dict[str,
     }
 
 
-def train(raw: dict, out: str | Path) -> dict[str, Any]:
-    """Train per ``raw`` (a plain dict as Hydra resolves it) into folder ``out``; returns a summary."""
+def train(raw: dict, out: str | Path, wrap_validation: Callable[[Callable], Callable] | None = None) -> dict[str, Any]:
+    """Train per ``raw`` (a plain dict as Hydra resolves it) into folder ``out``; returns a summary.
+
+    ``wrap_validation`` (agents/tune.py) wraps the validation ``model -> (served fraction, ratio)``:
+    a search sees every validation and may stop the run by raising from it (pruning)."""
     cfg = TrainConfig.from_dict(raw)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -309,6 +313,8 @@ def train(raw: dict, out: str | Path) -> dict[str, Any]:
     attach_writers(model, out, cfg.logger, run, append=resume is not None, hparams=hparams_of(cfg), step=start_step)
 
     evaluation = Validation(cfg.env, cfg.eval.rounds, cfg.eval.seed, cfg.draft_depth, masked=cfg.agent.algo == "maskable_ppo") if cfg.eval.rounds > 0 else None
+    if evaluation is not None and wrap_validation is not None:
+        evaluation = wrap_validation(evaluation)
     checkpoint_freq = cfg.checkpoint_freq if cfg.checkpoint_freq is not None else max(cfg.total_timesteps // 10, 1)
     callback = ValidateAndCheckpoint(out, evaluation, cfg.eval.freq, checkpoint_freq, start=start_step)
     callback.init_callback(model)  # the final evaluation needs it even when a resumed run has nothing left to train
