@@ -18,6 +18,49 @@ from envs.config import EnvConfig, resolve_draft_depth
 from envs.profile import Profile, load_profile
 
 
+#: schedulers that plan the ED mode (EdgeSchedule-v1): the only ones placement=split accepts
+SPLIT_SCHEDULERS = ("balance_ed", "edge_first", "policy")
+V1_ENV_ID = "EdgeSchedule-v1"
+
+
+@dataclass
+class SplitSettings:
+    """``placement=split``: the gRPC side of the server (edge clients register, submit and verify there)."""
+
+    port: int = 50051  #: gRPC port of the placement and verification services (0: a free one)
+    cohorts: int = 2  #: verification cohorts that take turns (pipeline-aware; 1: everyone in one batch)
+    window_ms: float = 5.0  #: how long a verification batch waits for the rest of its cohort, ms
+    max_depth: int = 16  #: the deepest draft chain the verifier accepts
+    max_clients: int = 64  #: concurrent gRPC streams (placement + verification)
+
+    @classmethod
+    def from_value(cls, value) -> SplitSettings:
+        """From a mapping (Hydra's ``split.*``) or an instance; raises ``ValueError`` naming the field."""
+        if isinstance(value, cls):
+            s = value
+        elif isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise ValueError(f"unknown serve config key(s) split.{unknown}; known: {sorted(cls.__dataclass_fields__)}")
+            s = cls(**value)
+        else:
+            raise ValueError(f"serve config 'split' must be a mapping of {sorted(cls.__dataclass_fields__)}, got {value!r}")
+
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise ValueError(f"serve config 'split.{name}' must be {allowed}, got {getattr(s, name)!r}")
+
+        def integer(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        need(integer(s.port) and 0 <= s.port <= 65535, "port", "an integer in [0, 65535]")
+        need(integer(s.cohorts) and 1 <= s.cohorts <= 8, "cohorts", "an integer in [1, 8]")
+        need(isinstance(s.window_ms, int | float) and not isinstance(s.window_ms, bool) and 0 <= s.window_ms <= 1000, "window_ms", "in [0, 1000] ms")
+        need(integer(s.max_depth) and 1 <= s.max_depth <= 64, "max_depth", "an integer in [1, 64]")
+        need(integer(s.max_clients) and 1 <= s.max_clients <= 1024, "max_clients", "an integer in [1, 1024]")
+        return s
+
+
 @dataclass
 class ServeConfig:
     scheduler: str = "balance"
@@ -54,6 +97,10 @@ class ServeConfig:
     calibration_bounds: list[float] = field(default_factory=lambda: [0.5, 20.0])  #: the calibration factor stays in [low, high]
     calibration_margin_sd: float = 1.0  #: plan with mean + this many standard deviations of real / predicted
     calibration_probe_s: float = 5.0  #: before planning, probe the host's speed if the last sample is older than this (0: never)
+    #: ``local``: HTTP users only (AD / SD); ``split``: edge clients (ED-capable users) also register over gRPC
+    #: (``split.*``) and every user is planned with a v1 scheduler (runtime.split_rounds)
+    placement: str = "local"
+    split: SplitSettings | dict = field(default_factory=SplitSettings)
 
     def validate(self) -> ServeConfig:
         """Check every field (and that scheduler, profile and paths exist); raises ``ValueError``
@@ -99,13 +146,35 @@ class ServeConfig:
             path = getattr(self, name)
             need(path is None or Path(path).is_dir(), name, "null or an existing folder")
         need(isinstance(self.auto_profile, bool), "auto_profile", "true or false")
+        need(self.placement in ("local", "split"), "placement", "local or split")
+        self.split = SplitSettings.from_value(self.split)
         self._check_scheduler()
         try:
             if self.profile != "auto":  # auto is resolved once the pair is loaded (runtime.machine_profile)
-                load_profile(self.profile)
+                profile = load_profile(self.profile)
         except ValueError as err:
             raise ValueError(f"serve config 'profile': {err}") from None
+        if self.placement == "split":
+            self._check_split(None if self.profile == "auto" else profile)
         return self
+
+    def _check_split(self, profile: Profile | None) -> None:
+        """placement=split: a v1 scheduler, a profile with edge and network sections, one device, two ports."""
+        if self.scheduler not in SPLIT_SCHEDULERS:
+            raise ValueError(f"serve config 'scheduler' must be one of {list(SPLIT_SCHEDULERS)} with placement=split (they plan ED), got {self.scheduler!r}")
+        if self.scheduler == "policy":
+            folder = Path(self.policy_path)
+            meta = (folder if folder.is_dir() else folder.parent) / "policy.json"
+            env_id = json.loads(meta.read_text()).get("env_id", "EdgeSchedule-v0") if meta.is_file() else None
+            if env_id != V1_ENV_ID:
+                raise ValueError(f"serve config 'policy_path' must be a policy trained on {V1_ENV_ID} with placement=split (e.g. policies/split_k20), got {self.policy_path!r} ({env_id or 'no policy.json'})")
+        if profile is None or profile.edge is None or profile.network is None:
+            raise ValueError(f"serve config 'profile' must name a profile with edge and network sections with placement=split "
+                             f"(e.g. split_cpu1_specsched-pair; runtime.profile --role edge), got {self.profile!r}")
+        if self.devices is not None:
+            raise ValueError(f"serve config 'devices' must be null with placement=split (the verifier shares the one target), got {self.devices!r}")
+        if self.split.port != 0 and self.split.port == self.port:
+            raise ValueError(f"serve config 'split.port' must differ from 'port' ({self.port}), got {self.split.port}")
 
     def _check_scheduler(self) -> None:
         from agents.registry import SCHEDULERS

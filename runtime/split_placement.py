@@ -1,0 +1,190 @@
+"""Placement of edge users (``runtime.serve placement=split``): the wire protocol and the edge's side.
+
+An edge client serves one user with its own draft model. For each of its user's requests it opens
+one bidirectional ``Place`` stream to the server's gRPC port (the same port as the verification
+service of :mod:`runtime.split`):
+
+1. edge -> server: a :data:`PlaceMsg` with the request (prompt token ids, ``max_tokens``, the
+   deadline in seconds from now, the edge's round trip to the server ``rtt_s``, sampling);
+2. the server queues it beside its HTTP requests; the next round's v1 plan decides
+   reject / AD / SD / ED@g for every user (:mod:`runtime.split_rounds`);
+3. server -> edge:
+   - **ED@g**: a ``decision`` (mode ``ed``, depth ``g``); the edge drafts at depth ``g`` and the
+     server verifies over the verification stream (:class:`runtime.split.edge_client.EdgeClient`);
+     then edge -> server a ``done`` :data:`PlaceMsg` (its tokens and its own outcome), and
+     server -> edge the ``result`` (the request's one outcome: served / late / error);
+   - **AD / SD / reject / error**: the ``result`` only (for AD / SD with the tokens the server
+     generated).
+
+Every request ends with exactly one outcome, decided and counted by the server; the edge gets it in
+the ``result``. A stream that breaks before its ``done`` ends the request with ``error``.
+
+**Network emulation.** :class:`EdgeUser` wraps its verification link in
+:class:`~runtime.split.transport.DelayedLink` (``rtt_s``: half each way); the placement exchange
+itself (one or two messages per request, against ``J`` verification round trips) is not delayed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from runtime.split.depth import DepthController
+from runtime.split.edge_client import EdgeClient, RequestOutcome
+from runtime.split.transport import DelayedLink, GrpcLink
+
+PACKAGE = "specsched.placement"
+SERVICE = f"{PACKAGE}.Placement"
+METHOD = f"/{SERVICE}/Place"
+
+_F = descriptor_pb2.FieldDescriptorProto
+_FIELDS = {
+    # edge -> server: the request (first message) or, after ED, the report (done = true)
+    "PlaceMsg": [("request_id", _F.TYPE_STRING, False), ("prompt", _F.TYPE_INT32, True), ("max_tokens", _F.TYPE_UINT32, False),
+                 ("deadline_s", _F.TYPE_DOUBLE, False), ("rtt_s", _F.TYPE_DOUBLE, False), ("temperature", _F.TYPE_FLOAT, False),
+                 ("seed", _F.TYPE_UINT64, False), ("done", _F.TYPE_BOOL, False), ("tokens", _F.TYPE_INT32, True),
+                 ("outcome", _F.TYPE_STRING, False), ("error", _F.TYPE_STRING, False)],
+    # server -> edge: kind "decision" (ED only) or "result" (the one outcome)
+    "PlacementMsg": [("request_id", _F.TYPE_STRING, False), ("kind", _F.TYPE_STRING, False), ("mode", _F.TYPE_STRING, False),
+                     ("depth", _F.TYPE_UINT32, False), ("outcome", _F.TYPE_STRING, False), ("reason", _F.TYPE_STRING, False),
+                     ("tokens", _F.TYPE_INT32, True), ("latency_s", _F.TYPE_DOUBLE, False), ("wait_s", _F.TYPE_DOUBLE, False)],
+}
+
+
+def _build():
+    fd = descriptor_pb2.FileDescriptorProto(name="specsched_placement.proto", package=PACKAGE, syntax="proto3")
+    for name, fields in _FIELDS.items():
+        msg = fd.message_type.add(name=name)
+        for number, (fname, ftype, repeated) in enumerate(fields, start=1):
+            msg.field.add(name=fname, number=number, type=ftype, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{n}")) for n in _FIELDS)
+
+
+PlaceMsg, PlacementMsg = _build()
+
+
+@dataclass
+class EdgeResult:
+    """One request of an edge user, as the edge saw it (times: edge wall clock, s)."""
+
+    request_id: str
+    mode: str  #: ed | ad | sd | rejected | error (what the plan decided, or how it failed)
+    outcome: str  #: the server's one outcome: served | late | rejected | error
+    reason: str
+    tokens: list[int]
+    depth: int  #: ED draft depth the plan gave (0 otherwise)
+    sent_at: float
+    decided_at: float | None  #: the ED decision arrived (None: not ED)
+    ended_at: float  #: the result arrived
+    last_token_at: float | None  #: the edge had its last token (ED: its last verdict; else the result)
+    server_latency_s: float  #: the server's arrival -> end
+    wait_s: float  #: the server's arrival -> planned
+    edge: RequestOutcome | None = field(default=None, repr=False)  #: the ED generation's log
+
+    @property
+    def latency_s(self) -> float:
+        """Send -> last token, on the edge's clock."""
+        return (self.last_token_at or self.ended_at) - self.sent_at
+
+
+class EdgeUser:
+    """One edge-capable user: its draft model, its streams to the server, its requests one at a time.
+
+    ``depth``: ``plan`` drafts at the plan's ED depth; ``auto`` starts there and lets the per-client
+    controller (:class:`~runtime.split.depth.DepthController`, SpecEdge's calibration rule) move it.
+    """
+
+    def __init__(self, address: str, draft, rtt_s: float = 0.0, eos_id: int | None = None, depth: str = "plan", max_depth: int = 8,
+                 proactive: bool = True, device_lock: threading.Lock | None = None, connect_timeout_s: float = 10.0, reply_timeout_s: float = 60.0,
+                 jitter_s: float = 0.0, seed: int = 0):
+        if depth not in ("plan", "auto"):
+            raise ValueError(f"depth must be plan or auto, got {depth!r}")
+        if rtt_s < 0 or jitter_s < 0:
+            raise ValueError(f"rtt_s and jitter_s must be >= 0 seconds, got {rtt_s}, {jitter_s}")
+        self.address, self.draft, self.rtt_s, self.eos_id, self.depth = address, draft, rtt_s, eos_id, depth
+        self.max_depth, self.proactive, self.device_lock, self.jitter_s, self.seed = max_depth, proactive, device_lock, jitter_s, seed
+        self.connect_timeout_s, self.reply_timeout_s = connect_timeout_s, reply_timeout_s
+        self.channel = grpc.insecure_channel(address)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
+        except grpc.FutureTimeoutError:
+            self.channel.close()
+            raise ConnectionError(f"no split server at {address} within {connect_timeout_s} s") from None
+        self._place = self.channel.stream_stream(METHOD, request_serializer=PlaceMsg.SerializeToString, response_deserializer=PlacementMsg.FromString)
+        self._client: EdgeClient | None = None
+
+    def _edge_client(self, depth: int) -> EdgeClient:
+        """The verification stream's client (kept between requests; a new stream after a failure)."""
+        if self._client is not None and self._client.broken:
+            self._client.link.close()
+            self._client = None
+        ctl: int | DepthController = depth if self.depth == "plan" else DepthController(1, self.max_depth, initial=min(depth, self.max_depth))
+        if self._client is None:
+            link = GrpcLink(self.address, self.connect_timeout_s)
+            if self.rtt_s > 0 or self.jitter_s > 0:
+                link = DelayedLink(link, 1e3 * self.rtt_s, 1e3 * self.jitter_s, seed=self.seed)
+            self._client = EdgeClient(self.draft, link, depth=ctl, proactive=self.proactive, max_depth=max(self.max_depth, depth),
+                                      eos_id=self.eos_id, reply_timeout_s=self.reply_timeout_s, device_lock=self.device_lock)
+        else:
+            self._client.depth, self._client.max_depth = ctl, max(self.max_depth, depth)
+        return self._client
+
+    def request(self, prompt: list[int], max_tokens: int, deadline_s: float, temperature: float = 0.0, seed: int = 0, request_id: str = "") -> EdgeResult:
+        """Submit one request and see it through (blocking); every call returns one :class:`EdgeResult`."""
+        outbox: list = [PlaceMsg(request_id=request_id, prompt=list(prompt), max_tokens=max_tokens, deadline_s=deadline_s, rtt_s=self.rtt_s,
+                                 temperature=temperature, seed=seed)]
+        cond = threading.Condition()
+        closed = [False]
+
+        def messages():  # the request, then (ED) the report once it is queued
+            sent = 0
+            while True:
+                with cond:
+                    cond.wait_for(lambda: len(outbox) > sent or closed[0])
+                    if sent >= len(outbox):
+                        return
+                    msg = outbox[sent]
+                sent += 1
+                yield msg
+
+        def send(msg) -> None:
+            with cond:
+                outbox.append(msg)
+                cond.notify_all()
+
+        sent_at = time.time()
+        decided_at, depth, edge_out, last_token_at = None, 0, None, None
+        call = self._place(messages())
+        try:
+            for reply in call:
+                if reply.kind == "decision" and reply.mode == "ed":
+                    decided_at, depth = time.time(), int(reply.depth)
+                    edge_out = self._edge_client(depth).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id or None)
+                    last_token_at = edge_out.iterations[-1].reply_at if edge_out.iterations else None
+                    send(PlaceMsg(request_id=request_id, done=True, tokens=edge_out.tokens, outcome=edge_out.outcome, error=edge_out.error))
+                    continue
+                tokens = list(reply.tokens) if reply.mode != "ed" else (edge_out.tokens if edge_out else [])
+                ended = time.time()
+                return EdgeResult(request_id, reply.mode, reply.outcome, reply.reason, tokens, depth, sent_at, decided_at, ended,
+                                  last_token_at if reply.mode == "ed" else ended, reply.latency_s, reply.wait_s, edge_out)
+            reason = "the server ended the placement stream without a result"
+        except grpc.RpcError as err:
+            reason = f"placement stream failed: {err.code().name}: {err.details()}"
+        finally:
+            with cond:
+                closed[0] = True
+                cond.notify_all()
+        now = time.time()
+        return EdgeResult(request_id, "error", "error", reason, edge_out.tokens if edge_out else [], depth, sent_at, decided_at, now, last_token_at, float("nan"),
+                          float("nan"), edge_out)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.link.close()
+        self.channel.close()

@@ -1,0 +1,153 @@
+"""``runtime.serve placement=split``: edge users over gRPC beside HTTP users, planned with a v1
+scheduler; every request one outcome; greedy ED output equals greedy AD (loopback, the cached tiny
+pair, started and stopped inside the test)."""
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from live_server import ROOT, running, tiny_pair
+
+from runtime.serve_config import ServeConfig, SplitSettings
+
+
+def split_tiny_profile(pair, folder: Path) -> Path:
+    """The measured one-thread split profile with the tiny pair's dimensions (the server refuses others)."""
+    prof = yaml.safe_load((ROOT / "envs" / "profiles" / "split_cpu1_specsched-pair.yaml").read_text())
+    for role, model in (("llm", pair.target), ("slm", pair.draft)):
+        c = model.config
+        prof[role].update(layers=c.num_hidden_layers, hidden=c.hidden_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
+                          vocab=c.vocab_size, head_dim=c.hidden_size // c.num_attention_heads)
+    prof["name"] = "split_tiny_test"
+    path = Path(folder) / "split_tiny_test.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    return path
+
+
+# ----------------------------------------------------------------------------- config, before anything is built
+SPLIT = {"placement": "split", "scheduler": "balance_ed", "profile": "split_cpu1_specsched-pair"}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"scheduler": "balance"}, "'scheduler' must be one of ['balance_ed', 'edge_first', 'policy']"),
+    ({"profile": "cpu1_specsched-pair"}, "edge and network sections"),
+    ({"profile": "auto"}, "edge and network sections"),
+    ({"scheduler": "policy", "policy_path": "policies/paper_k50"}, "trained on EdgeSchedule-v1"),
+    ({"placement": "both"}, "'placement' must be local or split"),
+    ({"split": {"cohorts": 0}}, "'split.cohorts' must be an integer in [1, 8]"),
+    ({"split": {"window_ms": -1}}, "'split.window_ms'"),
+    ({"split": {"port": 8011}, "port": 8011}, "'split.port' must differ"),
+    ({"split": {"prt": 1}}, "split.['prt']"),
+    ({"devices": ["cpu", "cpu"]}, "'devices' must be null"),
+])
+def test_split_config_is_refused_before_anything_is_built(change, words):
+    with pytest.raises(ValueError) as err:
+        ServeConfig(**{**SPLIT, **change}).validate()
+    assert words in str(err.value)
+
+
+def test_split_config_accepts_the_v1_schedulers():
+    for extra in ({"scheduler": "balance_ed"}, {"scheduler": "edge_first"}, {"scheduler": "policy", "policy_path": "policies/split_k20"}):
+        cfg = ServeConfig(**{**SPLIT, **extra, "split": {"port": 0, "cohorts": 1}}).validate()
+        assert cfg.split == SplitSettings(port=0, cohorts=1)
+    assert ServeConfig().validate().placement == "local"  # local stays the default; split.* is ignored there
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+@pytest.mark.parametrize("scheduler", ["edge_first", "balance_ed"])
+def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler):
+    from runtime.engines import generate_ad
+    from runtime.split_placement import EdgeUser
+
+    tok = pair.tokenizer
+    prompts = [tok.encode("def add(a, b):"), tok.encode("for i in range(")]
+    n_new = 12
+    with running(pair, split_tiny_profile(pair, tmp_path), scheduler=scheduler, placement="split", window_s=0.3,
+                 split={"port": 0, "cohorts": 2, "window_ms": 2.0}, calibration_probe_s=0) as srv:
+        url, rounds = srv.url, srv.serve_app.rounds
+        for _ in range(100):
+            if rounds.split_port:
+                break
+            threading.Event().wait(0.05)
+        address = f"127.0.0.1:{rounds.split_port}"
+        edge_results, http_results = [None, None], [None] * 3
+
+        def edge(i):
+            user = EdgeUser(address, pair.draft, rtt_s=0.002, eos_id=None, seed=i)
+            try:
+                edge_results[i] = user.request(prompts[i], n_new, deadline_s=30.0, request_id=f"e{i}")
+            finally:
+                user.close()
+
+        def http(i):
+            body = {"prompt": "def f(x):", "max_tokens": 8, "deadline_s": 30} if i < 2 else {"prompt": "x", "max_tokens": 64, "deadline_s": 0.01}
+            http_results[i] = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+
+        threads = [threading.Thread(target=edge, args=(i,)) for i in range(2)] + [threading.Thread(target=http, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        # an invalid placement request is refused, the server goes on
+        bad = EdgeUser(address, pair.draft)
+        refused = bad.request([], 4, deadline_s=5.0)
+        bad.close()
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        health = httpx.get(f"{url}/health", timeout=10).json()
+
+    assert refused.outcome == "error" and "INVALID_ARGUMENT" in refused.reason
+    assert [r.status_code for r in http_results[:2]] == [200, 200]
+    assert http_results[2].status_code == 429  # hopeless deadline: rejected with its outcome
+    for r in edge_results:
+        assert r is not None and r.outcome == "served", r
+        assert r.mode == ("ed" if scheduler == "edge_first" else r.mode)
+    ed = [r for r in edge_results if r.mode == "ed"]
+    assert ed or scheduler != "edge_first"
+    for r in edge_results:  # greedy ED (and AD / SD) output equals greedy AD
+        i = int(r.request_id[1:])
+        assert r.tokens == generate_ad(pair.target, [prompts[i]], n_new, pad_id=tok.pad_id).tokens[0]
+    assert all(r.depth >= 1 and r.edge is not None and r.edge.iterations for r in ed)
+    # one outcome per request, counted per kind
+    by_kind = health["by_kind"]
+    assert sum(by_kind["edge"].values()) == 2 and by_kind["edge"]["served"] == 2
+    assert sum(by_kind["http"].values()) == 3 and by_kind["http"]["served"] == 2 and by_kind["http"]["rejected"] == 1
+    assert 'specsched_split_requests_total{kind="edge",outcome="served"} 2.0' in metrics
+    assert health["edge_active"] == 0
+
+
+def test_a_broken_edge_stream_ends_its_request_with_error(pair, tmp_path):
+    """An ED edge that goes away before its report: the request ends with ``error``, the server goes on."""
+    import grpc
+
+    from runtime.split_placement import METHOD, PlacementMsg, PlaceMsg
+
+    tok = pair.tokenizer
+    with running(pair, split_tiny_profile(pair, tmp_path), scheduler="edge_first", placement="split", window_s=0.1,
+                 split={"port": 0, "cohorts": 1}, calibration_probe_s=0) as srv:
+        rounds = srv.serve_app.rounds
+        for _ in range(100):
+            if rounds.split_port:
+                break
+            threading.Event().wait(0.05)
+        channel = grpc.insecure_channel(f"127.0.0.1:{rounds.split_port}")
+        place = channel.stream_stream(METHOD, request_serializer=PlaceMsg.SerializeToString, response_deserializer=PlacementMsg.FromString)
+        call = place(iter([PlaceMsg(request_id="gone", prompt=tok.encode("def f():"), max_tokens=8, deadline_s=30.0, rtt_s=0.001)]))
+        first = next(call)
+        assert first.kind in ("decision", "result")
+        call.cancel()
+        channel.close()
+        for _ in range(200):
+            if sum(rounds.kind_counts["edge"].values()) == 1:
+                break
+            threading.Event().wait(0.05)
+        counts = dict(rounds.kind_counts["edge"])
+    assert sum(counts.values()) == 1
+    if first.kind == "decision":
+        assert counts["error"] == 1
