@@ -17,7 +17,6 @@ from pathlib import Path
 from envs.config import EnvConfig, resolve_draft_depth
 from envs.profile import Profile, load_profile
 
-
 #: schedulers that plan the ED mode (EdgeSchedule-v1): the only ones placement=split accepts
 SPLIT_SCHEDULERS = ("balance_ed", "edge_first", "policy")
 V1_ENV_ID = "EdgeSchedule-v1"

@@ -146,7 +146,7 @@ class EdgeUser:
             sent = 0
             while True:
                 with cond:
-                    cond.wait_for(lambda: len(outbox) > sent or closed[0])
+                    cond.wait_for(lambda n=sent: len(outbox) > n or closed[0])
                     if sent >= len(outbox):
                         return
                     msg = outbox[sent]
