@@ -74,6 +74,10 @@ class PolicyScheduler(Scheduler):
 
         # the same module the ONNX export traces: one forward pass, no SB3 predict() overhead
         self.net = MaskedArgmax(self.model).eval()
+        from agents.set_policy_fast import CachedSetActor, supports
+
+        # set policies: user encodings cached per round, numpy (agents/set_policy_fast.py; same actions)
+        self.fast = CachedSetActor(self.model) if self.masked and supports(self.model) else None
         self.env = EdgeScheduleEnv(**cfg.to_dict())
         self.env.set_cost_model(cost)  # same cost model (and profile/memory) as the other schedulers
 
@@ -81,6 +85,8 @@ class PolicyScheduler(Scheduler):
         """The deterministic action; unmasked algorithms (PPO, DQN) act without the mask."""
         import torch
 
+        if self.fast is not None:
+            return self.fast.act(obs, mask)
         m = mask if self.masked else np.ones_like(mask)
         with torch.no_grad():
             return int(self.net(torch.as_tensor(obs[None]), torch.as_tensor(m[None], dtype=torch.float32))[0])
@@ -91,6 +97,8 @@ class PolicyScheduler(Scheduler):
             env = self.env = EdgeScheduleEnv(**env.cfg.replace(num_users=rnd.num_users).to_dict())
             env.set_cost_model(self.cost)
         obs, _ = env.reset(options={"round": rnd})
+        if self.fast is not None:
+            self.fast.reset()
         while True:
             obs, _, term, trunc, info = env.step(self.act(obs, env.action_masks()))
             if term or trunc:

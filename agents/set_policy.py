@@ -8,29 +8,35 @@ observation holds *every* remaining user, and nothing in this network depends on
 a user sits in:
 
 * the head goes through an MLP: the **context** ``c``;
-* each present user goes through a shared MLP conditioned on ``c`` (DeepSets' phi; the user's
-  features next to the batches' state -- whether it would still fit is what matters);
-* the set is pooled over the present users only -- ``pool="attention"``: one cross-attention
-  read-out whose query is ``c`` (multi-head, with an always-present learned null key so an empty
-  set is well defined), plus the masked mean; ``pool="mean_max"``: masked mean and max;
-* features = ``[c, pooled...]`` go to SB3's usual policy / value MLPs (``net_arch``).
+* each present user goes through a shared MLP that does **not** see the context (DeepSets' phi):
+  a user's embedding is the same at every decision of a round, so it is computed once per round
+  (:mod:`agents.set_policy_fast` caches it; the users to come are always a suffix of the round);
+* the set is pooled over the present users only -- ``pool="attention"``: one multi-head
+  cross-attention read-out whose *query* comes from ``c`` and whose keys / values are linear in
+  the cached embeddings (an always-present learned null key / value makes an empty set well
+  defined), plus the masked mean; ``pool="mean_max"``: masked mean and max;
+* a set-size term ``log(1 + n) / log(1 + 1000)`` (``n`` users to come);
+* features = ``[c, pooled..., size]`` go to SB3's usual policy / value MLPs (``net_arch``).
+
+Per decision the cost is O(n * embed_dim) once the embeddings are cached (the query's dot products
+and the weighted sum of the values); mean and max over a suffix are O(embed_dim) from suffix sums.
 
 The network is invariant to the order of the users to come and to the amount of padding, so a
 policy trained on a curriculum of small rounds runs on rounds of any size up to ``max_users``
 (``conf/experiment/general.yaml``). Masks are respected as usual: MaskablePPO masks the logits
 (and :class:`agents.masked_policy.MaskedArgmax` does so in the ONNX graph).
 
-Speed: during training and in torch inference the padded slots beyond the batch's largest set are
-cut off before the user MLP, so a K = 20 round costs K = 20 work even when ``max_users`` is 500.
-Under ONNX export (and tracing) the full padded width is kept -- the graph must not depend on the
-data -- and the masks make the result identical.
+:meth:`SetFeaturesExtractor.forward_round` computes the features of every decision of a round at
+once from the round's user table (what behaviour cloning in :mod:`agents.imitation` trains on); it
+is the same arithmetic as :meth:`~SetFeaturesExtractor.forward` on the observations.
 
     MaskablePPO("MlpPolicy", env, policy_kwargs=set_policy_kwargs({"extractor": "set"}, max_gamma=8))
-    python -m agents.train experiment=general      # the curriculum over K
+    python -m agents.imitation ...                 # behaviour cloning of BALANCE (experiment=general)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,6 +49,7 @@ from envs.edge_schedule import BATCH_FEATURES, USER_FEATURES
 
 PRESENCE = USER_FEATURES - 1  #: index of the presence flag among a user's features
 POOLS = ("attention", "mean_max")
+SIZE_SCALE = math.log1p(1000.0)  #: the set-size feature is log(1 + n) / SIZE_SCALE (independent of max_users)
 
 
 def head_size(max_gamma: int) -> int:
@@ -55,7 +62,7 @@ class SetPolicyConfig:
     """``agent.features`` of a training config; ``extractor: flat`` (or an empty dict) is SB3's plain MLP."""
 
     extractor: str = "flat"
-    embed_dim: int = 64  #: width of the context and user embeddings
+    embed_dim: int = 32  #: width of the context and user embeddings
     pool: str = "attention"
     heads: int = 4  #: attention heads (embed_dim must be a multiple)
 
@@ -91,26 +98,52 @@ def _exporting() -> bool:
 
 
 class SetFeaturesExtractor(BaseFeaturesExtractor):
-    """Context + pooled set of the users to come (see the module docstring). Output ``3 * embed_dim``."""
+    """Context + pooled set of the users to come (see the module docstring). Output ``3 * embed_dim + 1``."""
 
-    def __init__(self, observation_space: gym.spaces.Box, max_gamma: int = 8, embed_dim: int = 64, pool: str = "attention", heads: int = 4):
+    def __init__(self, observation_space: gym.spaces.Box, max_gamma: int = 8, embed_dim: int = 32, pool: str = "attention", heads: int = 4):
         obs_dim = int(observation_space.shape[0])
         head = head_size(max_gamma)
         if obs_dim <= head or (obs_dim - head) % USER_FEATURES:
             raise ValueError(f"observation of {obs_dim} values is not EdgeSchedule-v0's with max_gamma={max_gamma} (head {head} + 8 per user)")
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {list(POOLS)}, got {pool!r}")
-        super().__init__(observation_space, features_dim=3 * embed_dim)
+        if embed_dim % heads:
+            raise ValueError(f"heads must divide embed_dim={embed_dim}, got {heads}")
+        super().__init__(observation_space, features_dim=3 * embed_dim + 1)
         self.head = head
         self.k_max = (obs_dim - head) // USER_FEATURES
         self.pool = pool
+        self.heads = heads
         self.context = nn.Sequential(nn.Linear(head, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
-        self.user_in = nn.Linear(USER_FEATURES, embed_dim)
-        self.user_ctx = nn.Linear(embed_dim, embed_dim, bias=False)
-        self.user_out = nn.Sequential(nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
+        self.user = nn.Sequential(nn.Linear(USER_FEATURES, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
         if pool == "attention":
-            self.null_key = nn.Parameter(torch.zeros(1, 1, embed_dim))
-            self.attention = nn.MultiheadAttention(embed_dim, heads, batch_first=True)
+            self.query = nn.Linear(embed_dim, embed_dim)
+            self.key = nn.Linear(embed_dim, embed_dim)
+            self.value = nn.Linear(embed_dim, embed_dim)
+            self.out = nn.Linear(embed_dim, embed_dim)
+            self.null_key = nn.Parameter(torch.zeros(embed_dim))
+            self.null_value = nn.Parameter(torch.zeros(embed_dim))
+
+    def pool_set(self, ctx: torch.Tensor, emb: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """Features from contexts ``(B, d)``, user embeddings ``(B, N, d)`` and presence ``(B, N)``."""
+        weight = present.unsqueeze(-1).to(ctx.dtype)
+        count = weight.sum(dim=1)
+        mean = (emb * weight).sum(dim=1) / count.clamp(min=1.0)
+        size = torch.log1p(count) / SIZE_SCALE
+        if self.pool == "mean_max":
+            # embeddings are >= 0 (ReLU), so masking to 0 keeps the max over the present users (0 for none)
+            return torch.cat([ctx, mean, (emb * weight).amax(dim=1), size], dim=1)
+        b, d, h = ctx.shape[0], ctx.shape[1], self.heads
+        dh = d // h
+        q = self.query(ctx).reshape(b, h, dh)
+        k = self.key(emb).reshape(emb.shape[0], emb.shape[1], h, dh)
+        v = self.value(emb).reshape(emb.shape[0], emb.shape[1], h, dh)
+        scores = torch.einsum("bhe,bnhe->bnh", q, k) / math.sqrt(dh)
+        scores = scores.masked_fill(~present.unsqueeze(-1), float("-inf"))
+        null = (q * self.null_key.reshape(h, dh)).sum(-1).unsqueeze(1) / math.sqrt(dh)  # (B, 1, h)
+        attn = torch.softmax(torch.cat([null, scores], dim=1), dim=1)
+        read = attn[:, :1].transpose(1, 2) * self.null_value.reshape(h, dh) + torch.einsum("bnh,bnhe->bhe", attn[:, 1:], v)
+        return torch.cat([ctx, self.out(read.reshape(b, d)), mean, size], dim=1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         batch = obs.shape[0]
@@ -120,15 +153,16 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
             # users are packed from slot 0: drop the padding every row has (data-dependent, so not under export)
             n = int((users[:, :, PRESENCE] > 0.5).sum(dim=1).max().item()) if batch else 0
             users = users[:, : max(n, 1)]
-        present = users[:, :, PRESENCE] > 0.5
-        emb = self.user_out(self.user_in(users) + self.user_ctx(ctx).unsqueeze(1))
-        weight = present.unsqueeze(-1).to(emb.dtype)
-        count = weight.sum(dim=1)
-        mean = (emb * weight).sum(dim=1) / count.clamp(min=1.0)
-        if self.pool == "mean_max":
-            # embeddings are >= 0 (ReLU), so masking to 0 keeps the max over the present users (0 for none)
-            return torch.cat([ctx, mean, (emb * weight).amax(dim=1)], dim=1)
-        keys = torch.cat([self.null_key.expand(batch, 1, -1), emb], dim=1)
-        padding = torch.cat([torch.zeros(batch, 1, dtype=torch.bool, device=obs.device), ~present], dim=1)
-        read, _ = self.attention(ctx.unsqueeze(1), keys, keys, key_padding_mask=padding, need_weights=False)
-        return torch.cat([ctx, read.squeeze(1), mean], dim=1)
+        return self.pool_set(ctx, self.user(users), users[:, :, PRESENCE] > 0.5)
+
+    def forward_round(self, heads: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
+        """Features of every decision of ``R`` rounds of ``K`` users, ``(R * T, features_dim)``.
+
+        ``heads`` ``(R, T, head)``: decision ``t``'s observation head; ``users`` ``(R, K, 8)``: each
+        round's users in presentation order. Decision ``t`` sees users ``t + 1 .. K - 1`` (the env's
+        look-ahead when ``max_users >= K - 1``)."""
+        r, t, k = heads.shape[0], heads.shape[1], users.shape[1]
+        emb = self.user(users)  # once per round: phi does not see the context
+        emb = emb.unsqueeze(1).expand(r, t, k, emb.shape[-1]).reshape(r * t, k, emb.shape[-1])
+        present = (torch.arange(k).unsqueeze(0) > torch.arange(t).unsqueeze(1)).repeat(r, 1)
+        return self.pool_set(self.context(heads.reshape(r * t, -1)), emb, present)

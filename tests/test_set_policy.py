@@ -140,3 +140,89 @@ def test_general_experiment_smoke_training(tmp_path):
                           "progress=false", f"output={csv}", f"hydra.run.dir={tmp_path / 'h'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (pd.read_csv(csv).num_users == 20).all()
+
+
+def _round_decisions(k=30, max_users=40, seed=3, noise=0.5):
+    """Every observation and mask of one round played with random allowed actions."""
+    env = gym.make(envs.ENV_ID, num_users=k, max_users=max_users)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    out_obs, out_masks = [], []
+    for _ in range(k):
+        m = env.unwrapped.action_masks()
+        out_obs.append(obs)
+        out_masks.append(m)
+        allowed = np.flatnonzero(m)
+        obs, *_ = env.step(int(rng.choice(allowed) if rng.random() < noise else allowed[-1]))
+    return env, np.array(out_obs, dtype=np.float32), np.array(out_masks)
+
+
+@pytest.mark.parametrize("pool", ["attention", "mean_max"])
+def test_forward_round_equals_the_observation_path(pool):
+    """Behaviour cloning's batched round path is the same arithmetic as forward(obs)."""
+    torch.manual_seed(1)
+    k = 30
+    env, obs, _ = _round_decisions(k=k)
+    ex = SetFeaturesExtractor(env.observation_space, max_gamma=G, embed_dim=16, pool=pool, heads=2).eval()
+    h = head_size(G)
+    users = np.concatenate([obs[0, :8][None], obs[0, h : h + 8 * (k - 1)].reshape(k - 1, 8)])  # the round's users in order
+    with torch.no_grad():
+        want = ex(torch.as_tensor(obs))
+        got = ex.forward_round(torch.as_tensor(np.stack([obs[:, :h]] * 2)), torch.as_tensor(np.stack([users] * 2)))
+    assert got.shape == (2 * k, ex.features_dim)
+    assert torch.allclose(got[:k], want, atol=1e-5) and torch.allclose(got[k:], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("pool", ["attention", "mean_max"])
+def test_cached_actor_takes_the_same_actions_as_the_uncached_forward(tmp_path, pool):
+    from agents.masked_policy import MaskedArgmax
+    from agents.set_policy_fast import CachedSetActor, supports
+
+    cfg = EnvConfig(num_users=10, max_users=40)
+    from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
+
+    model = MaskablePPO("MlpPolicy", EdgeScheduleSB3VecEnv(1, cfg.to_dict()), seed=0, device="cpu",
+                        policy_kwargs={"net_arch": [16], **set_policy_kwargs({"extractor": "set", "embed_dim": 16, "heads": 2, "pool": pool}, G)})
+    # random weights give near-uniform logits (ties decide nothing): scale the action head up
+    with torch.no_grad():
+        model.policy.action_net.weight.mul_(50.0)
+    assert supports(model)
+    actor, net = CachedSetActor(model), MaskedArgmax(model).eval()
+    feats_checked = 0
+    for k, seed in ((30, 0), (30, 1), (41, 2), (5, 3)):  # 41 > max_users + 1: the look-ahead is full, the cache must not be trusted
+        _, obs, masks = _round_decisions(k=k, seed=seed)
+        actor.reset() if seed % 2 else None  # also without an explicit reset: a new round is detected
+        with torch.no_grad():
+            want = net(torch.as_tensor(obs), torch.as_tensor(masks, dtype=torch.float32)).numpy()
+            want_feats = model.policy.pi_features_extractor(torch.as_tensor(obs)).numpy()
+        for i, (o, m) in enumerate(zip(obs, masks, strict=True)):
+            np.testing.assert_allclose(actor.features(o), want_feats[i], atol=1e-4)
+            actor._n_prev += 1  # undo features()' bookkeeping: act() below sees the same decision again
+            assert actor.act(o, m) == want[i]
+            feats_checked += 1
+    assert feats_checked == 30 + 30 + 41 + 5
+    with pytest.raises(TypeError, match="set features extractor"):
+        CachedSetActor(MaskablePPO("MlpPolicy", EdgeScheduleSB3VecEnv(1, cfg.to_dict()), device="cpu"))
+
+
+def test_imitation_replays_balance_and_clones_it(tmp_path):
+    """Expert data: BALANCE's plan replayed through the env serves what BALANCE serves; a tiny clone runs."""
+    from agents.imitation import ImitationConfig, collect, replay_round, train_bc
+    from agents.policy import PolicyScheduler
+
+    cfg = ImitationConfig(max_users=24, embed_dim=8, heads=2, net_arch=[16], epochs=2, val_ks=[6, 12], val_rounds=2, noise=0.0)
+    env = gym.make(envs.ENV_ID, **cfg.env(12).to_dict()).unwrapped
+    rnd = sample_round(np.random.default_rng(5), cfg.env(12))
+    d = replay_round(env, env.cost, rnd, cfg.expert_gamma, 0.0, np.random.default_rng(0))
+    assert d["masks"][np.arange(12), d["labels"]].all()
+    assert (d["labels"] > 0).sum() == d["balance_served"]
+    assert set(np.unique(d["labels"])) <= {0, 1, 1 + cfg.expert_gamma}
+    collect(cfg, [6, 12], [6, 3], tmp_path / "data")
+    res = train_bc(cfg, tmp_path / "data", tmp_path / "pol", seed=0)
+    assert len(res["epochs"]) == 2 and 0 <= res["best_val_served_frac"] <= 1
+    for name in ("model.zip", "policy.json", "policy.onnx", "progress.csv"):
+        assert (tmp_path / "pol" / name).is_file(), name
+    sched = PolicyScheduler(CostModel.from_config(cfg.env(20)), G, path=tmp_path / "pol")
+    assert sched.fast is not None
+    r20 = sample_round(np.random.default_rng(9), cfg.env(20))
+    assert check_plan(sched.cost, r20, sched.plan(r20)).feasible

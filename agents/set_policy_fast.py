@@ -1,0 +1,135 @@
+"""Fast inference for the set policy: user encodings cached per round, numpy, one decision at a time.
+
+Within a round the users still to come are always a *suffix* of the round's users in presentation
+order (``envs.edge_schedule``: decision ``t`` sees users ``t + 1 .. K - 1``). The set policy's user
+embeddings do not depend on the context (:mod:`agents.set_policy`), so :class:`CachedSetActor`
+embeds the users of a round once -- at its first decision -- together with their attention keys and
+values and suffix sums (mean) and suffix maxima, and then decides each user in O(n * embed_dim):
+one query, ``n`` dot products per head, one weighted sum, and the small MLPs. numpy rather than
+torch because at these sizes torch's per-call overhead (tens of microseconds per op) would cost
+more than the arithmetic.
+
+The cache is used only when it is provably the same round: the previous decision showed every
+user still to come (fewer than ``max_users``) and this one shows exactly one user fewer; otherwise
+(a new round, a look-ahead that is full, a jump) it is rebuilt from the observation at hand, which
+is always exact. :meth:`CachedSetActor.reset` drops it explicitly (the scheduler calls it per
+round). The actions equal :class:`agents.masked_policy.MaskedArgmax`'s on the same observations
+(``tests/test_set_policy.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from torch import nn
+
+from agents.set_policy import PRESENCE, SIZE_SCALE, SetFeaturesExtractor
+from envs.edge_schedule import USER_FEATURES
+
+Layer = Callable[[np.ndarray], np.ndarray]
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(np.float32)
+
+
+def _mlp(seq: nn.Module) -> list[Layer]:
+    """An ``nn.Sequential`` of Linear / ReLU / Tanh as numpy functions."""
+    layers: list[Layer] = []
+    for mod in seq.modules() if isinstance(seq, nn.Sequential) else [seq]:
+        if isinstance(mod, nn.Linear):
+            w, b = _np(mod.weight).T.copy(), _np(mod.bias)
+            layers.append(lambda x, w=w, b=b: x @ w + b)
+        elif isinstance(mod, nn.ReLU):
+            layers.append(lambda x: np.maximum(x, 0.0))
+        elif isinstance(mod, nn.Tanh):
+            layers.append(np.tanh)
+        elif not isinstance(mod, nn.Sequential):
+            raise TypeError(f"set_policy_fast: unsupported layer {type(mod).__name__} (Linear, ReLU, Tanh only)")
+    return layers
+
+
+def _run(layers: list[Layer], x: np.ndarray) -> np.ndarray:
+    for f in layers:
+        x = f(x)
+    return x
+
+
+def supports(model) -> bool:
+    """True for an SB3 actor-critic policy whose actor uses :class:`SetFeaturesExtractor`."""
+    policy = getattr(model, "policy", None)
+    return hasattr(policy, "action_net") and isinstance(getattr(policy, "pi_features_extractor", None), SetFeaturesExtractor)
+
+
+class CachedSetActor:
+    """``act(obs, mask) -> action`` for one observation of EdgeSchedule-v0, users cached per round."""
+
+    def __init__(self, model):
+        if not supports(model):
+            raise TypeError("CachedSetActor needs an actor-critic model with the set features extractor (agents.set_policy)")
+        ex: SetFeaturesExtractor = model.policy.pi_features_extractor
+        self.head, self.k_max, self.pool, self.heads = ex.head, ex.k_max, ex.pool, ex.heads
+        self.context = _mlp(ex.context)
+        self.user = _mlp(ex.user)
+        if self.pool == "attention":
+            self.query, self.key, self.value, self.out = (_mlp(m) for m in (ex.query, ex.key, ex.value, ex.out))
+            self.null_key, self.null_value = _np(ex.null_key), _np(ex.null_value)
+        self.actor = _mlp(model.policy.mlp_extractor.policy_net) + _mlp(model.policy.action_net)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the cached round (call before a new round; a new round is also detected)."""
+        self._n_prev = -1
+        self._rows = 0
+
+    def _encode(self, users: np.ndarray) -> None:
+        """Cache the embeddings of ``users`` (rows in presentation order) and their suffix statistics."""
+        n, d = users.shape[0], None
+        emb = _run(self.user, users)
+        d = emb.shape[1]
+        self._rows = n
+        # suffix i = rows i..n-1; one extra zero row so that an empty suffix reads as 0
+        self._suffix_sum = np.zeros((n + 1, d), dtype=np.float32)
+        self._suffix_sum[:n] = np.cumsum(emb[::-1], axis=0)[::-1]
+        if self.pool == "mean_max":
+            self._suffix_max = np.zeros((n + 1, d), dtype=np.float32)
+            self._suffix_max[:n] = np.maximum.accumulate(emb[::-1], axis=0)[::-1]
+        else:
+            h = self.heads
+            self._keys = _run(self.key, emb).reshape(n, h, d // h)
+            self._values = _run(self.value, emb).reshape(n, h, d // h)
+
+    def features(self, obs: np.ndarray) -> np.ndarray:
+        """The extractor's features for one observation ``(obs_dim,)``, from the cache where it holds."""
+        obs = np.asarray(obs, dtype=np.float32)
+        users = obs[self.head :]
+        n = int((users[PRESENCE::USER_FEATURES] > 0.5).sum())
+        if not (0 < self._n_prev < self.k_max and n == self._n_prev - 1 and n <= self._rows):
+            self._encode(users[: n * USER_FEATURES].reshape(n, USER_FEATURES))
+        self._n_prev = n
+        start = self._rows - n  # the users to come are the last n cached rows
+        ctx = _run(self.context, obs[: self.head])
+        mean = self._suffix_sum[start] / max(n, 1)
+        size = np.float32(math.log1p(n) / SIZE_SCALE)
+        if self.pool == "mean_max":
+            return np.concatenate([ctx, mean, self._suffix_max[start], [size]])
+        h = self.heads
+        dh = ctx.shape[0] // h
+        q = _run(self.query, ctx).reshape(h, dh)
+        keys, values = self._keys[start:], self._values[start:]
+        scale = 1.0 / math.sqrt(dh)
+        scores = np.empty((n + 1, h), dtype=np.float32)
+        scores[0] = (q * self.null_key.reshape(h, dh)).sum(-1) * scale
+        scores[1:] = np.einsum("nhe,he->nh", keys, q) * scale
+        scores -= scores.max(axis=0)
+        w = np.exp(scores)
+        w /= w.sum(axis=0)
+        read = w[0][:, None] * self.null_value.reshape(h, dh) + np.einsum("nh,nhe->he", w[1:], values)
+        return np.concatenate([ctx, _run(self.out, read.reshape(-1)), mean, [size]])
+
+    def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        """The deterministic action among those ``mask`` allows (as ``MaskedArgmax``)."""
+        logits = _run(self.actor, self.features(obs))
+        return int(np.argmax(np.where(np.asarray(mask) > 0.5, logits, -1e8)))
