@@ -38,6 +38,16 @@ on reuse: expected edge time ``D - P_reuse * sum_{i<=h} pass_i``. Choice (``inte
 (default) -- a pass in flight when the verdict arrives finishes first, delaying the next block by
 its remainder on every iteration; ``"immediate"`` -- dropped at once.
 
+**What a reuse buys** (``proactive_gain``, a choice between SpecEdge's two proactive types):
+``"time"`` (default; SpecEdge's ``included`` type) -- the reused passes are not drafted again, so
+a hit saves edge time as above and the tree keeps its depth; ``"tokens"`` (SpecEdge's default
+``excluded`` type) -- the next cycle still drafts its full ``D`` levels, on top of the reused
+``proactive_depth`` levels (SpecEdge: 3), so a hit saves no edge time (the interrupt delay still
+counts) but verifies a deeper tree of the same budget: expected tokens
+``E(D) + P_reuse * (E(D + h) - E(D))``, ``h`` = the proactive levels finished within the wait, at
+most ``proactive_depth`` (one per draft pass of the tree's own widths; :meth:`SplitCostModel.proactive_tokens`).
+The discrete-event check (``envs.split_des``) models ``"time"`` only.
+
 **Edge iteration** (the part of a client's iteration off the server):
 ``X = edge draft - proactive saving + interrupt delay + network``.
 
@@ -76,7 +86,8 @@ from envs.draft_tree import PASS_WIDTHS, DraftTree, TreeShape, expected_tokens, 
 from envs.profile import Profile
 
 INTERRUPTS = ("step", "immediate")
-__all__ = ["INTERRUPTS", "PASS_WIDTHS", "DraftTree", "Proactive", "SplitCostModel", "SplitOptions", "SteadyState", "TreeShape",
+PROACTIVE_GAINS = ("time", "tokens")
+__all__ = ["INTERRUPTS", "PASS_WIDTHS", "PROACTIVE_GAINS", "DraftTree", "Proactive", "SplitCostModel", "SplitOptions", "SteadyState", "TreeShape",
            "expected_tokens", "tree_shape"]
 
 
@@ -88,8 +99,16 @@ class SplitOptions:
     bonus_match: float | None = None  #: P(guessed bonus == target's bonus | all accepted); None = alpha
     interrupt: str = "step"
     pipeline: bool = True
+    #: what a proactive reuse buys: "time" (SpecEdge's `included`: saved edge passes) or "tokens"
+    #: (its default `excluded`: a deeper tree next cycle, no saved time); module docstring
+    proactive_gain: str = "time"
+    proactive_depth: int = 3  #: levels drafted proactively under the guessed bonus (SpecEdge: 3)
 
     def __post_init__(self) -> None:
+        if self.proactive_gain not in PROACTIVE_GAINS:
+            raise ValueError(f"split option 'proactive_gain' must be one of {list(PROACTIVE_GAINS)}, got {self.proactive_gain!r}")
+        if not isinstance(self.proactive_depth, int) or isinstance(self.proactive_depth, bool) or self.proactive_depth < 1:
+            raise ValueError(f"split option 'proactive_depth' must be an integer >= 1, got {self.proactive_depth!r}")
         if self.bonus_match is not None and not 0.0 <= self.bonus_match <= 1.0:
             raise ValueError(f"split option 'bonus_match' must be null or in [0, 1], got {self.bonus_match!r}")
         if self.interrupt not in INTERRUPTS:
@@ -104,6 +123,7 @@ class Proactive:
     saved_s: float  #: expected edge seconds saved (reuse probability x passes done in the wait)
     delay_s: float  #: interrupt delay (a pass in flight finishing after the verdict)
     done_s: float = 0.0  #: seconds of the next block's passes finished within the wait (saved on reuse)
+    levels: int = 0  #: draft passes (levels) finished within the wait
 
 
 @dataclass(frozen=True)
@@ -181,15 +201,49 @@ class SplitCostModel:
         """Expected saving and delay of proactive drafting during a ``wait_s`` verification wait."""
         if not self.options.proactive:
             return Proactive(0.0, 0.0, 0.0)
-        passes = self.edge_pass_s(tree_shape(alpha, tree), context)
+        if self.options.proactive_gain == "tokens":  # the proactive subtree: proactive_depth levels of the same shape
+            sub = self._deepened(tree, 0, levels_only=self.options.proactive_depth)
+            passes = self.edge_pass_s(tree_shape(alpha, sub), context + tree.budget)
+        else:
+            passes = self.edge_pass_s(tree_shape(alpha, tree), context)
         p = self.reuse_probability(alpha, tree)
-        done_s, delay = 0.0, 0.0
+        done_s, delay, levels = 0.0, 0.0, 0
         for t in passes:
             if done_s + t > wait_s:  # the pass in flight when the verdict arrives
                 delay = (done_s + t - wait_s) if self.options.interrupt == "step" else 0.0
                 break
             done_s += t
-        return Proactive(p, p * done_s, delay, done_s)
+            levels += 1
+        if self.options.proactive_gain == "tokens":  # the next cycle drafts its full depth anyway: no time saved
+            return Proactive(p, 0.0, delay, 0.0, levels)
+        return Proactive(p, p * done_s, delay, done_s, levels)
+
+    def proactive_tokens(self, alpha: float, tree: DraftTree, levels: int | None = None) -> float:
+        """Expected extra tokens per iteration from proactive reuse (0 unless ``proactive_gain="tokens"``).
+
+        A reuse (probability :meth:`reuse_probability`) verifies the tree deepened by the proactive
+        levels drafted within the wait: ``min(proactive_depth, levels)`` (``levels``: passes finished
+        in the wait, :attr:`Proactive.levels`; None = all ``proactive_depth``), at the same budget,
+        beams and branch.
+        """
+        if not self.options.proactive or self.options.proactive_gain != "tokens":
+            return 0.0
+        h = self.options.proactive_depth if levels is None else min(self.options.proactive_depth, int(levels))
+        if h <= 0:
+            return 0.0
+        gain = tree_shape(alpha, self._deepened(tree, h)).expected_tokens - tree_shape(alpha, tree).expected_tokens
+        return self.reuse_probability(alpha, tree) * gain
+
+    @staticmethod
+    def _deepened(tree: DraftTree, extra: int, levels_only: int | None = None) -> DraftTree:
+        """``tree`` with ``extra`` more levels (or, with ``levels_only``, exactly that many), same budget, beams and branch.
+
+        A tree keeps its budget (SpecEdge trims the deepened tree to it); a chain grows by its extra
+        nodes, and its verify pass is still priced at ``g + 1`` query tokens (an approximation in the
+        chain's favour: the deepened chain sends ``extra`` more).
+        """
+        depth = tree.max_depth + extra if levels_only is None else levels_only
+        return DraftTree.chain(depth) if tree.is_chain else DraftTree(tree.budget, tree.beams, tree.branch, depth, pass_width=tree.pass_width)
 
     def edge_iteration_s(self, alpha: float, tree: DraftTree, context: float, rtt_s: float | None = None, wait_s: float | None = None,
                          reused: bool | None = None) -> float:
@@ -247,6 +301,9 @@ class SplitCostModel:
                 period = new
                 break
             period, wait = new, wait_new
+        if self.options.proactive and self.options.proactive_gain == "tokens":  # the proactive levels drafted within the final waits
+            pro = [self.proactive(x, tree, context, w) for x, w in zip(a, wait, strict=True)]
+            e = e + np.array([self.proactive_tokens(float(x), tree, q.levels) for x, q in zip(a, pro, strict=True)])
         mem = n * self.server_kv_bytes(context if context_max is None else context_max, tree)
         return SteadyState(n, period, n * period / float(e.sum()), float(e.sum()) / period, sum(v) / period, float(e.mean()),
                            tuple(v), tuple(edge), mem, mem <= self.kv_budget_bytes)

@@ -38,3 +38,20 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, argv, field):
     with pytest.raises(SystemExit, match=field):
         specedge.main(["--out", str(tmp_path), *argv])
     assert not list(tmp_path.iterdir())
+
+
+def test_same_batch_baseline_is_specedge_comparison_and_the_old_method_stays_reachable():
+    tp = specedge.throughput_rows([15.0], [2, 8], ["tree"])
+    full = tp[tp["variant"] == "full"]
+    assert (full["server_batch"] == full["num_clients"] // 2).all() and (full["baseline_batch"] == full["server_batch"]).all()
+    # throughput x ITL = clients on both sides, so the ratio and the ITL change are tied: ratio x (1 + change) = N / B = 2
+    assert (full["throughput_ratio"] * (1 + full["itl_change"])).to_numpy() == pytest.approx(2.0, rel=1e-9)
+    assert full["baseline_depth"].between(2, 8).all()
+    # SpecEdge's pipelining ablation keeps the server batch and halves the clients
+    nopipe = tp[tp["variant"] == "no_pipeline"]
+    assert (nopipe["edge_clients"] == nopipe["num_clients"] // 2).all()
+    old = specedge.throughput_rows([15.0], [8], ["tree"], baseline="equal_itl", tree_timing="roofline", proactive_gain="time")
+    assert set(old["profile"]) == {specedge.TREE_PROFILES["roofline"]} and (old["edge_clients"] == 8).all()
+    assert (old["baseline_itl_ms"] <= old["specedge_itl_ms"] * (1 + 1e-9)).all()  # equal ITL: the baseline is no slower per token
+    with pytest.raises(ValueError, match="baseline"):
+        specedge.throughput_rows([15.0], [2], ["tree"], baseline="same_itl")

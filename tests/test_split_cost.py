@@ -185,3 +185,24 @@ def test_proactive_saves_for_one_client_and_almost_nothing_for_a_large_cohort(mo
     assert one_on.iteration_s < one_off.iteration_s  # a lone client gains p * (passes done in the wait)
     many_on, many_off = model.steady_state(40, 0.8, tree, c, pipeline=False), off.steady_state(40, 0.8, tree, c, pipeline=False)
     assert many_on.iteration_s == pytest.approx(many_off.iteration_s, rel=1e-6)  # 0.8^5 ^ 40: nobody waits less
+
+
+def test_proactive_gain_tokens_deepens_the_tree_and_saves_no_edge_time(model):
+    """SpecEdge's default `excluded` proactive type: a reuse buys a deeper tree, not saved passes."""
+    tree, c = DraftTree(32, 32, 16, 4), 640.0
+    tokens = SplitCostModel(model.profile, SplitOptions(proactive_gain="tokens"))
+    off = SplitCostModel(model.profile, SplitOptions(proactive=False, proactive_gain="tokens"))
+    long_wait = tokens.proactive(0.8, tree, c, wait_s=10.0)
+    assert long_wait.saved_s == 0.0 and long_wait.done_s == 0.0 and long_wait.levels == 3  # every proactive level drafted, none saved
+    assert tokens.proactive(0.8, tree, c, wait_s=0.0).levels == 0
+    deeper = tree_shape(0.8, DraftTree(32, 32, 16, 7)).expected_tokens - tree_shape(0.8, tree).expected_tokens
+    assert tokens.proactive_tokens(0.8, tree) == pytest.approx(tokens.reuse_probability(0.8, tree) * deeper)
+    assert tokens.proactive_tokens(0.8, tree, levels=0) == 0.0 and model.proactive_tokens(0.8, tree) == 0.0  # default "time": no token gain
+    on, no = tokens.steady_state(2, 0.8, tree, c, rtt_s=0.015), off.steady_state(2, 0.8, tree, c, rtt_s=0.015)
+    assert on.tokens_per_iteration > no.tokens_per_iteration and on.throughput_tok_s > no.throughput_tok_s
+    # the default ("time") keeps the tree's own expected tokens
+    assert model.steady_state(2, 0.8, tree, c, rtt_s=0.015).tokens_per_iteration == pytest.approx(tree_shape(0.8, tree).expected_tokens)
+    with pytest.raises(ValueError, match="proactive_gain"):
+        SplitOptions(proactive_gain="both")
+    with pytest.raises(ValueError, match="proactive_depth"):
+        SplitOptions(proactive_depth=0)

@@ -66,3 +66,26 @@ def test_missing_network_field_is_named():
     del d["network"]["rtt_ms"]
     with pytest.raises(ProfileError, match=r"network\.rtt_ms"):
         Profile.from_dict(d)
+
+
+def test_timed_profile_reproduces_the_pass_times_it_is_fitted_to():
+    from envs import split_profile as sp
+    from envs.profile import DeviceSpec, ModelSpec, RooflineLatency
+
+    p = load_profile("split_a100-40gb_qwen3-14b_qwen3-1.7b_timed")
+    d = sp.timed_split_profile()
+    c = sp.TIMED_FIT_CONTEXT
+    # the edge's draft layer: 32 beams of Qwen3-1.7B on the RTX 4090
+    assert p.edge.tau_draft.tau1(1, 32, c + 32) == pytest.approx(sp.DRAFT_LAYER_1_7B_RTX4090_S, rel=1e-6)
+    # the verify engine's overhead, on the 32B at the A100 80GB's bandwidth, gives the published verify pass
+    a80 = DeviceSpec.from_dict({**d["device"], "bandwidth_bytes_per_s": sp.A100_80GB_BANDWIDTH})
+    verify = RooflineLatency(model=ModelSpec.from_dict(sp.QWEN3_32B, "m"), device=a80, flops_efficiency=0.6, bandwidth_efficiency=0.8,
+                             layer_overhead_s=d["latency"]["llm_layer_overhead_s"])
+    assert verify.tau1(1, 33, c + 33) == pytest.approx(sp.VERIFY_32B_A100_80GB_S, rel=1e-6)
+    # server-only SD's draft runs the same draft engine: the edge's per-layer overhead, the A100's bandwidth
+    assert d["latency"]["slm_layer_overhead_s"] == d["edge"]["latency"]["layer_overhead_s"] > 0
+    assert 0 < p.tau_slm.tau1(1, 32, c + 32) < sp.DRAFT_LAYER_1_7B_RTX4090_S
+    # the untimed roofline profile is unchanged and faster
+    assert load_profile("split_a100-40gb_qwen3-14b_qwen3-1.7b").tau_llm.tau1(1, 33, c + 33) < p.tau_llm.tau1(1, 33, c + 33)
+    with pytest.raises(ValueError, match="below its roofline"):
+        sp.fitted_layer_overhead_s(sp.QWEN3_32B, {**d["device"]}, d["latency"], 33, 1e-4)
