@@ -1,0 +1,304 @@
+"""Simulated (EdgeSchedule-v1 model) vs real for edge users: ``runtime.serve placement=split`` live on
+this CPU, then the same rounds through the v1 simulator on the measured role profile.
+
+    python -m experiments.split_sim_vs_real                      # balance_ed; ED-only rounds and mixed rounds
+    python -m experiments.split_sim_vs_real --schedulers balance_ed,edge_first --rounds 6
+
+For each scheduler: start ``runtime.serve placement=split`` on loopback with the project's full pair
+(``--profile``, by default ``split_cpu1_specsched-pair``: the target's and the draft's pass times
+measured with one torch thread on this kind of CPU, ``runtime.profile --role``; the server's online
+calibration pinned at 1 and its speed probes off, so it plans with the bare profile, as the simulator
+does). Then for each setting drive rounds of users, one round at a time, all of a round's users at
+once:
+
+- ``ed``: ``--edge-users`` edge users (each its own :class:`runtime.split_placement.EdgeUser`: its
+  draft model in this process, its verification link delayed by its RTT, drafting at the plan's depth);
+- ``mix``: ``--edge-users`` edge users and ``--http-users`` HTTP users (OpenAI completions).
+
+Prompts cycle through the pair's prompt lists; ``max_tokens`` and deadlines are drawn per user from a
+seeded generator (``--tokens``, ``--deadline-s``), RTTs from ``--rtt-ms``. Then each round is planned
+again by the same scheduler as the server saw it -- prompt tokens, ``max_tokens`` as the output
+prediction, the deadline less the round window, ``has_edge`` and ``rtt_s`` -- on the same profile,
+with the acceptance estimate the server had, and costed with ``envs.split_plan.evaluate_split_plan``
+(each user's realised output length). *sim* realises the estimate; *sim, measured acceptance*
+realises each ED user's measured acceptance (accepted / (accepted + rejecting iterations), from the
+edge's iteration log) and each SD user's. Latency: the request's arrival at the server to its end
+(ED: the edge's report of its last token reaching the server), the simulated one plus the round
+window. Reports served count and p50 latency of ED users (mode ED in both) and of everyone, real vs
+simulated. Writes ``results/split_sim_vs_real/{requests.csv,summary.csv,summary.md}`` atomically.
+
+**Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
+gives every edge its own device. Few concurrent edge users per round keep that difference small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+
+from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.ed_batch import split_model
+from agents.registry import make_scheduler
+from envs.config import EnvConfig
+from envs.cost_model import CostModel
+from envs.plan import AD, ED, SD
+from envs.profile import load_profile
+from envs.split_plan import evaluate_split_plan
+from envs.workload import Round
+from experiments.sim_vs_real import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "split_sim_vs_real"
+MODES = {AD: "ad", SD: "sd", ED: "ed"}
+SETTINGS = ("ed", "mix")
+
+
+def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alpha: float, cohorts: int, threads: int, policy: str | None):
+    """``runtime.serve placement=split`` in its own process; returns (process, http url, grpc address) once warmed up."""
+    port, split_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "runtime.serve", f"scheduler={scheduler}", f"port={port}", f"pair={pair}", f"profile={profile}", f"window_s={window_s}",
+           f"alpha_init={alpha}", f"threads={threads}", "placement=split", f"split.port={split_port}", f"split.cohorts={cohorts}",
+           "calibration_bounds=[1.0,1.0]", "calibration_probe_s=0", "max_queue=4096"]
+    if policy:
+        cmd.append(f"policy_path={policy}")
+    log = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads would block the server once full
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1800):
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"server exited: {log.read()[-3000:]}")
+        try:
+            h = httpx.get(f"{url}/health", timeout=1).json()
+            if h.get("warmed_up") and h.get("split_port"):
+                return proc, url, f"127.0.0.1:{h['split_port']}"
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.1)
+    proc.terminate()
+    raise RuntimeError("server did not start within 180 s")
+
+
+def draw_round(rng: np.random.Generator, setting: str, r: int, args, prompts: list[str]) -> list[dict]:
+    """One round's users: kind, prompt, max_tokens, deadline, rtt."""
+    kinds = ["edge"] * args.edge_users + (["http"] * args.http_users if setting == "mix" else [])
+    users = []
+    for u, kind in enumerate(kinds):
+        users.append({"setting": setting, "round": r, "user": u, "kind": kind, "prompt": prompts[(r * len(kinds) + u) % len(prompts)],
+                      "max_tokens": int(rng.integers(args.tokens[0], args.tokens[1] + 1)),
+                      "deadline_s": float(rng.uniform(*args.deadline_s)),
+                      "rtt_s": float(rng.uniform(*args.rtt_ms)) / 1e3 if kind == "edge" else 0.0})
+    return users
+
+
+def run_round(users: list[dict], edges: list, url: str, tok) -> None:
+    """All users of a round at once; fills each user dict with what happened."""
+
+    def edge(u: dict, i: int) -> None:
+        user = edges[i]
+        user.rtt_s = u["rtt_s"]
+        ids = tok.encode(u["prompt"])
+        res = user.request(ids, u["max_tokens"], u["deadline_s"], request_id=f"{u['setting']}-{u['round']}-{u['user']}")
+        its = res.edge.iterations if res.edge else []
+        acc = sum(log.accepted for log in its)
+        rej = sum(log.accepted < log.depth for log in its)
+        u.update(prompt_tokens=len(ids), mode=res.mode, outcome=res.outcome, latency_s=res.server_latency_s, wait_s=res.wait_s, tokens=len(res.tokens),
+                 depth=res.depth, iterations=len(its), accepted=acc, rejections=rej, edge_latency_s=res.latency_s)
+
+    def http(u: dict) -> None:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": u["prompt"], "max_tokens": u["max_tokens"], "deadline_s": u["deadline_s"]}, timeout=300)
+        body = r.json()
+        s = body.get("specsched") or {}
+        u.update(prompt_tokens=len(tok.encode(u["prompt"])), mode=s.get("mode", "-"), outcome=s.get("outcome", "error"), latency_s=s.get("latency_s"),
+                 wait_s=s.get("wait_s"), tokens=s.get("completion_tokens", 0), depth=0, accepted=s.get("sd_accepted"), rejections=s.get("sd_rejections"))
+
+    threads, i = [], 0
+    for u in users:
+        if u["kind"] == "edge":
+            threads.append(threading.Thread(target=edge, args=(u, i)))
+            i += 1
+        else:
+            threads.append(threading.Thread(target=http, args=(u,)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, policy: str | None) -> pd.DataFrame:
+    """Plan each round as the server saw it and cost it with the v1 model (see the module docstring)."""
+    cost = CostModel(load_profile(profile))
+    split = split_model(cost.profile)
+    sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0) if scheduler != "policy" else _policy(cost, policy)
+    rows = []
+    for (setting, r), g in df.groupby(["setting", "round"], sort=False):
+        n = len(g)
+        edge = (g.kind == "edge").to_numpy()
+        rnd = Round.from_requests(g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6),
+                                  np.full(n, float(g.alpha_server.iloc[0])), uplink_s=0.0, downlink_s=0.0)
+        rnd.has_edge, rnd.rtt_s = edge, g.rtt_s.to_numpy(dtype=float)
+        plan = sched.plan(rnd)
+        produced = np.maximum(g.tokens.fillna(0).to_numpy(dtype=np.int64), 1)
+        realised = np.where(g.outcome.isin(["served", "late"]), produced, rnd.output_tokens)  # a rejected request's output is never seen
+        acc, rej = g.accepted.to_numpy(dtype=float), g.rejections.to_numpy(dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            measured = np.clip(acc / (acc + rej), 0.0, 0.999)
+        outs = {}
+        for label, alpha in (("sim", rnd.alpha), ("sim_measured", np.where(np.isfinite(measured), measured, rnd.alpha))):
+            rr = dataclasses.replace(rnd, realized_output_tokens=realised.astype(np.int64), realized_alpha=np.asarray(alpha, dtype=float))
+            outs[label] = evaluate_split_plan(cost, split, rr, plan)
+        for k, idx in enumerate(g.index):
+            row = {"index": idx, "sim_mode": MODES.get(int(plan.modes[k]), "-"), "sim_depth": int(plan.ed_depth[k]) if plan.ed_depth is not None and plan.modes[k] == ED else 0}
+            for label, out in outs.items():
+                lat = float(out.latency_s[k])
+                row[f"{label}_served"] = bool(out.served[k])
+                row[f"{label}_latency_s"] = lat + window_s if np.isfinite(lat) else np.nan
+            rows.append(row)
+    return df.join(pd.DataFrame(rows).set_index("index"))
+
+
+def _policy(cost: CostModel, path: str | None):
+    from agents.policy_v1 import PolicyV1Scheduler
+
+    return PolicyV1Scheduler(cost, EnvConfig.max_gamma, seed=0, path=path)
+
+
+def _err(sim: float, real: float) -> float:
+    return (sim - real) / real * 100 if real and np.isfinite(real) and np.isfinite(sim) else np.nan
+
+
+def compare(df: pd.DataFrame) -> pd.DataFrame:
+    """Per scheduler, setting and population (ED users in both / everyone): served and p50 latency errors."""
+    rows = []
+    for (scheduler, setting), g in df.groupby(["scheduler", "setting"], sort=False):
+        for who, m in (("ED users", g[(g["mode"] == "ed") & (g.sim_mode == "ed")]), ("edge users", g[g.kind == "edge"]), ("everyone", g)):
+            if m.empty:
+                continue
+            done = m.outcome.isin(["served", "late"])
+            real_served, real_p50 = int((m.outcome == "served").sum()), m.latency_s[done].median()
+            row = {"scheduler": scheduler, "setting": setting, "users": who, "requests": len(m), "served (real)": real_served}
+            for label, col in (("sim", "sim"), ("sim, measured acceptance", "sim_measured")):
+                served = int(m[f"{col}_served"].sum())
+                row[f"served ({label})"] = served
+                row[f"served error % ({label})"] = (served - real_served) / max(real_served, 1) * 100
+            row["p50 latency real (s)"] = real_p50
+            for label, col in (("sim", "sim"), ("sim, measured acceptance", "sim_measured")):
+                p50 = m[f"{col}_latency_s"].dropna().median()
+                row[f"p50 ({label}) (s)"] = p50
+                row[f"p50 error % ({label})"] = _err(p50, real_p50)
+            row["same modes (%)"] = float((m["mode"].fillna("-").replace({"rejected": "-", "error": "-"}) == m.sim_mode).mean() * 100)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schedulers", default="balance_ed", help="comma-separated: balance_ed, edge_first, policy (with --policy)")
+    ap.add_argument("--policy", default="policies/split_k20", help="the v1 policy for scheduler policy")
+    ap.add_argument("--settings", default="ed,mix", help="comma-separated: ed (edge users only), mix (edge + HTTP users)")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds per setting")
+    ap.add_argument("--edge-users", type=int, default=2)
+    ap.add_argument("--http-users", type=int, default=2)
+    ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
+    ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.5, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
+    ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
+    ap.add_argument("--window-s", type=float, default=0.3)
+    ap.add_argument("--alpha", type=float, default=0.8, help="the server's initial acceptance estimate")
+    ap.add_argument("--cohorts", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the edges (the profile is measured with one)")
+    ap.add_argument("--profile", default="split_cpu1_specsched-pair")
+    ap.add_argument("--pair", type=Path, default=None, help="a built pair folder (default: the project's full pair, built and cached)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    known = {"balance_ed", "edge_first", "policy"}
+    if not set(args.schedulers.split(",")) <= known:
+        ap.error(f"--schedulers must be from {sorted(known)}, got {args.schedulers}")
+    if not set(args.settings.split(",")) <= set(SETTINGS):
+        ap.error(f"--settings must be from {list(SETTINGS)}, got {args.settings}")
+    for name, lo in (("rounds", 1), ("edge_users", 1), ("http_users", 0), ("cohorts", 1), ("threads", 1)):
+        if getattr(args, name) < lo:
+            ap.error(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(args, name)}")
+    if not (1 <= args.tokens[0] <= args.tokens[1] and 0 < args.deadline_s[0] <= args.deadline_s[1] and 0 <= args.rtt_ms[0] <= args.rtt_ms[1]):
+        ap.error("--tokens, --deadline-s and --rtt-ms must be ranges lo <= hi (tokens >= 1, deadlines > 0, RTTs >= 0)")
+    if not 0 < args.alpha < 1 or not args.window_s > 0:
+        ap.error("--alpha must be in (0, 1) and --window-s > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import torch
+
+    from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS, build_pair, load_pair
+    from runtime.split_placement import EdgeUser
+
+    torch.set_num_threads(args.threads)
+    load_profile(args.profile)  # a bad name fails before anything starts
+    pair_path = args.pair or build_pair(progress=False)
+    pair = load_pair(pair_path)
+    tok = pair.tokenizer
+    prompts = CODE_PROMPTS + PROSE_PROMPTS
+    frames = []
+    t_start = time.perf_counter()
+    for scheduler in args.schedulers.split(","):
+        proc, url, address = start_server(scheduler, pair_path, args.profile, args.window_s, args.alpha, args.cohorts, args.threads,
+                                          args.policy if scheduler == "policy" else None)
+        edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
+        try:
+            for setting in args.settings.split(","):
+                rng = np.random.default_rng([args.seed, SETTINGS.index(setting)])  # the same users for every scheduler
+                for r in range(args.rounds):
+                    users = draw_round(rng, setting, r, args, prompts)
+                    alpha = float(httpx.get(f"{url}/health", timeout=10).json()["alpha_estimate"])
+                    run_round(users, edges, url, tok)
+                    frames.append(pd.DataFrame(users).assign(scheduler=scheduler, alpha_server=alpha))
+                    print(f"[{scheduler} {setting} round {r}] " + ", ".join(f"{u['kind']}:{u['mode']}/{u['outcome']}/{u['latency_s']:.2f}s" for u in users), flush=True)
+        finally:
+            for e in edges:
+                e.close()
+            proc.terminate()
+            proc.wait(timeout=60)
+    wall = time.perf_counter() - t_start
+    sims = [simulate(df, s, args.profile, args.window_s, args.policy) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
+    both = pd.concat(sims)
+    write_report(args, both, compare(both), wall)
+
+
+def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(both.drop(columns=["prompt"]), args.out / "requests.csv")
+    write_csv_atomic(table, args.out / "summary.csv")
+    cmd = (f"python -m experiments.split_sim_vs_real --schedulers {args.schedulers} --settings {args.settings} --rounds {args.rounds} "
+           f"--edge-users {args.edge_users} --http-users {args.http_users} --tokens {args.tokens[0]} {args.tokens[1]} "
+           f"--deadline-s {args.deadline_s[0]:g} {args.deadline_s[1]:g} --rtt-ms {args.rtt_ms[0]:g} {args.rtt_ms[1]:g} --window-s {args.window_s:g} "
+           f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else ""))
+    text = "\n".join([
+        "# Simulated (v1) vs real: edge users", "",
+        f"`runtime.serve placement=split` on loopback, the project's pair on this CPU ({args.threads} torch thread(s) in the server and in the edges' process), "
+        f"profile `{args.profile}` (measured role profile), online calibration pinned at 1; {args.rounds} rounds per setting, one round at a time: "
+        f"`ed` = {args.edge_users} edge users, `mix` = {args.edge_users} edge + {args.http_users} HTTP users; max_tokens in {args.tokens}, deadlines in "
+        f"{args.deadline_s} s, RTTs in {args.rtt_ms} ms (the edges' verification links delayed by it), {args.cohorts} verification cohorts, "
+        f"round window {args.window_s} s. ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
+        "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
+        "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device).", "",
+        table.to_markdown(index=False, floatfmt=".3g"), "",
+        f"Wall time of the live part: {wall_s:.0f} s. Host load is not controlled by this script: see the run's notes in the README.", "",
+        f"Reproduce: `{cmd}`", "",
+    ])
+    write_text_atomic(args.out / "summary.md", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
