@@ -141,7 +141,7 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
     split = split_model(cost.profile)
     sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0) if scheduler != "policy" else _policy(cost, policy)
     rows = []
-    for (setting, r), g in df.groupby(["setting", "round"], sort=False):
+    for _, g in df.groupby(["setting", "round"], sort=False):
         n = len(g)
         edge = (g.kind == "edge").to_numpy()
         rnd = Round.from_requests(g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6),
@@ -210,7 +210,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--edge-users", type=int, default=2)
     ap.add_argument("--http-users", type=int, default=2)
     ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
-    ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.5, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
+    ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.8, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
     ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
     ap.add_argument("--window-s", type=float, default=0.3)
     ap.add_argument("--alpha", type=float, default=0.8, help="the server's initial acceptance estimate")

@@ -61,7 +61,7 @@ def pair():
     return tiny_pair()
 
 
-@pytest.mark.parametrize("scheduler", ["edge_first", "balance_ed"])
+@pytest.mark.parametrize("scheduler", ["edge_first", "balance_ed", "policy"])
 def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler):
     from runtime.engines import generate_ad
     from runtime.split_placement import EdgeUser
@@ -69,7 +69,8 @@ def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler
     tok = pair.tokenizer
     prompts = [tok.encode("def add(a, b):"), tok.encode("for i in range(")]
     n_new = 12
-    with running(pair, split_tiny_profile(pair, tmp_path), scheduler=scheduler, placement="split", window_s=0.3,
+    policy = {"policy_path": str(ROOT / "policies" / "split_k20")} if scheduler == "policy" else {}
+    with running(pair, split_tiny_profile(pair, tmp_path), scheduler=scheduler, placement="split", window_s=0.3, **policy,
                  split={"port": 0, "cohorts": 2, "window_ms": 2.0}, calibration_probe_s=0) as srv:
         url, rounds = srv.url, srv.serve_app.rounds
         for _ in range(100):
@@ -105,20 +106,25 @@ def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler
     assert refused.outcome == "error" and "INVALID_ARGUMENT" in refused.reason
     assert [r.status_code for r in http_results[:2]] == [200, 200]
     assert http_results[2].status_code == 429  # hopeless deadline: rejected with its outcome
+    planned = scheduler != "policy"  # the shipped v1 policy was trained on another profile: it may reject
     for r in edge_results:
-        assert r is not None and r.outcome == "served", r
+        assert r is not None and r.outcome in (("served",) if planned else ("served", "late", "rejected")), r
         assert r.mode == ("ed" if scheduler == "edge_first" else r.mode)
     ed = [r for r in edge_results if r.mode == "ed"]
     assert ed or scheduler != "edge_first"
     for r in edge_results:  # greedy ED (and AD / SD) output equals greedy AD
-        i = int(r.request_id[1:])
-        assert r.tokens == generate_ad(pair.target, [prompts[i]], n_new, pad_id=tok.pad_id).tokens[0]
+        if r.outcome in ("served", "late"):
+            i = int(r.request_id[1:])
+            assert r.tokens == generate_ad(pair.target, [prompts[i]], n_new, pad_id=tok.pad_id).tokens[0]
     assert all(r.depth >= 1 and r.edge is not None and r.edge.iterations for r in ed)
-    # one outcome per request, counted per kind
+    # one outcome per request, counted per kind, and the edge's view agrees with the server's
     by_kind = health["by_kind"]
-    assert sum(by_kind["edge"].values()) == 2 and by_kind["edge"]["served"] == 2
-    assert sum(by_kind["http"].values()) == 3 and by_kind["http"]["served"] == 2 and by_kind["http"]["rejected"] == 1
-    assert 'specsched_split_requests_total{kind="edge",outcome="served"} 2.0' in metrics
+    assert sum(by_kind["edge"].values()) == 2 and sum(by_kind["http"].values()) == 3
+    for outcome in ("served", "late", "rejected", "error"):
+        assert by_kind["edge"][outcome] == sum(r.outcome == outcome for r in edge_results)
+        assert f'specsched_split_requests_total{{kind="edge",outcome="{outcome}"}} {by_kind["edge"][outcome]:.1f}' in metrics
+    if planned:
+        assert by_kind["edge"]["served"] == 2 and by_kind["http"]["served"] == 2 and by_kind["http"]["rejected"] == 1
     assert health["edge_active"] == 0
 
 
