@@ -153,6 +153,19 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def train_config(cfg: dict[str, Any], seed: int, experiment: str | None = None) -> dict[str, Any]:
+    """What a trial trains (``experiment=None``: the default hyperparameters on ``setting``), or, with
+    ``experiment``, ``python -m agents.train experiment=NAME`` with the same run-only overrides
+    (a path to a ``.yaml`` instead of a name: that file merged at the top, as Hydra merges an
+    ``@package _global_`` experiment)."""
+    if experiment is None:
+        return _merge(compose_train(list(cfg["trial_overrides"])), {**cfg["setting"], "seed": seed})
+    if experiment.endswith(".yaml"):
+        body = yaml.safe_load(Path(experiment).read_text())
+        return {**_merge(compose_train(list(cfg["trial_overrides"])), body), "seed": seed}
+    return {**compose_train([*cfg["trial_overrides"], f"experiment={experiment}"]), "seed": seed}
+
+
 def apply_params(raw: dict, params: dict[str, Any]) -> dict:
     """The training config ``raw`` with one trial's parameters: net_width -> net_arch, the rest -> hyperparams."""
     hyper = {k: v for k, v in params.items() if k != "net_width"}
@@ -266,7 +279,7 @@ def run_study(cfg: dict[str, Any]) -> optuna.Study:
             study.enqueue_trial(defaults)
         else:
             print(f"[tune] the default configuration {defaults} is outside the space: not enqueued", flush=True)
-    base_raw = _merge(compose_train(list(cfg["trial_overrides"])), {**cfg["setting"], "seed": cfg["train_seed"]})
+    base_raw = train_config(cfg, cfg["train_seed"])
     left = cfg["trials"] - sum(t.state.is_finished() for t in study.trials)
     if left > 0:
         # ValueError: a trial whose run diverged (e.g. NaN logits at a large learning rate) is FAILED, the study goes on

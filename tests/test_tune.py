@@ -151,3 +151,15 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     tc = TrainConfig.from_dict(raw)
     assert tc.env.num_users == 5 and tc.agent.hyperparams["vf_coef"] == 0.5  # unsearched defaults kept
     assert Path(tmp_path / "runs" / "study.journal").is_file()
+    # experiments/tune.py: default vs that tuned file on the test stream, paired per round
+    from experiments.tune import main as compare_main
+
+    setting = [o for o in overrides if o.startswith(("setting.", "space."))]
+    table = compare_main(["--seeds", "1", "--rounds", "3", "--experiment", str(written), "--runs", str(tmp_path / "cmp"), "--out", str(tmp_path / "results"), "--search-set", *setting])
+    assert list(table.row[:2]) == ["seed 1", "pooled (1 seeds, per-round mean)"]
+    assert table.diff_tuned_minus_default.iloc[0] == pytest.approx(table.tuned_served_frac.iloc[0] - table.default_served_frac.iloc[0])
+    rows = pd.read_csv(tmp_path / "results" / "compare_rows.csv")
+    assert sorted(rows.scheduler.unique()) == ["balance", "default", "tuned"] and len(rows) == 9
+    assert (tmp_path / "results" / "compare.md").is_file()
+    assert yaml.safe_load((tmp_path / "cmp" / "tuned_s1" / "config.yaml").read_text())["agent"]["net_arch"] == exp["agent"]["net_arch"]
+    assert yaml.safe_load((tmp_path / "cmp" / "default_s1" / "config.yaml").read_text())["agent"]["net_arch"] == [256, 256]
