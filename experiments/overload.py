@@ -77,6 +77,9 @@ def row_for(df: pd.DataFrame, name: str, rounds: int, wall: float, health: dict)
         "p50 latency admitted (s)": float(admitted.latency_s.median()) if len(admitted) else np.nan,
         "p99 latency admitted (s)": float(admitted.latency_s.quantile(0.99)) if len(admitted) else np.nan,
         "rejection answer p50 (s)": float(rejected.latency_s.median()) if len(rejected) else np.nan,
+        # the client's send stamp to the server's app: how long requests wait before the server can see them
+        "send to server p50 (s)": float(pd.to_numeric(df.sent_lead_s, errors="coerce").median()) if len(df) else np.nan,
+        "answer margin (s)": health.get("answer_margin_s", np.nan),
         "goodput (tokens/s)": float(pd.to_numeric(df.output_tokens[df.outcome == "served"], errors="coerce").sum() / wall),
         "calibration ad": cal.get("ad", np.nan), "calibration sd": cal.get("sd", np.nan),
         "host load (1 min avg)": os.getloadavg()[0],  # other work on the host: the figures depend on it

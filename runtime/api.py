@@ -12,6 +12,11 @@ Limits (:class:`BodyLimits`, outermost, so every response is counted by status):
 ``max_body_bytes`` gets 413 before it is read whole (from ``Content-Length``, or as soon as a
 chunked body passes the limit); a body not complete after ``body_timeout_s`` gets 408; a
 connection without complete headers after ``header_timeout_s`` is closed.
+
+A request's deadline counts from its arrival at the app, or from the client's send stamp where the
+client gives one (``X-Request-Start: t=<µs since the epoch>``; :mod:`runtime.admission`), and the
+delay from each rejection's decision to its answer being written is fed back to the queue, which
+decides that much earlier.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from contextlib import asynccontextmanager
 from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
 from pydantic import ValidationError
 
+from runtime.admission import SENT_HEADER, AnswerMargin, client_sent_lead_s
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
 from runtime.openai_schemas import (
@@ -52,7 +58,9 @@ from runtime.serve_config import ServeConfig
 from runtime.textstream import TextStream
 
 MODEL_ID = "specsched"
-ARRIVAL_KEY = "specsched.arrival"  #: ASGI scope key: monotonic time the request reached the app (before its body was read)
+ARRIVAL_KEY = "specsched.arrival"  #: ASGI scope key: monotonic time the request was sent (its stamp) or reached the app (before its body was read)
+SENT_LEAD_KEY = "specsched.sent_lead"  #: ASGI scope key: seconds from the client's send stamp to the app (0 without a stamp)
+LIVE_KEY = "specsched.live"  #: ASGI scope key: the request's LiveRequest, once queued (its answer's delay is measured)
 
 
 class BadRequest(Exception):
@@ -73,8 +81,14 @@ async def _send_json(send, status: int, body: dict, close: bool = False) -> None
 class BodyLimits:
     """ASGI middleware: body size and read-time limits, every response counted by status."""
 
-    def __init__(self, app, cfg: ServeConfig, metrics: ServeMetrics):
-        self.app, self.cfg, self.metrics = app, cfg, metrics
+    def __init__(self, app, cfg: ServeConfig, metrics: ServeMetrics, margin: AnswerMargin | None = None):
+        self.app, self.cfg, self.metrics, self.margin = app, cfg, metrics, margin
+
+    def answered(self, live: LiveRequest) -> None:
+        """A request's answer is out (its last byte handed to the transport): a rejection's delay
+        since its decision teaches the queue how early to decide (:mod:`runtime.admission`)."""
+        if self.margin is not None and live.outcome == "rejected" and live.completed_at is not None:
+            self.margin.observe(time.monotonic() - live.completed_at)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -84,16 +98,23 @@ class BodyLimits:
             if msg["type"] == "http.response.start":
                 self.metrics.status(msg["status"])
             await send(msg)
+            if msg["type"] == "http.response.body" and not msg.get("more_body", False) and (live := scope.get(LIVE_KEY)) is not None:
+                self.answered(live)
 
         limit = self.cfg.max_body_bytes
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             return await _send_json(counted, 413, error_body(413, f"request body over the limit of {limit} bytes (max_body_bytes)", code="body_too_large"), close=True)
         if scope.get("method") not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, counted)
         # the request's arrival: its deadline counts from here, so time it spends queued inside this
         # process (a busy event loop under a burst) is seen by the admission check, not only by the client
-        scope[ARRIVAL_KEY] = time.monotonic()
+        # counted from the client's send stamp where it gives one (X-Request-Start): the time its
+        # request waited in the kernel's and uvicorn's queues is part of its deadline too
+        lead = client_sent_lead_s(headers.get(SENT_HEADER), time.time())
+        scope[ARRIVAL_KEY] = time.monotonic() - lead
+        scope[SENT_LEAD_KEY] = lead
         # read the body here, bounded in size and time, then hand it to the app in one piece
         chunks, size = [], 0
         try:
@@ -209,13 +230,15 @@ class ServeApp:
                 raise BadRequest(400, f"'{param}' has {len(ids)} tokens; the limit is {cfg.max_prompt_tokens} (max_prompt_tokens)", param, "context_length_exceeded")
             return ids
 
-        def admit(req, ids: list[int], max_tokens: int, arrival: float | None) -> LiveRequest:
+        def admit(req, ids: list[int], max_tokens: int, scope: dict) -> LiveRequest:
             if not 1 <= max_tokens <= cfg.max_tokens_limit:
                 raise BadRequest(400, f"'max_tokens' must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens}", "max_tokens")
-            live = LiveRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens, arrival=arrival or time.monotonic(),
+            live = LiveRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens, arrival=scope.get(ARRIVAL_KEY) or time.monotonic(),
+                               sent_lead_s=scope.get(SENT_LEAD_KEY, 0.0),
                                deadline_s=float(req.deadline_s if req.deadline_s is not None else cfg.default_deadline_s),
                                text=TextStream(tokenizer.decode, req.stop_list()), stream=req.stream, queue=asyncio.Queue() if req.stream else None,
                                temperature=req.temperature, top_p=req.top_p, seed=req.seed if req.seed is not None else secrets.randbits(63))
+            scope[LIVE_KEY] = live  # its answer's delay is measured when the response is out (BodyLimits)
             rounds.submit(live)
             return live
 
@@ -229,10 +252,10 @@ class ServeApp:
                     except UnsupportedParameter as err:
                         raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
                     ids = encode(chat_prompt(tokenizer, messages), "messages")
-                    live = admit(req, ids, req.token_limit(), request.scope.get(ARRIVAL_KEY))
+                    live = admit(req, ids, req.token_limit(), request.scope)
                 else:
                     req = parse(CompletionRequest, body)
-                    live = admit(req, encode(req.prompt, "prompt"), req.max_tokens, request.scope.get(ARRIVAL_KEY))
+                    live = admit(req, encode(req.prompt, "prompt"), req.max_tokens, request.scope)
             except BadRequest as err:
                 return error(err.status, str(err), err.param, err.code)
             except Refused as err:
@@ -275,6 +298,7 @@ class ServeApp:
                 """The last events in one piece (one write): outcome, usage if asked, [DONE]."""
                 return chunk(None if chat else "", finish(), live.summary()) + (chunk(None, usage_only=True) if include_usage else "") + "data: [DONE]\n\n"
 
+            await asyncio.sleep(0)  # one turn of the loop: the queue checks every request that arrived in this one (RoundServer.submit)
             if live.done.is_set():  # answered already (rejected on arrival): the whole stream in one response, no chunking
                 return Response((chunk("", role=True) if chat else "") + tail(), media_type="text/event-stream")
 
@@ -320,7 +344,7 @@ class ServeApp:
                     "calibration": dict(rounds.calibration.factor), "scheduler": cfg.scheduler}
 
         self.fastapi = app
-        self.asgi = BodyLimits(app, cfg, self.metrics)
+        self.asgi = BodyLimits(app, cfg, self.metrics, rounds.answer_margin)
 
     async def __call__(self, scope, receive, send):
         await self.asgi(scope, receive, send)

@@ -18,13 +18,16 @@ import threading
 from envs.cost_model import CostModel
 
 MODES = ("ad", "sd")
+SETTLED = 3  #: samples per mode after which the measured spread alone sets the margin (``first_rel_sd`` no longer applies)
 
 
 class StepCalibration:
     """Per-mode factor ``real / predicted`` step time: an EMA of measured ratios plus ``margin_sd``
-    EMA standard deviations, kept in bounds."""
+    EMA standard deviations, kept in bounds. Until a mode has ``SETTLED`` samples its spread is at
+    least ``first_rel_sd`` x its mean: the first sample (often a short probe of one row, just after
+    the host changed) may well be off for a full batch."""
 
-    def __init__(self, weight: float = 0.3, bounds: tuple[float, float] = (0.5, 20.0), margin_sd: float = 1.0):
+    def __init__(self, weight: float = 0.3, bounds: tuple[float, float] = (0.5, 20.0), margin_sd: float = 1.0, first_rel_sd: float = 0.0):
         lo, hi = bounds
         if not 0 < weight <= 1:
             raise ValueError(f"calibration weight must be in (0, 1], got {weight}")
@@ -32,7 +35,10 @@ class StepCalibration:
             raise ValueError(f"calibration bounds must satisfy 0 < low <= 1 <= high, got {bounds}")
         if not 0 <= margin_sd < math.inf:
             raise ValueError(f"calibration margin_sd must be >= 0, got {margin_sd}")
+        if not 0 <= first_rel_sd <= 1:
+            raise ValueError(f"calibration first_rel_sd must be in [0, 1], got {first_rel_sd}")
         self.weight, self.lo, self.hi, self.margin_sd = float(weight), float(lo), float(hi), float(margin_sd)
+        self.first_rel_sd = float(first_rel_sd)
         self.factor = dict.fromkeys(MODES, 1.0)  #: what planning multiplies the profile's times by
         self.mean = dict.fromkeys(MODES, 1.0)
         self.var = dict.fromkeys(MODES, 0.0)
@@ -53,7 +59,10 @@ class StepCalibration:
                 w, d = self.weight, ratio - self.mean[mode]
                 self.mean[mode] += w * d
                 self.var[mode] = (1 - w) * (self.var[mode] + w * d * d)  # exponentially weighted variance
-            f = self.mean[mode] + self.margin_sd * math.sqrt(self.var[mode])
+            var = self.var[mode]
+            if self.samples[mode] + 1 < SETTLED:  # one or two samples say little about the spread: assume first_rel_sd of the mean
+                var = max(var, (self.first_rel_sd * self.mean[mode]) ** 2)
+            f = self.mean[mode] + self.margin_sd * math.sqrt(var)
             self.factor[mode] = min(max(f, self.lo), self.hi)
             self.samples[mode] += 1
             return self.factor[mode]

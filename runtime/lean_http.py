@@ -69,21 +69,23 @@ class Response:
 
 
 class post_json:
-    """``async with post_json(url, path, payload) as response:`` one POST on its own connection."""
+    """``async with post_json(url, path, payload) as response:`` one POST on its own connection
+    (``headers``: extra request headers, e.g. the send stamp ``X-Request-Start``)."""
 
-    def __init__(self, url: str, path: str, payload: dict):
+    def __init__(self, url: str, path: str, payload: dict, headers: dict[str, str] | None = None):
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"only http://host:port URLs are supported, got {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.path = (parts.path.rstrip("/") + path) or "/"
         self.body = json.dumps(payload).encode()
+        self.extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.writer: asyncio.StreamWriter | None = None
 
     async def __aenter__(self) -> Response:
         reader, self.writer = await asyncio.open_connection(self.host, self.port)
         head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(self.body)}\r\nConnection: close\r\n\r\n").encode("latin-1")
+                f"Content-Length: {len(self.body)}\r\nConnection: close\r\n{self.extra}\r\n").encode("latin-1")
         self.writer.write(head + self.body)
         status_line = await reader.readline()
         fields = status_line.split(None, 2)

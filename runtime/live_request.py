@@ -29,7 +29,8 @@ class LiveRequest:
     temperature: float = 0.0  #: 0: greedy
     top_p: float = 1.0
     seed: int = 0  #: the request's own random stream (drawn by the server when the client gives none)
-    arrival: float = field(default_factory=time.monotonic)
+    arrival: float = field(default_factory=time.monotonic)  #: monotonic time the client sent it (its stamp) or it reached the app
+    sent_lead_s: float = 0.0  #: seconds from the client's send stamp to the app (0: no stamp)
     mode: str = "-"
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -55,7 +56,7 @@ class LiveRequest:
         """SpecSched's extension in the last chunk / the response: outcome, reason and timings."""
         end = self.completed_at or time.monotonic()
         return {
-            "outcome": self.outcome, "reason": self.reason, "mode": self.mode, "latency_s": end - self.arrival,
+            "outcome": self.outcome, "reason": self.reason, "mode": self.mode, "latency_s": end - self.arrival, "sent_lead_s": self.sent_lead_s,
             "ttft_s": (self.first_token_at - self.arrival) if self.first_token_at else None, "completion_tokens": self.completion_tokens,
             "deadline_s": self.deadline_s, "wait_s": (self.round_start - self.arrival) if self.round_start else None,
             "plan_s": (self.planned_at - self.round_start) if self.round_start and self.planned_at else None,

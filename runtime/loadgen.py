@@ -36,12 +36,13 @@ import pandas as pd
 
 from envs.config import EnvConfig
 from envs.workload import round_rng, sample_round
+from runtime.admission import sent_header_value
 from runtime.lean_http import post_json
 
 KNOWN = {"env", "url", "rounds", "users", "seed", "time_scale", "token_scale", "max_tokens_cap", "round_gap_s", "output", "timeout_s", "stream", "wait_rounds"}
 COLUMNS = ["round", "user", "prompt_tokens", "max_tokens", "deadline_s", "status", "mode", "outcome", "reason", "ttft_s", "latency_s", "output_tokens",
-           "server_latency_s", "wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections"]
-SUMMARY_KEYS = ("wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections")
+           "server_latency_s", "sent_lead_s", "wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections"]
+SUMMARY_KEYS = ("sent_lead_s", "wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections")
 
 
 def prompt_text(n_bytes: int, rng: np.random.Generator, corpus: bytes) -> str:
@@ -58,12 +59,15 @@ def _row(row: dict, start: float, status: int | None, final: dict, ttft: float |
 
 async def one_request(url: str, payload: dict, row: dict, timeout_s: float) -> dict:
     """Send one request (its own connection, :mod:`runtime.lean_http`); the row always has an
-    outcome (``error`` when no server outcome came back)."""
+    outcome (``error`` when no server outcome came back). The request carries its send time
+    (``X-Request-Start``), the moment its client clock starts: the server counts its deadline from
+    there, not from when it got round to reading it."""
     start = time.monotonic()
+    stamp = {"X-Request-Start": sent_header_value(time.time())}
     ttft = None
     final: dict[str, Any] = {}
     try:
-        async with asyncio.timeout(timeout_s), post_json(url, "/v1/completions", payload) as resp:
+        async with asyncio.timeout(timeout_s), post_json(url, "/v1/completions", payload, stamp) as resp:
             if resp.status != 200:  # 429 rejected / 500 error carry the server's outcome; 4xx / 503 do not
                 body = json.loads(await resp.read())
                 message = body.get("error", {}).get("message", str(resp.status))

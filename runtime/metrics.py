@@ -3,7 +3,7 @@
 One registry per server (several servers can live in one process, as in the tests). Counters per
 outcome, per rejection kind and per HTTP status (every response, 4xx / 500 / 503 included);
 histograms of request latency, time to first token and inter-token latency; gauges of queue depth,
-the calibration factor per mode and the acceptance estimate.
+the calibration factor per mode, the acceptance estimate and the rejection answer margin.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class ServeMetrics:
         self.itl = Histogram("specsched_inter_token_latency_seconds", "Time between a request's tokens (an SD iteration's tokens share its gap)", buckets=ITL_BUCKETS_S, registry=r)
         self.queue = Gauge("specsched_queue_depth", "Requests waiting for a round", registry=r)
         self.calibration = Gauge("specsched_calibration_factor", "Real / predicted step time per mode (planning scales the profile by it)", ["mode"], registry=r)
+        self.answer_margin = Gauge("specsched_answer_margin_seconds", "How early the queue decides a rejection: learnt delay from decision to answer written (see runtime.admission)", registry=r)
         self.alpha = Gauge("specsched_acceptance_estimate", "SD acceptance estimate used for planning", registry=r)
         self.rounds = Counter("specsched_rounds", "Rounds planned", registry=r)
         self.faults = Counter("specsched_round_faults", "Rounds that failed with an exception", registry=r)

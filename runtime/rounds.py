@@ -11,8 +11,10 @@ instead of being rejected (or served late) after its deadline when its round is 
 "Can no longer" is: its earliest start -- not before its round's window closes, the running round
 is expected to end (its calibrated plan) and the full rounds queued ahead of it have run (each as
 long as recent rounds took) -- plus its minimal service time (alone on the device, in its faster
-mode, calibrated), plus the time to get the answer out (one sweep interval and the event loop's
-measured lag), exceeds its deadline.
+mode, calibrated), plus the time to get the answer out (one sweep interval and the learnt answer
+margin of :mod:`runtime.admission`: the observed delay from a rejection's decision to its answer
+written, upper estimate, never below the event loop's lag), exceeds its deadline. The deadline
+counts from the client's send stamp where it sent one (:mod:`runtime.api`).
 
 **Faults.** An exception in a round (planning or an engine) ends every request of that round that
 has no outcome yet with outcome ``error`` and the reason; the failure is logged once with its
@@ -40,6 +42,7 @@ from envs.config import EnvConfig
 from envs.cost_model import CostModel, sd_iterations1
 from envs.plan import AD, SD
 from envs.workload import Round
+from runtime.admission import AnswerMargin
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.engines import ad_steps, drain, sd_steps
 from runtime.executor import (
@@ -61,6 +64,9 @@ from runtime.serve_config import ServeConfig, check_profile_matches_pair, policy
 log = logging.getLogger("specsched.serve")
 PROBE_PROMPT = "def probe(values):\n    total = 0\n    for v in values:\n"
 PROBE_TOKENS = 8
+#: the calibration's assumed relative spread until a mode has a few samples: the first one is a probe
+#: of one row (a round's batch under a CPU hog was measured ~15 % slower than its probe said)
+FIRST_REL_SD = 0.2
 
 
 class Refused(Exception):
@@ -93,7 +99,7 @@ class RoundServer:
             self.ad_target = copy.deepcopy(pair.target).to(cfg.devices[0])
             pair.target.to(cfg.devices[1])
             pair.draft.to(cfg.devices[1])
-        self.calibration = StepCalibration(cfg.calibration_weight, tuple(cfg.calibration_bounds), cfg.calibration_margin_sd)
+        self.calibration = StepCalibration(cfg.calibration_weight, tuple(cfg.calibration_bounds), cfg.calibration_margin_sd, FIRST_REL_SD)
         self.base_cost = CostModel(profile)
         self.cost = CalibratedCostModel(self.base_cost, self.calibration)
         # lengths and deadlines of live requests are not bounded by a workload config: wide ranges
@@ -103,11 +109,12 @@ class RoundServer:
         self.metrics = metrics or ServeMetrics()
         self.metrics.alpha.set(self.alpha)
         self.pending: list[LiveRequest] = []
+        self.fresh: list[LiveRequest] = []  #: queued since the last arrival check (one check per turn of the event loop)
         self.running: list[LiveRequest] = []
         self.busy_until = 0.0  #: monotonic time the running round is expected to end
         self.round_s = 0.0  #: EMA of recent rounds' wall time (planning included), for the queue's start estimate
         self.round_began = 0.0  #: monotonic time the running round began
-        self.loop_lag_s = 0.0  #: EMA of how late the sweeper wakes up (a busy event loop answers late)
+        self.answer_margin = AnswerMargin()  #: learnt delay from a rejection's decision to its answer written, and the loop's lag
         self.sweep_s = min(cfg.window_s / 2, 0.1)
         self.calibrated_at = -float("inf")  #: monotonic time of the last calibration sample
         self.warmed_up = False
@@ -136,9 +143,20 @@ class RoundServer:
             raise Refused(503, f"too many queued requests (max_queue={self.cfg.max_queue})")
         self.pending.append(req)
         self.metrics.queue.set(len(self.pending))
-        self._expire(time.monotonic(), req)  # hopeless from the start: answered now
+        # hopeless from the start: answered at once -- checked with every request that arrives in the
+        # same turn of the event loop (a burst), priced in one vectorised call instead of one each
+        self.fresh.append(req)
+        if len(self.fresh) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._check_fresh)
+            except RuntimeError:  # no event loop (a direct call): check now
+                self._check_fresh()
         if self.wakeup is not None:
             self.wakeup.set()
+
+    def _check_fresh(self) -> None:
+        fresh, self.fresh = self.fresh, []
+        self._expire(time.monotonic(), fresh)
 
     def finish(self, req: LiveRequest, outcome: str, reason: str = "") -> None:
         """End a request with its one outcome (event loop; later calls are ignored)."""
@@ -163,28 +181,51 @@ class RoundServer:
             self.finish(r, "served" if on_time else "late", "" if on_time else "deadline missed")
 
     # ----------------------------------------------------------------------------- admission
+    def price(self, reqs: list[LiveRequest]) -> None:
+        """Set the profile's time of each request alone on the device, (AD, SD), where not set yet:
+        one vectorised call for all of them (the queue is swept often and a burst is long; a measured
+        profile's point-by-point times cost ~0.1 ms per request, 640 of them ~1 ms in one call)."""
+        todo = [r for r in reqs if r.alone_s is None]
+        if not todo:
+            return
+        g = self.cfg.draft_depth
+        if len(todo) <= 2:  # numpy's fixed cost per call is larger than two points' scalar prices
+            for r in todo:
+                k, n1 = len(r.prompt_ids), r.max_tokens
+                r.alone_s = (self.base_cost.ad_time1(1, k, n1), self.base_cost.sd_time1(1, k, n1, sd_iterations1(n1, self.alpha, g), g))
+            return
+        s = np.array([len(r.prompt_ids) for r in todo], dtype=np.int64)
+        n = np.array([r.max_tokens for r in todo], dtype=np.int64)
+        j = np.array([sd_iterations1(int(k), self.alpha, g) for k in n], dtype=np.int64)
+        ones = np.ones(len(todo), dtype=np.int64)
+        ad = np.broadcast_to(self.base_cost.ad_time(ones, s, n), s.shape).tolist()
+        sd = np.broadcast_to(self.base_cost.sd_time(ones, s, n, j, g), s.shape).tolist()
+        for r, a, b in zip(todo, ad, sd, strict=True):
+            r.alone_s = (float(a), float(b))
+
     def min_service_s(self, req: LiveRequest) -> float:
         """The fastest ``req`` could be served: alone on the device, in its faster mode (calibrated)."""
-        if req.alone_s is None:  # the profile's part is computed once: the queue is swept often and may be long
-            s, n, g = len(req.prompt_ids), req.max_tokens, self.cfg.draft_depth
-            req.alone_s = (self.base_cost.ad_time1(1, s, n), self.base_cost.sd_time1(1, s, n, sd_iterations1(n, self.alpha, g), g))
+        self.price([req])
         f = self.calibration.factor
         return min(req.alone_s[0] * f["ad"], req.alone_s[1] * f["sd"])
 
-    def _expire(self, now: float, which: LiveRequest | None = None) -> None:
+    def _expire(self, now: float, which: list[LiveRequest] | None = None) -> None:
         """Reject queued requests (or just the newly queued ``which``) that can no longer meet their
         deadline (see the module docstring)."""
         if not self.pending:
             return
         # the next round starts when the running one ends and its window (from its oldest request) has closed
         first_start = max(now, self.busy_until, self.pending[0].arrival + self.cfg.window_s)
-        margin = self.sweep_s + self.loop_lag_s
+        margin = self.sweep_s + self.answer_margin.value
+        self.metrics.answer_margin.set(margin)
         # before any round has ended (the start of a burst) the running round's plan is the best guess of a round's length
         round_s = max(self.round_s, self.busy_until - self.round_began if self.running else 0.0)
-        # positions only for a sweep of the whole queue; a single new request is the last one
-        position = {id(r): i for i, r in enumerate(self.pending)} if which is None else {id(which): len(self.pending) - 1}
+        position = {id(r): i for i, r in enumerate(self.pending)}
+        # new requests a round has taken already (or that have an outcome) are not the queue's any more
+        check = self.pending if which is None else [r for r in which if id(r) in position]
+        self.price(check)
         hopeless = []
-        for r in self.pending if which is None else [which]:
+        for r in check:
             ahead = position[id(r)] // self.cfg.max_round  # full rounds queued before this one's
             start = first_start + ahead * round_s
             need = self.min_service_s(r)
@@ -192,11 +233,8 @@ class RoundServer:
                 hopeless.append((r, start - r.arrival, need))
         if not hopeless:
             return
-        if which is not None:
-            self.pending.pop()  # the new request, last in the queue
-        else:
-            gone = {id(r) for r, _, _ in hopeless}
-            self.pending = [r for r in self.pending if id(r) not in gone]
+        gone = {id(r) for r, _, _ in hopeless}
+        self.pending = [r for r in self.pending if id(r) not in gone]
         self.metrics.queue.set(len(self.pending))
         for r, wait, need in hopeless:
             self.finish(r, "rejected", f"deadline: earliest start {wait:.2f} s after arrival + minimal service {need:.2f} s + answer margin {margin:.2f} s > deadline {r.deadline_s:.2f} s")
@@ -205,8 +243,7 @@ class RoundServer:
         while not self.closing:
             asleep = time.monotonic()
             await asyncio.sleep(self.sweep_s)
-            lag = max(time.monotonic() - asleep - self.sweep_s, 0.0)
-            self.loop_lag_s = 0.7 * self.loop_lag_s + 0.3 * min(lag, 5.0)
+            self.answer_margin.observe_lag(time.monotonic() - asleep - self.sweep_s)
             if self.pending:
                 self._expire(time.monotonic())
 
@@ -394,5 +431,5 @@ class RoundServer:
         return {
             "status": "closing" if self.closing else ("degraded" if recent else "ok"),
             "warmed_up": self.warmed_up, "queued": len(self.pending), "running": len(self.running), "faults": self.metrics.counts["faults"], "last_fault": self.last_fault,
-            "calibration": dict(self.calibration.factor), "alpha_estimate": self.alpha, "scheduler": self.cfg.scheduler,
+            "calibration": dict(self.calibration.factor), "answer_margin_s": self.sweep_s + self.answer_margin.value, "alpha_estimate": self.alpha, "scheduler": self.cfg.scheduler,
         }

@@ -275,3 +275,117 @@ def test_header_timeout_tells_unread_bytes_from_a_silent_client():
             return result
 
     assert asyncio.run(go()) == [False, True]
+
+
+def test_send_stamp_is_read_within_bounds():
+    """The client's send stamp counts when it is plausible; skew, junk or no stamp count as 'sent now'."""
+    from runtime.admission import MAX_SENT_LEAD_S, client_sent_lead_s, sent_header_value
+
+    now = 1_700_000_000.0
+    assert client_sent_lead_s(sent_header_value(now - 0.25), now) == pytest.approx(0.25, abs=1e-5)
+    assert client_sent_lead_s(f"{int((now - 0.5) * 1e6)}".encode(), now) == pytest.approx(0.5, abs=1e-5)  # bare µs
+    assert client_sent_lead_s(sent_header_value(now + 0.3), now) == 0.0  # slightly ahead (skew): sent now
+    assert client_sent_lead_s(sent_header_value(now - MAX_SENT_LEAD_S - 1), now) == 0.0  # another host's clock
+    assert client_sent_lead_s(sent_header_value(now + 5), now) == 0.0
+    for junk in (None, b"", b"t=", b"t=abc", b"nan", b"inf"):
+        assert client_sent_lead_s(junk, now) == 0.0
+
+
+def test_arrival_counts_from_the_clients_send_stamp():
+    """With ``X-Request-Start`` the deadline counts from when the client sent, before the server saw it."""
+    from runtime.admission import sent_header_value
+    from runtime.api import ARRIVAL_KEY, SENT_LEAD_KEY, BodyLimits
+    from runtime.metrics import ServeMetrics
+
+    seen = {}
+
+    async def app(scope, receive, send):
+        await receive()
+        seen["entered"], seen["arrival"], seen["lead"] = time.monotonic(), scope[ARRIVAL_KEY], scope[SENT_LEAD_KEY]
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(msg):
+        raise AssertionError(f"nothing is sent for a good body: {msg}")
+
+    headers = [(b"x-request-start", sent_header_value(time.time() - 0.4).encode())]
+    asyncio.run(BodyLimits(app, ServeConfig(), ServeMetrics())({"type": "http", "method": "POST", "headers": headers}, receive, send))
+    assert 0.39 <= seen["lead"] <= 5 and seen["entered"] - seen["arrival"] >= 0.39
+
+
+def test_answer_margin_learns_the_answer_delay_and_stays_bounded():
+    from runtime.admission import AnswerMargin
+
+    m = AnswerMargin(weight=0.2, k_sd=2.0, max_s=1.0)
+    assert m.value == 0.0
+    for _ in range(50):
+        m.observe(0.05)
+    assert m.value == pytest.approx(0.05, abs=1e-6)  # a steady delay: no spread
+    for x in (0.05, 0.3) * 20:  # a swinging delay: the margin sits above the mean
+        m.observe(x)
+    assert m.value > m.mean + 0.05
+    for bad in (float("nan"), float("inf"), -1.0):
+        before = m.value
+        m.observe(bad)
+        assert m.value == before
+    for _ in range(50):
+        m.observe(100.0)  # a stalled write cannot push the margin past its bound
+    assert m.value == 1.0
+    lagged = AnswerMargin(max_s=1.0)
+    for _ in range(30):
+        lagged.observe_lag(0.4)
+    assert lagged.value == pytest.approx(0.4, abs=1e-3)  # never below the event loop's lag
+    with pytest.raises(ValueError, match="weight"):
+        AnswerMargin(weight=0)
+    with pytest.raises(ValueError, match="max_s"):
+        AnswerMargin(max_s=0)
+
+
+def test_answer_delay_of_a_rejection_is_fed_to_the_margin():
+    """When a rejection's last byte is written, its delay since the decision is a margin sample; a
+    served request's is not."""
+    from runtime.admission import AnswerMargin
+    from runtime.api import LIVE_KEY, BodyLimits
+    from runtime.live_request import LiveRequest
+    from runtime.metrics import ServeMetrics
+
+    margin = AnswerMargin()
+
+    def request(outcome: str) -> LiveRequest:
+        live = LiveRequest(id="x", prompt_ids=[1], max_tokens=1, deadline_s=1.0, text=TextStream(TOK.decode))
+        live.outcome, live.completed_at = outcome, time.monotonic() - 0.3
+        return live
+
+    async def run(live: LiveRequest) -> None:
+        async def app(scope, receive, send):
+            await receive()
+            scope[LIVE_KEY] = live
+            await send({"type": "http.response.start", "status": 429, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(msg):
+            pass
+
+        await BodyLimits(app, ServeConfig(), ServeMetrics(), margin)({"type": "http", "method": "POST", "headers": []}, receive, send)
+
+    asyncio.run(run(request("served")))
+    assert margin.samples == 0
+    asyncio.run(run(request("rejected")))
+    assert margin.samples == 1 and 0.3 <= margin.mean < 5
+
+
+def test_calibration_plans_with_a_spread_until_it_has_a_few_samples():
+    from runtime.calibration import SETTLED
+
+    cal = StepCalibration(0.3, (0.5, 20.0), margin_sd=1.0, first_rel_sd=0.2)
+    assert cal.update("sd", 2.0, 1.0) == pytest.approx(2.4)  # one sample: mean 2 + 1 x (0.2 x 2)
+    for _ in range(SETTLED - 1):
+        f = cal.update("sd", 2.0, 1.0)
+    assert f == pytest.approx(2.0)  # settled: samples that agree leave no spread
+    assert StepCalibration().update("ad", 2.0, 1.0) == pytest.approx(2.0)  # off by default
+    with pytest.raises(ValueError, match="first_rel_sd"):
+        StepCalibration(first_rel_sd=-0.1)
