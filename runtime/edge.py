@@ -11,6 +11,16 @@ wait, network, accepted, proactive hit, ...); ``--summary`` gets per-request out
 ``eos``, ``error`` -- e.g. the server went away -- or ``timeout``); after a failure the client
 opens a new stream before its next request. Requests are prompts from the pair's own prompt
 lists, cycled, with ``--max-new-tokens`` each.
+
+**Through the live server's planner** (``--placement on``; ``--server`` is ``runtime.serve
+placement=split``'s ``split.port``): each request is first submitted with its deadline
+(``--deadline-s``) and the client's RTT; the server's v1 plan decides reject / AD / SD / ED@g
+(:mod:`runtime.split_placement`), an ED request is drafted here at the plan's depth (``--depth
+plan``, or ``auto``: the depth controller starting there), and every request ends with the server's
+one outcome (served / late / rejected / error), which the summary counts::
+
+    python -m runtime.serve scheduler=balance_ed placement=split profile=split_cpu1_specsched-pair split.port=50051
+    python -m runtime.edge --server 127.0.0.1:50051 --placement on --clients 2 --requests 3 --deadline-s 3 --rtt-ms 20
 """
 
 from __future__ import annotations
@@ -43,7 +53,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jitter-ms", type=float, default=0.0)
     ap.add_argument("--bandwidth-mbps", type=float, default=1000.0)
     ap.add_argument("--proactive", choices=["on", "off"], default="on")
-    ap.add_argument("--depth", default="auto", help="auto (the depth controller) or a fixed depth G")
+    ap.add_argument("--depth", default="auto", help="auto (the depth controller) or a fixed depth G; with --placement on: plan or auto")
+    ap.add_argument("--placement", choices=["on", "off"], default="off",
+                    help="on: submit each request to runtime.serve placement=split (its plan decides the mode and depth); off: straight to runtime.split_server")
+    ap.add_argument("--deadline-s", type=float, default=10.0, help="with --placement on: each request's deadline, seconds from submission")
     ap.add_argument("--max-depth", type=int, default=8)
     ap.add_argument("--shared-device", choices=["on", "off"], default="on",
                     help="on: the clients share this process's draft device, proactive drafting yields to on-demand drafting; "
@@ -58,7 +71,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("--clients, --requests, --max-new-tokens and --max-depth must be >= 1")
     if args.rtt_ms < 0 or args.jitter_ms < 0 or args.bandwidth_mbps <= 0 or args.temperature < 0:
         raise SystemExit("--rtt-ms, --jitter-ms and --temperature must be >= 0 and --bandwidth-mbps > 0")
-    if args.depth != "auto":
+    if args.placement == "on":
+        if args.depth not in ("plan", "auto"):
+            raise SystemExit(f"--depth must be plan or auto with --placement on, got {args.depth!r}")
+        if not args.deadline_s > 0:
+            raise SystemExit(f"--deadline-s must be > 0, got {args.deadline_s}")
+    elif args.depth != "auto":
         try:
             args.depth = int(args.depth)
         except ValueError:
@@ -89,11 +107,60 @@ def summarise(outcomes: list[RequestOutcome], wall_s: float) -> dict:
             "server_compute_ms": statistics.fmean(log.server_compute_ms for log in logs) if logs else None}
 
 
+def run_placed(args: argparse.Namespace, pair, prompts: list[list[int]]) -> None:
+    """``--placement on``: every request through the live server's planner (one outcome each)."""
+    from runtime.split_placement import EdgeUser
+
+    results, lock = [], threading.Lock()
+    device_lock = threading.Lock() if args.shared_device == "on" else None
+
+    def client(i: int) -> None:
+        try:
+            user = EdgeUser(args.server, pair.draft, rtt_s=args.rtt_ms / 1e3, eos_id=pair.tokenizer.eos_id, depth="plan" if args.depth == "plan" else "auto",
+                            max_depth=args.max_depth, proactive=args.proactive == "on", device_lock=device_lock, connect_timeout_s=args.connect_timeout_s,
+                            reply_timeout_s=args.reply_timeout_s, jitter_s=args.jitter_ms / 1e3, seed=args.seed + i)
+        except ConnectionError as exc:
+            with lock:
+                results.extend({"request_id": f"c{i}r{k}", "mode": "error", "outcome": "error", "reason": str(exc)} for k in range(args.requests))
+            return
+        try:
+            for k in range(args.requests):
+                rid = f"c{i}r{k}"
+                res = user.request(prompts[(args.seed + i * args.requests + k) % len(prompts)], args.max_new_tokens, args.deadline_s, args.temperature,
+                                   seed=args.seed * 1000 + i * args.requests + k, request_id=rid)
+                row = {"request_id": rid, "mode": res.mode, "depth": res.depth, "outcome": res.outcome, "reason": res.reason, "tokens": len(res.tokens),
+                       "latency_s": res.latency_s, "server_latency_s": res.server_latency_s, "output_ids": res.tokens}
+                with lock:
+                    results.append(row)
+                    print(f"[edge] {rid}: {res.mode}{f'@{res.depth}' if res.depth else ''} -> {res.outcome}, {len(res.tokens)} tokens, "
+                          f"{res.latency_s:.2f} s" + (f" ({res.reason})" if res.reason else ""), flush=True)
+        finally:
+            user.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,), name=f"edge-user-{i}") for i in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    summary = {"requests": len(results), "outcomes": counts, "modes": sorted({r["mode"] for r in results}), "wall_s": time.perf_counter() - t0}
+    if args.summary is not None:
+        write_text_atomic(args.summary, json.dumps({**summary, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                                                    "requests_detail": results}, indent=2))
+    print(json.dumps(summary), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     pair = load_pair_from_args(args)
     tok = pair.tokenizer
     prompts = [tok.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
+    if args.placement == "on":
+        run_placed(args, pair, prompts)
+        return
     outcomes: list[RequestOutcome] = []
     lock = threading.Lock()
     device_lock = threading.Lock() if args.shared_device == "on" else None  # this process's clients share one draft device

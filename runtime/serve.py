@@ -3,6 +3,7 @@
     python -m runtime.serve scheduler=balance port=8011
     python -m runtime.serve scheduler=policy policy_path=policies/paper_k50 window_s=1.0
     python -m runtime.serve target=PATH draft=PATH profile=PATH.yaml     # any local Hugging Face pair and profile
+    python -m runtime.serve scheduler=balance_ed placement=split profile=split_cpu1_specsched-pair split.port=50051 split.cohorts=2 split.window_ms=5
 
 The parts, one concept each:
 
@@ -12,6 +13,11 @@ The parts, one concept each:
 - :mod:`runtime.executor` -- running a plan's AD / SD batches (time-slicing or two devices);
 - :mod:`runtime.calibration` -- real / predicted step time per mode, scaling the profile;
 - :mod:`runtime.metrics` -- Prometheus counters, histograms and gauges;
+- :mod:`runtime.split_rounds` / :mod:`runtime.split_placement` -- ``placement=split``: edge users over gRPC
+  (``split.port``) beside the HTTP users, every round planned with a v1 scheduler (``balance_ed``,
+  ``edge_first`` or a v1 policy such as ``policies/split_k20``), ED users verified by the split verifier
+  (:mod:`runtime.split`: cohorts taking turns, a ``split.window_ms`` batching window); the edge's side
+  is ``python -m runtime.edge --placement on``;
 - this module -- the process: uvicorn, SIGTERM, the command line.
 
 **SIGTERM** (or Ctrl-C): the server stops admitting (503), rejects every queued request with
