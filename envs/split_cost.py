@@ -43,9 +43,12 @@ its remainder on every iteration; ``"immediate"`` -- dropped at once.
 a hit saves edge time as above and the tree keeps its depth; ``"tokens"`` (SpecEdge's default
 ``excluded`` type) -- the next cycle still drafts its full ``D`` levels, on top of the reused
 ``proactive_depth`` levels (SpecEdge: 3), so a hit saves no edge time (the interrupt delay still
-counts) but verifies a deeper tree of the same budget: expected tokens
-``E(D) + P_reuse * (E(D + h) - E(D))``, ``h`` = the proactive levels finished within the wait, at
-most ``proactive_depth`` (one per draft pass of the tree's own widths; :meth:`SplitCostModel.proactive_tokens`).
+counts) but verifies a deeper tree of the same budget (``D + h`` levels, ``h`` = the proactive
+levels finished within the wait, at most ``proactive_depth``, each pass as wide as the tree's own).
+A deeper tree is itself reused less often (``P_h``: its top path is longer), so iterations form a
+two-state chain (plain: reuse with ``P_0``; deepened: with ``P_h``) whose deepened share is
+``pi = P_0 / (1 + P_0 - P_h)``; expected tokens ``E(D) + pi * (E(D + h) - E(D))``
+(:meth:`SplitCostModel.proactive_tokens`).
 The discrete-event check (``envs.split_des``) models ``"time"`` only.
 
 **Edge iteration** (the part of a client's iteration off the server):
@@ -203,7 +206,7 @@ class SplitCostModel:
             return Proactive(0.0, 0.0, 0.0)
         if self.options.proactive_gain == "tokens":  # the proactive subtree: proactive_depth levels of the same shape
             sub = self._deepened(tree, 0, levels_only=self.options.proactive_depth)
-            passes = self.edge_pass_s(tree_shape(alpha, sub), context + tree.budget)
+            passes = self.edge_pass_s(tree_shape(alpha, sub), context + tree.verify_tokens)
         else:
             passes = self.edge_pass_s(tree_shape(alpha, tree), context)
         p = self.reuse_probability(alpha, tree)
@@ -221,18 +224,21 @@ class SplitCostModel:
     def proactive_tokens(self, alpha: float, tree: DraftTree, levels: int | None = None) -> float:
         """Expected extra tokens per iteration from proactive reuse (0 unless ``proactive_gain="tokens"``).
 
-        A reuse (probability :meth:`reuse_probability`) verifies the tree deepened by the proactive
-        levels drafted within the wait: ``min(proactive_depth, levels)`` (``levels``: passes finished
-        in the wait, :attr:`Proactive.levels`; None = all ``proactive_depth``), at the same budget,
-        beams and branch.
+        A reuse verifies the tree deepened by the proactive levels drafted within the wait,
+        ``h = min(proactive_depth, levels)`` (``levels``: passes finished in the wait,
+        :attr:`Proactive.levels`; None = all ``proactive_depth``), at the same budget, beams and
+        branch; the share of deepened iterations is the stationary ``pi = P_0 / (1 + P_0 - P_h)``
+        of reuse from a plain (``P_0``) and from a deepened (``P_h``) tree.
         """
         if not self.options.proactive or self.options.proactive_gain != "tokens":
             return 0.0
         h = self.options.proactive_depth if levels is None else min(self.options.proactive_depth, int(levels))
         if h <= 0:
             return 0.0
-        gain = tree_shape(alpha, self._deepened(tree, h)).expected_tokens - tree_shape(alpha, tree).expected_tokens
-        return self.reuse_probability(alpha, tree) * gain
+        deep = self._deepened(tree, h)
+        gain = tree_shape(alpha, deep).expected_tokens - tree_shape(alpha, tree).expected_tokens
+        p0, ph = self.reuse_probability(alpha, tree), self.reuse_probability(alpha, deep)
+        return p0 / (1.0 + p0 - ph) * gain
 
     @staticmethod
     def _deepened(tree: DraftTree, extra: int, levels_only: int | None = None) -> DraftTree:

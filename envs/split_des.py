@@ -29,6 +29,11 @@ Every client loops over iterations:
    along the path the edge extended **and** the target's bonus token equals the edge's guess
    (probability ``bonus_match``); then
    the passes already done are not repeated. Otherwise the block is discarded.
+   ``proactive_gain="tokens"`` (SpecEdge's default ``excluded`` type): the edge drafts the
+   ``proactive_shape``'s passes instead, and a reuse saves no passes: the next iteration drafts
+   its full block on top of the ``h`` proactive levels finished in time and verifies
+   ``deepened[h - 1]`` (acceptance, reuse path) instead of ``shape``; the verify pass is still
+   priced at ``shape.verify_tokens`` (SpecEdge trims a deepened tree to its budget).
 
 ## Modelling choices (where the papers leave room)
 
@@ -62,6 +67,7 @@ import simpy
 from envs.profile import Profile
 
 PROACTIVE_INTERRUPTS = ("step", "immediate")
+PROACTIVE_GAINS = ("time", "tokens")
 
 
 class DesConfigError(ValueError):
@@ -186,6 +192,9 @@ class DesConfig:
     iterations: int = 200  #: recorded iterations per client (after the warm-up)
     warmup_iterations: int = 20
     seed: int = 0
+    proactive_gain: str = "time"  #: "time" (reuse saves passes) or "tokens" (reuse deepens the next tree)
+    proactive_shape: DraftShape | None = None  #: "tokens": the passes drafted proactively (one per level)
+    deepened: tuple[DraftShape, ...] = ()  #: "tokens": ``shape`` deepened by 1, 2, ... proactive levels
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, allowed: str) -> None:
@@ -202,6 +211,11 @@ class DesConfig:
         need(self.batch_window_s >= 0, "batch_window_s", ">= 0 seconds")
         need(isinstance(self.iterations, int) and self.iterations >= 1, "iterations", "an integer >= 1")
         need(isinstance(self.warmup_iterations, int) and self.warmup_iterations >= 0, "warmup_iterations", "an integer >= 0")
+        need(self.proactive_gain in PROACTIVE_GAINS, "proactive_gain", f"one of {list(PROACTIVE_GAINS)}")
+        if self.proactive_gain == "tokens":
+            need(self.proactive_shape is not None, "proactive_shape", "a DraftShape when proactive_gain is 'tokens'")
+            need(len(self.deepened) == len(self.proactive_shape.pass_widths), "deepened",
+                 f"one DraftShape per proactive pass ({len(self.proactive_shape.pass_widths)})")
 
 
 RECORD_FIELDS = (
@@ -305,8 +319,11 @@ def simulate(cfg: DesConfig, prim: SplitPrimitives) -> DesResult:
     nodes = shape.level_nodes or (1,) * len(shape.pass_widths)
     before = np.concatenate([[0], np.cumsum(nodes)[:-1]])  # nodes drafted before each pass
 
-    def draft_time(context: float, passes: range) -> list[float]:
-        return [prim.draft_pass_s(shape.pass_widths[i], context + before[i] + shape.pass_widths[i]) for i in passes]
+    def draft_time(context: float, passes: range, of: DraftShape = shape) -> list[float]:
+        ahead = before if of is shape else np.concatenate([[0], np.cumsum(of.level_nodes or (1,) * len(of.pass_widths))[:-1]])
+        return [prim.draft_pass_s(of.pass_widths[i], context + ahead[i] + of.pass_widths[i]) for i in passes]
+
+    tokens_gain = cfg.proactive_gain == "tokens"
 
     def client(i: int):
         cohort = cohort_of[i]
@@ -315,6 +332,7 @@ def simulate(cfg: DesConfig, prim: SplitPrimitives) -> DesResult:
         if cohort > 0:
             yield env.timeout(sum(draft_time(cfg.prompt_tokens, range(len(shape.pass_widths)))) * cohort / cfg.cohorts)
         ready = 0  # passes of the current block already drafted (proactively)
+        cur = shape  # what this iteration verifies ("tokens": deepened after a reuse)
         for it in range(total):
             context = cfg.prompt_tokens + generated
             draft_start = env.now
@@ -327,8 +345,10 @@ def simulate(cfg: DesConfig, prim: SplitPrimitives) -> DesResult:
             done = 0
             if cfg.proactive:
                 # draft the next block while the verdict is in flight, one pass at a time
-                next_ctx = context + shape.depth + 1
-                steps = draft_time(next_ctx, range(len(shape.pass_widths)))
+                if tokens_gain:  # the proactive subtree, past the whole sent tree
+                    steps = draft_time(context + shape.verify_tokens, range(len(cfg.proactive_shape.pass_widths)), cfg.proactive_shape)
+                else:
+                    steps = draft_time(context + shape.depth + 1, range(len(shape.pass_widths)))
                 while done < len(steps) and not req.reply.triggered:
                     step = env.timeout(steps[done])
                     if cfg.proactive_interrupt == "step":
@@ -340,13 +360,17 @@ def simulate(cfg: DesConfig, prim: SplitPrimitives) -> DesResult:
                             done += 1
             yield req.reply  # returns at once if the verdict is already here
             # acceptance: levels pass in order until the first rejection
-            draws = rng.random(shape.depth)
-            fails = np.flatnonzero(draws >= levels)
-            accepted = int(fails[0]) if len(fails) else shape.depth
+            draws = rng.random(cur.depth)
+            fails = np.flatnonzero(draws >= (levels if cur is shape else np.asarray(cur.level_accept)))
+            accepted = int(fails[0]) if len(fails) else cur.depth
             bonus_ok = rng.random() < cfg.bonus_match
-            on_path = rng.random() < shape.reuse_path_prob
-            reused = cfg.proactive and accepted == shape.depth and on_path and bonus_ok
-            ready = done if reused else 0
+            on_path = rng.random() < cur.reuse_path_prob
+            reused = cfg.proactive and accepted == cur.depth and on_path and bonus_ok
+            if tokens_gain:  # nothing saved; the next tree grows on the reused levels
+                ready = 0
+                cur = cfg.deepened[done - 1] if (reused and done > 0) else shape
+            else:
+                ready = done if reused else 0
             tokens = accepted + 1
             generated = generated + tokens
             if generated >= cfg.output_tokens:

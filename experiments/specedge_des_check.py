@@ -4,7 +4,9 @@
     python -m experiments.specedge_des_check --quick --out /tmp/des   # a few cases, seconds
 
 For every case -- a shipped split profile, a draft (chain of depth g, or SpecEdge's tree), ``N``
-edge clients, an RTT, proactive drafting on/off and one or two cohorts -- the closed form's
+edge clients, an RTT, proactive drafting on/off and what a reuse buys (``gain``: ``time``, the
+closed form's default, or ``tokens``, SpecEdge's default proactive type that ``experiments.specedge``
+publishes) and one or two cohorts -- the closed form's
 steady state (:meth:`envs.split_cost.SplitCostModel.steady_state`) and the simulation's measured
 means are compared: mean client iteration time and server throughput (tokens per second). The
 simulation sees only the profile's primitive pass times and the network section; from the
@@ -44,6 +46,7 @@ OUTPUT_TOKENS = 256
 SPECEDGE_TREE = DraftTree(budget=32, beams=32, branch=16, depth=4)
 CHAIN_PROFILE = "split_a100-40gb_llama2-7b_tinyllama-1.1b"
 TREE_PROFILE = "split_a100-40gb_qwen3-14b_qwen3-1.7b"
+TIMED_TREE_PROFILE = "split_a100-40gb_qwen3-14b_qwen3-1.7b_timed"  #: experiments.specedge's tree profile
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Case:
     rtt_ms: float
     proactive: bool
     cohorts: int
+    gain: str = "time"  #: SplitOptions.proactive_gain
 
     @property
     def tree(self) -> DraftTree:
@@ -77,6 +81,17 @@ def des_shape(alpha: float, tree: DraftTree) -> DraftShape:
     )
 
 
+def tokens_gain_shapes(tree: DraftTree, options: SplitOptions) -> dict:
+    """The simulation's proactive subtree and deepened trees when a reuse buys tokens (else nothing)."""
+    if options.proactive_gain != "tokens":
+        return {}
+    h = options.proactive_depth
+    sub = DraftTree.chain(h) if tree.is_chain else DraftTree(tree.budget, tree.beams, tree.branch, h, pass_width=tree.pass_width)
+    deeper = [DraftTree.chain(tree.max_depth + k) if tree.is_chain else DraftTree(tree.budget, tree.beams, tree.branch, tree.max_depth + k,
+                                                                                  pass_width=tree.pass_width) for k in range(1, h + 1)]
+    return {"proactive_gain": "tokens", "proactive_shape": des_shape(ALPHA, sub), "deepened": tuple(des_shape(ALPHA, t) for t in deeper)}
+
+
 def full_cases() -> list[Case]:
     """The published table: chain depths 2/4/6 and the tree, N 4..32, RTT 5..65 ms, both switches."""
     cases = []
@@ -89,6 +104,11 @@ def full_cases() -> list[Case]:
         for draft, depth in (("chain", 4), ("tree", 4)):
             pair = "qwen3-14b_qwen3-1.7b" if draft == "tree" else "llama2-7b_tinyllama-1.1b"
             cases.append(Case(f"split_{server}_{pair}", draft, depth, 16, 15.0, True, 2))
+    # experiments.specedge's published setting: the timed tree profile, proactive reuse deepening the next tree
+    for n, rtt in itertools.product((2, 4, 16, 32), (5.0, 15.0, 65.0)):
+        cases.append(Case(TIMED_TREE_PROFILE, "tree", 4, n, rtt, True, 2, "tokens"))
+    for n in (2, 16):
+        cases.append(Case(CHAIN_PROFILE, "chain", 2, n, 15.0, True, 2, "tokens"))
     return cases
 
 
@@ -99,6 +119,7 @@ def quick_cases() -> list[Case]:
         Case(CHAIN_PROFILE, "chain", 4, 8, 15.0, True, 2),
         Case(CHAIN_PROFILE, "chain", 2, 4, 65.0, True, 1),
         Case(TREE_PROFILE, "tree", 4, 8, 15.0, True, 2),
+        Case(TIMED_TREE_PROFILE, "tree", 4, 2, 15.0, True, 2, "tokens"),
     ]
 
 
@@ -109,7 +130,7 @@ def check_case(case: Case, iterations: int, seed: int, bonus_match: float | None
     none; a sensitivity, not part of the 10 % criterion).
     """
     profile = load_profile(case.profile)
-    options = SplitOptions(proactive=case.proactive, bonus_match=bonus_match, pipeline=case.cohorts == 2)
+    options = SplitOptions(proactive=case.proactive, bonus_match=bonus_match, pipeline=case.cohorts == 2, proactive_gain=case.gain)
     model = SplitCostModel(profile, options)
     context = PROMPT_TOKENS + OUTPUT_TOKENS / 2.0  # a client's mean context over one request
     cf = model.steady_state(case.num_clients, ALPHA, case.tree, context, rtt_s=case.rtt_ms / 1e3)
@@ -124,11 +145,12 @@ def check_case(case: Case, iterations: int, seed: int, bonus_match: float | None
         output_tokens=OUTPUT_TOKENS,
         iterations=iterations,
         seed=seed,
+        **tokens_gain_shapes(case.tree, options),
     )
     des = simulate(cfg, SplitPrimitives.from_profile(profile, rtt_s=case.rtt_ms / 1e3, rtt_jitter_s=jitter_ms / 1e3)).summary
     row = {
         "profile": case.profile, "draft": case.draft, "depth": case.depth, "num_clients": case.num_clients, "rtt_ms": case.rtt_ms, "jitter_ms": jitter_ms,
-        "proactive": case.proactive, "cohorts": case.cohorts,
+        "proactive": case.proactive, "gain": case.gain, "cohorts": case.cohorts,
         "cf_iteration_ms": cf.iteration_s * 1e3, "des_iteration_ms": des["iteration_s"] * 1e3,
         "cf_throughput_tok_s": cf.throughput_tok_s, "des_throughput_tok_s": des["server_throughput_tok_s"],
         "cf_tokens_per_iteration": cf.tokens_per_iteration, "des_tokens_per_iteration": des["tokens_per_iteration"],
@@ -181,7 +203,7 @@ def markdown(df: pd.DataFrame, command: str, jitter: pd.DataFrame | None = None)
         f"proactive={worst_tp['proactive']}, cohorts={worst_tp['cohorts']}).",
         "",
     ]
-    by = df.groupby(["draft", "proactive", "cohorts"]).agg(
+    by = df.groupby(["draft", "proactive", "gain", "cohorts"]).agg(
         cases=("within_tolerance", "size"), within=("within_tolerance", "sum"),
         max_abs_iteration_err=("iteration_err", lambda s: s.abs().max()), max_abs_throughput_err=("throughput_err", lambda s: s.abs().max()),
     ).reset_index()
@@ -193,7 +215,7 @@ def markdown(df: pd.DataFrame, command: str, jitter: pd.DataFrame | None = None)
         "",
         "## By draft and switch", "", by.to_markdown(index=False, floatfmt=".3f"), "",
     ]
-    cols = ["profile", "draft", "depth", "num_clients", "rtt_ms", "proactive", "cohorts", "cf_iteration_ms", "des_iteration_ms", "iteration_err",
+    cols = ["profile", "draft", "depth", "num_clients", "rtt_ms", "proactive", "gain", "cohorts", "cf_iteration_ms", "des_iteration_ms", "iteration_err",
             "cf_throughput_tok_s", "des_throughput_tok_s", "throughput_err", "des_reuse_rate", "within_tolerance"]
     if jitter is not None and not jitter.empty:
         lines += ["## Sensitivity: RTT jitter (simulation only; not part of the 10 % criterion)", "",

@@ -16,6 +16,7 @@ def test_quick_check_end_to_end_agrees_within_tolerance(tmp_path):
     assert "within 10%" in (tmp_path / "des_check.md").read_text()
     # every switch is exercised: chain and tree, proactive on and off, one and two cohorts
     assert set(df["draft"]) == {"chain", "tree"} and set(df["proactive"]) == {True, False} and set(df["cohorts"]) == {1, 2}
+    assert set(df["gain"]) == {"time", "tokens"}  # both things a proactive reuse can buy
     bad = df[~df["within_tolerance"]]
     assert bad.empty, bad[["draft", "num_clients", "rtt_ms", "proactive", "cohorts", "iteration_err", "throughput_err"]].to_string()
 

@@ -196,7 +196,8 @@ def test_proactive_gain_tokens_deepens_the_tree_and_saves_no_edge_time(model):
     assert long_wait.saved_s == 0.0 and long_wait.done_s == 0.0 and long_wait.levels == 3  # every proactive level drafted, none saved
     assert tokens.proactive(0.8, tree, c, wait_s=0.0).levels == 0
     deeper = tree_shape(0.8, DraftTree(32, 32, 16, 7)).expected_tokens - tree_shape(0.8, tree).expected_tokens
-    assert tokens.proactive_tokens(0.8, tree) == pytest.approx(tokens.reuse_probability(0.8, tree) * deeper)
+    p0, p3 = tokens.reuse_probability(0.8, tree), tokens.reuse_probability(0.8, DraftTree(32, 32, 16, 7))
+    assert p3 < p0 and tokens.proactive_tokens(0.8, tree) == pytest.approx(p0 / (1 + p0 - p3) * deeper)  # stationary share of deepened trees
     assert tokens.proactive_tokens(0.8, tree, levels=0) == 0.0 and model.proactive_tokens(0.8, tree) == 0.0  # default "time": no token gain
     on, no = tokens.steady_state(2, 0.8, tree, c, rtt_s=0.015), off.steady_state(2, 0.8, tree, c, rtt_s=0.015)
     assert on.tokens_per_iteration > no.tokens_per_iteration and on.throughput_tok_s > no.throughput_tok_s

@@ -158,3 +158,27 @@ def test_bad_shapes_and_primitives_name_the_field():
         prim(rtt_s=-0.001)
     with pytest.raises(DesConfigError, match="bandwidth"):
         prim(bandwidth_bytes_per_s=0.0)
+
+
+def test_tokens_gain_deepens_the_next_tree_and_saves_no_drafting():
+    """SpecEdge's `excluded` proactive type: a reuse means a deeper verified tree, never skipped passes."""
+    base, deep1, deep2 = DraftShape.chain(2, 1.0), DraftShape.chain(3, 1.0), DraftShape.chain(4, 1.0)
+    common = dict(num_clients=1, shape=base, cohorts=1, bonus_match=1.0, iterations=30, warmup_iterations=5)
+    slow = prim(rtt_s=0.05, draft_s=0.004)  # the wait (network + verify) fits both proactive passes
+    res = simulate(DesConfig(**common, proactive_gain="tokens", proactive_shape=DraftShape.chain(2, 1.0), deepened=(deep1, deep2)), slow)
+    off = simulate(DesConfig(**common, proactive=False), slow)
+    r = res.records
+    kept = r["iteration"] >= 5
+    # alpha = 1: every iteration is reused, so after the first every tree is deepened by both proactive levels
+    assert (r["tokens"][kept] == 5).all() and (off.records["tokens"][off.records["iteration"] >= 5] == 3).all()
+    # nothing is saved: every iteration drafts its two passes after the previous verdict
+    assert (r["sent_s"] - r["draft_start_s"])[kept] == pytest.approx(2 * 0.004)
+    # so the iteration is the same as without proactive drafting, up to the verify pass's context (it grows faster here)
+    assert res.summary["iteration_s"] == pytest.approx(off.summary["iteration_s"], rel=1e-3)
+    assert res.summary["iteration_s"] != pytest.approx(off.summary["iteration_s"] - 2 * 0.004, rel=1e-3)
+    with pytest.raises(DesConfigError, match="proactive_shape"):
+        DesConfig(**common, proactive_gain="tokens")
+    with pytest.raises(DesConfigError, match="deepened"):
+        DesConfig(**common, proactive_gain="tokens", proactive_shape=DraftShape.chain(2, 1.0), deepened=(deep1,))
+    with pytest.raises(DesConfigError, match="proactive_gain"):
+        DesConfig(**common, proactive_gain="both")
