@@ -269,7 +269,8 @@ def profile_lines(planning: PlanningProfile) -> list[str]:
 
     return [f"- profile: `{short(s['profile'])}` ({s['source']}; base `{short(s['base'])}`; this machine's key `{s['machine key']}`)",
             f"- this machine: {s['this machine']}", f"- table measured on: {s['table measured on']}", f"- calibration measured on: {s['calibration measured on']}",
-            f"- calibration (measured / table pass time, per model and new tokens q): {s['calibration']}"]
+            f"- calibration (measured / table pass time, per model and new tokens q): {s['calibration']}",
+            f"- engine overhead (engine wall time beyond the calibrated passes): {s['engine overhead']}"]
 
 
 def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.DataFrame, modes: pd.DataFrame) -> None:

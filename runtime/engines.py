@@ -72,6 +72,17 @@ def _forward(model, ids, mask, positions, cache):
     return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits
 
 
+def prefill(model, prompts: list[list[int]], pad_id: int = 0):
+    """One prefill pass over ``prompts`` exactly as both engines run theirs -- left padding, attention
+    mask, explicit position ids, a fresh cache -- for profilers that time it; returns the logits.
+    (With rows of different lengths the mask is not all ones, so the pass cannot take the plain
+    causal path: it costs more than an unpadded pass of the same shape.)"""
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id, device)
+    with torch.no_grad():
+        return _forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), _cache())
+
+
 @dataclass
 class GenerationResult:
     tokens: list[list[int]]  #: generated ids per prompt

@@ -8,7 +8,9 @@ simulator (``experiments.sim_vs_real``) and the live server (``runtime.serve``) 
 - the *base* is the shipped table measured with the same torch thread count
   (:func:`default_base`: ``cpu1_specsched-pair`` for one thread, else ``cpu_specsched-pair``);
 - the cache holds that base plus a quick calibration (``runtime.profile.quick_calibration``: a
-  scale curve per model, measured here) at
+  scale curve per model, measured here) and the engine overhead re-measured against it
+  (``runtime.profile.quick_engine``: the base's engine section is a residual against its own
+  uncalibrated table, which no longer adds up once the table is scaled) at
   ``<cache>/profiles/<fingerprint key>-<pair recipe>-<base>.yaml`` -- the fingerprint key hashes
   CPU / GPU, cores, threads, torch, dtype and the pair's recipe (``runtime.fingerprint``), so a home
   folder shared by two machines keeps one entry each;
@@ -115,6 +117,7 @@ class PlanningProfile:
             "table measured on": _on(on) if on else "not recorded",
             "calibration measured on": _on(cal.measured_on) if cal is not None and cal.measured_on else "none",
             "calibration": "; ".join(f"{k} " + ", ".join(f"x{s:.3g} at q {q}" for q, s in v.items()) for k, v in factors.items()) or "none",
+            "engine overhead": _engine_line(self.profile.engine),
         }
 
     def describe(self) -> str:
@@ -125,15 +128,28 @@ class PlanningProfile:
         return f"planning profile {self.path} ({why}; machine {self.key}); table measured on {s['table measured on']}; calibration: {s['calibration']}"
 
 
+def _engine_line(engine) -> str:
+    """The engine section per batch size, in ms (``none`` without one)."""
+    if engine is None:
+        return "none"
+
+    def ms(values) -> str:
+        return "/".join(f"{v * 1e3:.2f}" for v in values)
+
+    return (f"per AD step {ms(engine.ad_step_s)} ms, per SD iteration {ms(engine.sd_iteration_s)} ms + gamma x {ms(engine.sd_draft_step_s)} ms "
+            f"at b {'/'.join(str(int(b)) for b in engine.b)}")
+
+
 def _on(d: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
 
 
 def quick_method() -> str:
     """The quick calibration's points: an entry measured at other points (an older version) is re-measured."""
-    from runtime.profile import QUICK_B, QUICK_C, QUICK_PREFILL, QUICK_Q
+    from runtime import profile as p
 
-    return f"b {list(QUICK_B)}, steps q {list(QUICK_Q)} over c {list(QUICK_C)}, prefills q = c {list(QUICK_PREFILL)}"
+    return (f"b {list(p.QUICK_B)}, steps q {list(p.QUICK_Q)} over c {list(p.QUICK_C)}, padded prefills q = c {list(p.QUICK_PREFILL)} at b {list(p.QUICK_PREFILL_B)}; "
+            f"engine at b {list(p.QUICK_ENGINE_B)} x {p.QUICK_ENGINE_TRIALS}, prompts {list(p.QUICK_ENGINE_PROMPTS)}, outputs {list(p.QUICK_ENGINE_OUTPUTS)}")
 
 
 def _load_entry(path: Path, base_sha: str, key: str) -> Profile | None:
@@ -156,10 +172,12 @@ def _load_entry(path: Path, base_sha: str, key: str) -> Profile | None:
 
 
 def measure_quick(pair, base: dict, fingerprint: dict, progress: bool) -> dict:
-    """The quick calibration section for ``base`` on ``pair`` (``runtime.profile.quick_calibration``)."""
-    from runtime.profile import quick_calibration
+    """The sections the quick profile writes over ``base``, measured on ``pair``: ``calibration``
+    (``runtime.profile.quick_calibration``) and ``engine`` (``runtime.profile.quick_engine``, against it)."""
+    from runtime.profile import QUICK_PREFILL_B, quick_calibration, quick_engine
 
-    return quick_calibration(pair, base, measured_on=fingerprint, progress=progress)
+    calibration = quick_calibration(pair, base, measured_on=fingerprint, progress=progress, prefill_b=QUICK_PREFILL_B)
+    return {"calibration": calibration, "engine": quick_engine(pair, {**base, "calibration": calibration}, progress=progress)}
 
 
 def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: str = "float32", threads: int | None = None, auto: bool = True,
@@ -171,7 +189,8 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
     ``threads``: the torch thread count the run uses (default: torch's current), measured with;
     ``base``: the table ``auto`` calibrates (default :func:`default_base` of ``threads``);
     ``refresh``: measure again even when the cache has an entry (e.g. the first use was on a busy machine);
-    ``measure(pair, base_dict, fingerprint, progress) -> calibration section`` is replaceable for tests.
+    ``measure(pair, base_dict, fingerprint, progress) -> {"calibration": section, "engine": section (optional)}``
+    is replaceable for tests.
     Raises ``ProfileError`` for an unknown profile and ``ValueError`` when the base does not describe the pair.
     """
     import torch
@@ -200,12 +219,16 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
     torch.set_num_threads(threads)  # measured with the thread count the run uses
     start = time.perf_counter()
     try:
-        data["calibration"] = measure(pair, data, fp, progress)
+        sections = measure(pair, data, fp, progress)
     finally:
         torch.set_num_threads(before)
     took = time.perf_counter() - start
+    unknown = set(sections) - {"calibration", "engine"}
+    if "calibration" not in sections or unknown:
+        raise ValueError(f"the quick profile's measure() must return a 'calibration' and optionally an 'engine' section, got {sorted(sections)}")
+    data.update(sections)
     data["name"] = entry.stem
-    data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "method": quick_method(), "note": "runtime.machine_profile: the base table with a quick calibration measured on this machine"}
+    data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "method": quick_method(), "note": "runtime.machine_profile: the base table with a quick calibration (and engine overhead, when measured) measured on this machine"}
     prof = Profile.from_dict(data, name=entry.stem)  # validate before writing
     from runtime.profile import write_profile
 

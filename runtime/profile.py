@@ -22,12 +22,17 @@ cores, threads, torch version, dtype, the pair's recipe hash; see ``runtime.fing
 ``--quick`` calibrates an existing profile to this machine in well under two minutes: it times
 both models at the points the serving engines run (``b`` 1 and 8; steps ``q`` 1 and 5, i.e. a
 decode or draft step and an SD verification at gamma 4, over ``c`` 128 and 512 cached tokens; and
-prefills ``q = c`` 32, 96, 160 and 320 -- a prefill is a pass over the whole prompt, *on the
-diagonal* of the grid, which the full table only reaches by interpolating off-diagonal points:
-on the project's pair it under-predicted the workloads' 110-160-token prefills by ~10-20 %),
-divides by the profile's prediction and writes the median ratio per model and ``q`` as the
-profile's ``calibration`` section (``envs.calibration``), which every user of the profile then
-applies (``runtime.machine_profile`` runs it on first use and caches it per machine):
+prefills ``q = c`` 32, 96, 160 and 320 at ``b`` 1, 4 and 8 -- a prefill is a pass over the whole
+prompt, *on the diagonal* of the grid, which the full table only reaches by interpolating
+off-diagonal points: on the project's pair it under-predicted the workloads' 110-160-token
+prefills by ~10-20 % -- timed as the engines run it, left-padded rows with an attention mask,
+which costs ~10 % more than the table's unpadded pass), divides by the profile's prediction and
+writes the median ratio per model and ``q`` as the profile's ``calibration`` section
+(``envs.calibration``), which every user of the profile then applies. It then re-measures the
+``engine`` section against that calibration, on batches shaped like the serving workload (the
+base's engine section is a residual against the *uncalibrated* table of another measurement, so
+it no longer adds up once the table is scaled). ``runtime.machine_profile`` runs both on first
+use and caches the result per machine:
 
     python -m runtime.profile --pair PATH --quick --base cpu_specsched-pair --out my_machine.yaml
     python -m runtime.profile --pair PATH --quick --out my_machine.yaml   # re-calibrate in place
@@ -56,6 +61,12 @@ from runtime.pair import ModelPair, load_pair
 QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5), (128, 512)
 #: the quick calibration's prefill lengths (passes with q = c: the whole prompt at once)
 QUICK_PREFILL = (32, 96, 160, 320)
+#: batch sizes of the quick calibration's prefills: padding only exists in batches of several rows
+QUICK_PREFILL_B = (1, 4, 8)
+#: the quick profile's engine re-measurement: batch sizes, random batches per size, and the shapes
+#: of the serving workload (``experiments.sim_vs_real``'s rounds: prompts up to ~160 tokens, outputs up to ~80)
+QUICK_ENGINE_B, QUICK_ENGINE_TRIALS = (1, 4, 8), 2
+QUICK_ENGINE_PROMPTS, QUICK_ENGINE_OUTPUTS = (8, 160), (8, 80)
 
 
 def _sync(device) -> None:
@@ -130,6 +141,39 @@ def time_pass(model, b: int, q: int, c: int, repeats: int) -> float:
     return float(np.median(times[1:]))
 
 
+def padded_lengths(b: int, s: int) -> list[int]:
+    """Prompt lengths of a ``b``-row batch whose longest prompt is ``s``: spread evenly down to a
+    quarter of ``s`` (a serving batch pads its rows to the longest)."""
+    if b == 1:
+        return [s]
+    low = max(1, s // 4)
+    return [int(round(s - i * (s - low) / (b - 1))) for i in range(b)]
+
+
+@torch.no_grad()
+def time_prefill(model, b: int, s: int, repeats: int) -> float:
+    """Median seconds of a prefill as the engines run it (``runtime.engines.prefill``): ``b``
+    left-padded prompts of :func:`padded_lengths` with their attention mask and position ids.
+
+    ``time_pass`` times unpadded passes, which take the plain causal path; a padded serving batch
+    cannot, and on the project's pair its prefill cost ~10 % more (b 7, 134 tokens: 226 vs 206 ms).
+    """
+    from runtime.engines import prefill
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(s * 1000 + b)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in padded_lengths(b, s)]
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        _sync(device)
+        start = time.perf_counter()
+        prefill(model, prompts)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[1:]))
+
+
 def measure(pair: ModelPair, b_grid, q_grid, c_grid, repeats: int, progress: bool = True) -> dict:
     out = {}
     for key, model in (("llm", pair.target), ("slm", pair.draft)):
@@ -152,10 +196,13 @@ class _Sink:
         self.tokens.extend(new)
 
 
-def measure_engine(pair: ModelPair, profile: dict, b_grid, repeats: int, gammas=(2, 6), trials: int = 4, seed: int = 0, progress: bool = True) -> dict:
-    """Engine overhead per batch size: engine wall time minus the table cost model's prediction.
+def measure_engine(pair: ModelPair, profile: dict, b_grid, repeats: int, gammas=(2, 6), trials: int = 4, seed: int = 0, progress: bool = True,
+                   prompt_tokens: tuple[int, int] = (16, 128), output_tokens: tuple[int, int] = (8, 64)) -> dict:
+    """Engine overhead per batch size: engine wall time minus the cost model's prediction from
+    ``profile`` (its table, and its ``calibration`` when it has one).
 
-    For each batch size, ``trials`` random batches (prompts 16-128 tokens, outputs 8-64) run
+    For each batch size, ``trials`` random batches (prompts and outputs uniform in the inclusive
+    ranges ``prompt_tokens`` and ``output_tokens``) run
     through AD and through SD at two draft depths; the per-step residuals are fitted by least
     squares, linear in ``b`` (AD: ``a0 + a1 b`` per step; SD: ``s0 + s1 b + gamma (d0 + d1 b)``
     per iteration) because one batch's residual is a small difference of two noisy times, and
@@ -181,9 +228,11 @@ def measure_engine(pair: ModelPair, profile: dict, b_grid, repeats: int, gammas=
         return float(np.median(times[1:])), res
 
     for b in tqdm([b for b in b_grid for _ in range(trials)], desc="profiling engines", disable=not progress):
-        starts = rng.integers(0, len(text) - 200, size=b)
-        prompts = [tok.encode(text[s : s + int(n)].decode("utf-8", errors="ignore") or "x") for s, n in zip(starts, rng.integers(16, 129, size=b), strict=True)]
-        limits = [int(x) for x in rng.integers(8, 65, size=b)]
+        starts = rng.integers(0, len(text) - 2 * prompt_tokens[1], size=b)
+        # bytes -> tokens is not one-to-one after decoding: cut to the drawn length in tokens
+        prompts = [(tok.encode(text[s : s + 2 * int(n)].decode("utf-8", errors="ignore")) or [0])[: int(n)]
+                   for s, n in zip(starts, rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, size=b), strict=True)]
+        limits = [int(x) for x in rng.integers(output_tokens[0], output_tokens[1] + 1, size=b)]
         s_max, n_max = max(len(p) for p in prompts), max(limits)
         common = dict(pad_id=tok.pad_id, on_tokens=_Sink())  # a server streams every token
         t_ad, _ = wall(generate_ad, pair.target, prompts, limits, **common)
@@ -202,7 +251,8 @@ def measure_engine(pair: ModelPair, profile: dict, b_grid, repeats: int, gammas=
         return [float(v) for v in np.maximum(a + c * grid, 0.0)]
 
     return {"b": list(map(int, b_grid)), "ad_step_s": on_grid(*ad_coef), "sd_iteration_s": on_grid(sd_coef[0], sd_coef[1]), "sd_draft_step_s": on_grid(sd_coef[2], sd_coef[3]),
-            "notes": f"engine wall time minus the table's prediction, fitted linear in b over {len(ad_rows)} random batches (prompts 16-128 tokens, outputs 8-64, SD gamma {gammas[0]} and {gammas[1]}, {repeats} repeats, median)"}
+            "notes": (f"engine wall time minus the {'calibrated ' if profile.get('calibration') else ''}table's prediction, fitted linear in b over {len(ad_rows)} random batches "
+                      f"(prompts {prompt_tokens[0]}-{prompt_tokens[1]} tokens, outputs {output_tokens[0]}-{output_tokens[1]}, SD gamma {gammas[0]} and {gammas[1]}, {repeats} repeats, median)")}
 
 
 def roofline_fit(profile: dict) -> dict:
@@ -230,17 +280,20 @@ def roofline_fit(profile: dict) -> dict:
 
 
 def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK_C, prefill=QUICK_PREFILL, repeats: int = 3, measured_on: dict | None = None,
-                      progress: bool = True) -> dict:
+                      progress: bool = True, prefill_b=None) -> dict:
     """A ``calibration`` section for profile dict ``base``: measured / predicted pass time on this machine.
 
-    Steps: every ``b`` x ``q`` x ``c`` point; prefills: ``(b, s, s)`` for every ``b`` and prompt
-    length ``s`` in ``prefill`` (the scale curve's ``q`` is then ``s``). Per model and per ``q`` the
+    Steps: every ``b`` x ``q`` x ``c`` point (``time_pass``); prefills: ``(b, s, s)`` for every ``b``
+    in ``prefill_b`` (default: ``b``) and prompt length ``s`` in ``prefill``, timed as the engines
+    run them -- left-padded rows with a mask (:func:`time_prefill`) -- since that is what the cost
+    model's ``tau(b, s, s)`` stands for when serving (the scale curve's ``q`` is then ``s``). Per model and per ``q`` the
     scale is the median ratio over its points; the prediction is the base profile's own, without
-    any calibration it already has. The engine overhead section is not re-measured
-    (``--engine-only`` does that, against the calibrated times).
+    any calibration it already has. The engine overhead section is measured separately
+    (:func:`quick_engine`, against the calibrated times).
     """
-    if not all(int(v) >= 1 for v in (*b, *q, *c, *prefill)) or not (q or prefill):
-        raise ValueError(f"quick calibration points must be positive integers (b {list(b)}, q {list(q)}, c {list(c)}, prefill {list(prefill)})")
+    prefill_b = tuple(b if prefill_b is None else prefill_b)
+    if not all(int(v) >= 1 for v in (*b, *q, *c, *prefill, *prefill_b)) or not (q or prefill):
+        raise ValueError(f"quick calibration points must be positive integers (b {list(b)}, q {list(q)}, c {list(c)}, prefill {list(prefill)}, prefill_b {list(prefill_b)})")
     from envs.profile import Profile
 
     raw = Profile.from_dict({k: v for k, v in base.items() if k != "calibration"}, name=str(base.get("name", "")))
@@ -252,18 +305,32 @@ def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK
     start = time.perf_counter()
     section: dict = {"measured_on": dict(measured_on or {})}
     spread = []
-    points = [(bb, qq, max(cc, qq)) for qq in q for bb in b for cc in c] + [(bb, s, s) for s in prefill for bb in b]
+    # (b, q, c, is a prefill); a step point with q = c would also be a prefill: it is timed as one
+    points = [(bb, qq, max(cc, qq), False) for qq in q for bb in b for cc in c] + [(bb, s, s, True) for s in prefill for bb in prefill_b]
     curve_q = sorted({int(p[1]) for p in points})
     for key, model, tau in (("llm", pair.target, raw.tau_llm), ("slm", pair.draft, raw.tau_slm)):
         ratios: dict[int, list[float]] = {qq: [] for qq in curve_q}
-        for bb, qq, cc in tqdm(points, desc=f"calibrating {key}", disable=not progress):
-            ratios[int(qq)].append(time_pass(model, bb, qq, cc, repeats) / float(tau.tau(bb, qq, cc)))
+        for bb, qq, cc, is_prefill in tqdm(points, desc=f"calibrating {key}", disable=not progress):
+            real = time_prefill(model, bb, qq, repeats) if is_prefill else time_pass(model, bb, qq, cc, repeats)
+            ratios[int(qq)].append(real / float(tau.tau(bb, qq, cc)))
         section[key] = {"q": curve_q, "scale": [float(np.median(ratios[qq])) for qq in curve_q]}
         spread += [v for r in ratios.values() for v in r]
     section["notes"] = (f"runtime.profile --quick on {time.strftime('%Y-%m-%d')}: measured / profile-predicted pass time at b {list(b)}, steps q {list(q)} "
-                        f"over c {list(c)}, prefills q = c {list(prefill)} ({repeats} repeats, median), median per model and q; point ratios {min(spread):.2f}-{max(spread):.2f}; "
-                        f"{time.perf_counter() - start:.0f} s; engine overhead not re-measured")
+                        f"over c {list(c)}, padded prefills q = c {list(prefill)} at b {list(prefill_b)} ({repeats} repeats, median), median per model and q; "
+                        f"point ratios {min(spread):.2f}-{max(spread):.2f}; {time.perf_counter() - start:.0f} s")
     return section
+
+
+def quick_engine(pair: ModelPair, calibrated: dict, repeats: int = 1, progress: bool = True) -> dict:
+    """The quick profile's ``engine`` section: :func:`measure_engine` against the *calibrated*
+    profile dict, at the serving workload's shapes (``QUICK_ENGINE_*``; ~15 s on the project's pair).
+
+    A shipped profile's engine section is its residual against its own uncalibrated table on the
+    machine it was measured on; once the table is calibrated here, that residual no longer adds up
+    to what the engines take here, so the quick profile measures it again.
+    """
+    return measure_engine(pair, calibrated, QUICK_ENGINE_B, repeats, trials=QUICK_ENGINE_TRIALS, progress=progress,
+                          prompt_tokens=QUICK_ENGINE_PROMPTS, output_tokens=QUICK_ENGINE_OUTPUTS)
 
 
 def check_out_path(path: Path) -> None:
@@ -314,9 +381,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--c", default="16,64,256,512,1024")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads while measuring (a server must run with the same number)")
-    ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None, help="also measure the engines' overhead (the profile's engine section; default on, off with --quick)")
+    ap.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
+                    help="also measure the engines' overhead (the profile's engine section; default on; with --quick at the serving shapes, against the new calibration)")
     ap.add_argument("--engine-only", action="store_true", help="measure only the engine section and write it into the existing --out profile")
-    ap.add_argument("--quick", action="store_true", help="calibrate an existing profile (--base, else --out) to this machine: a calibration section, < 2 min")
+    ap.add_argument("--quick", action="store_true", help="calibrate an existing profile (--base, else --out) to this machine: a calibration and an engine section, < 2 min")
     ap.add_argument("--base", default=None, help="with --quick: the profile to calibrate, a name in envs/profiles/ or a .yaml path (default: --out)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", type=Path, required=True)
@@ -329,8 +397,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--role edge replaces the edge section of an existing profile: {args.out} is missing (measure --role server first, or copy the server's profile here)")
     if args.pair is None and (args.target is None or args.draft is None):
         raise SystemExit("give --pair PATH, or both --target and --draft")
-    if args.quick and (args.engine_only or args.engine):
-        raise SystemExit("--quick does not measure the engine section; run --engine-only afterwards to refresh it")
+    if args.quick and args.engine_only:
+        raise SystemExit("--quick re-measures the engine section itself (--no-engine to keep the base's); --engine-only goes without --quick")
     if args.base is not None and not args.quick:
         raise SystemExit("--base only goes with --quick")
     grids = []
@@ -365,17 +433,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         profile = yaml.safe_load(base_path.read_text())
         try:
-            profile["calibration"] = quick_calibration(pair, profile, repeats=args.repeats, measured_on=fingerprint)
+            profile["calibration"] = quick_calibration(pair, profile, repeats=args.repeats, measured_on=fingerprint, prefill_b=QUICK_PREFILL_B)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
         if base_path.resolve() != args.out.resolve():
             profile["name"] = name
-        args.engine = False
+        if args.engine is not False:  # against the calibration just measured, at the serving shapes
+            profile["engine"] = quick_engine(pair, profile)
+        engine_measured, args.engine = args.engine is not False, False
     elif args.engine_only:
+        engine_measured = False
         profile = yaml.safe_load(args.out.read_text())
         if profile.get("latency", {}).get("source") != "table":
             raise SystemExit(f"--engine-only needs a measured (table) profile; {args.out} has latency.source {profile.get('latency', {}).get('source')!r}")
     else:
+        engine_measured = False
         profile = {
             "name": name,
             "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} torch thread(s), {args.repeats} repeats (median)",
@@ -393,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
         args.engine = True
     if args.engine or args.engine_only:
         profile["engine"] = measure_engine(pair, profile, grids[0], args.repeats)
+        engine_measured = True
     from envs.profile import Profile
 
     Profile.from_dict(profile, name=name)  # validate before writing
@@ -403,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
         for key in ("llm", "slm"):
             print(f"{key}: scale " + ", ".join(f"{s:.2f} at q {q}" for q, s in zip(cal[key]["q"], cal[key]["scale"], strict=True)))
         print(cal["notes"])
-    if args.engine or args.engine_only:
+    if engine_measured:
         e = profile["engine"]
         print("engine overhead per b " + str(e["b"]) + ": AD step " + ", ".join(f"{x * 1e3:.2f}" for x in e["ad_step_s"]) + " ms; SD iteration "
               + ", ".join(f"{x * 1e3:.2f}" for x in e["sd_iteration_s"]) + " ms + gamma x " + ", ".join(f"{x * 1e3:.2f}" for x in e["sd_draft_step_s"]) + " ms")

@@ -25,7 +25,7 @@ class FakeMeasure:
 
     def __call__(self, pair, base, fingerprint, progress):
         self.calls += 1
-        return {"measured_on": dict(fingerprint), "llm": {"q": [1, 64], "scale": [self.scale, self.scale]}, "slm": {"q": [1], "scale": [self.scale]}, "notes": "fake"}
+        return {"calibration": {"measured_on": dict(fingerprint), "llm": {"q": [1, 64], "scale": [self.scale, self.scale]}, "slm": {"q": [1], "scale": [self.scale]}, "notes": "fake"}}
 
 
 def _resolve(tmp_path, measure, **kw):
@@ -160,7 +160,7 @@ def test_first_use_on_a_slowed_machine_plans_slower(tmp_path):
     path.write_text(yaml.safe_dump(base))
 
     def quick(pair, data, fp, progress):  # the real measurement, at fewer points than the default
-        return quick_calibration(pair, data, b=(1, 2), q=(1, 5), c=(16, 32), repeats=2, measured_on=fp, progress=progress)
+        return {"calibration": quick_calibration(pair, data, b=(1, 2), q=(1, 5), c=(16, 32), prefill=(16,), repeats=2, measured_on=fp, progress=progress)}
 
     planning = resolve_profile(AUTO, pair=_slowed(pair, 0.02), threads=1, base=path, cache_dir=tmp_path / "cache", measure=quick, progress=False)
     assert planning.source == "measured"
@@ -175,9 +175,77 @@ def test_a_base_of_another_pair_is_refused_before_measuring(tmp_path):
     from runtime.profile import quick_calibration
 
     def quick(pair, data, fp, progress):
-        return quick_calibration(pair, data, b=(1,), q=(1,), c=(16,), repeats=1, measured_on=fp, progress=progress)
+        return {"calibration": quick_calibration(pair, data, b=(1,), q=(1,), c=(16,), repeats=1, measured_on=fp, progress=progress)}
 
     with pytest.raises(ValueError, match="not the profile's llm"):
         resolve_profile(AUTO, pair=_tiny_pair(), threads=1, cache_dir=tmp_path, measure=quick, progress=False)
     assert not [p for p in Path(tmp_path).iterdir() if p.is_file()]
 
+
+
+def test_a_measure_without_a_calibration_section_writes_nothing(tmp_path):
+    with pytest.raises(ValueError, match="'calibration'"):
+        _resolve(tmp_path, lambda *_: {"engine": {}})
+    assert not list((tmp_path / "cache").iterdir())
+
+
+def test_the_report_names_the_engine_section(tmp_path):
+    m = FakeMeasure()
+    engine = {"b": [1, 8], "ad_step_s": [0.001, 0.002], "sd_iteration_s": [0.003, 0.004], "sd_draft_step_s": [0.0, 0.0005]}
+
+    def with_engine(*args):
+        return {**m(*args), "engine": engine}
+
+    planning = _resolve(tmp_path, with_engine)
+    assert load_profile(planning.path).engine.ad(8) == pytest.approx(0.002)
+    assert planning.summary()["engine overhead"] == "per AD step 1.00/2.00 ms, per SD iteration 3.00/4.00 ms + gamma x 0.00/0.50 ms at b 1/8"
+
+
+def test_padded_prefill_rows_pad_to_the_longest():
+    from runtime.profile import padded_lengths
+
+    assert padded_lengths(1, 37) == [37]
+    rows = padded_lengths(8, 160)
+    assert len(rows) == 8 and max(rows) == 160 and min(rows) == 40 and rows == sorted(rows, reverse=True)
+    assert padded_lengths(4, 2) == [2, 2, 1, 1]
+
+
+def test_engine_prefill_is_the_engines_first_pass():
+    """The profiler's padded prefill (runtime.engines.prefill) gives the logits AD's first token comes from."""
+    from runtime.engines import generate_ad, prefill
+
+    pair = _tiny_pair()
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    first = prefill(pair.target, prompts)[:, -1].argmax(-1).tolist()
+    assert first == [t[0] for t in generate_ad(pair.target, prompts, 1).tokens]
+
+
+def test_quick_engine_sees_a_slowed_engine(monkeypatch):
+    """The quick profile's engine section, measured on engines whose host work per step is slowed
+    by 10 ms (the forward passes unchanged), predicts more overhead per AD step than unslowed."""
+    import runtime.engines
+    from runtime.profile import device_spec, measure, measure_engine, model_spec
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pair = _tiny_pair()
+        base = {"name": "tiny-here", "device": device_spec("cpu"), "llm": model_spec(pair.target, "target"), "slm": model_spec(pair.draft, "draft"),
+                "latency": {"source": "table", **measure(pair, [1, 2], [1, 2, 3, 5], [4, 32], repeats=1, progress=False)}}
+
+        def engine():
+            return measure_engine(pair, base, (1, 2), repeats=1, trials=1, progress=False, prompt_tokens=(4, 12), output_tokens=(6, 10))
+
+        bare = engine()
+        pick = runtime.engines.RowSampler.pick
+
+        def slow_pick(self, logits):
+            time.sleep(0.01)
+            return pick(self, logits)
+
+        monkeypatch.setattr(runtime.engines.RowSampler, "pick", slow_pick)
+        slowed = engine()
+    finally:
+        torch.set_num_threads(threads)
+    assert all(s > b + 0.005 for s, b in zip(slowed["ad_step_s"], bare["ad_step_s"], strict=True))
+    assert "prompts 4-12 tokens, outputs 6-10" in slowed["notes"]
