@@ -144,15 +144,33 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
     depth = np.zeros(rnd.num_users, dtype=np.int64)
     modes[order], depth[order] = modes_presented, depth_presented
     z, ed_share, lam = shares
-    has_ed = bool(np.any(modes == ED))
-    plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if has_ed else None, ed_share=ed_share)
+    # each mode counted once (Plan's admitted_* properties recount on every access)
+    n_ad, n_sd, n_ed = (int(np.count_nonzero(modes == m)) for m in (AD, SD, ED))
+    admitted = n_ad + n_sd + n_ed
+    plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if n_ed else None, ed_share=ed_share)
     outcome = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing,
                                   users=users)
     return {
-        "served": outcome.served_count, "admitted_ad": plan.admitted_ad, "admitted_sd": plan.admitted_sd, "admitted_ed": plan.admitted_ed,
-        "rejected": rnd.num_users - plan.admitted, "late": plan.admitted - outcome.served_count, "gamma": gamma, "z": z,
+        "served": outcome.served_count, "admitted_ad": n_ad, "admitted_sd": n_sd, "admitted_ed": n_ed,
+        "rejected": rnd.num_users - admitted, "late": admitted - outcome.served_count, "gamma": gamma, "z": z,
         "ed_share": ed_share, "lam": lam, "modes": modes, "ed_depth": depth,
     }
+
+
+def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) -> np.ndarray:
+    """(K + 1, obs_size) float32: row ``t`` holds the parts of step ``t``'s observation that depend
+    on ``t`` alone -- the current user's features (zeros at ``t = K``) and, from column ``tail`` on,
+    the next ``K_max`` users' (zero-padded past the round's end); the rest is zero."""
+    k = feats.shape[0]
+    rows = np.zeros((k + 1, obs_size), dtype=np.float32)
+    rows[:k, :USER_FEATURES] = feats
+    width = k_max * USER_FEATURES
+    pad = np.zeros((k + 1 + k_max) * USER_FEATURES, dtype=np.float32)
+    pad[: k * USER_FEATURES] = feats.reshape(-1)
+    # row t's look-ahead is pad[(t + 1) * F : (t + 1) * F + width]: a strided view, copied once
+    ahead = np.lib.stride_tricks.as_strided(pad[USER_FEATURES:], shape=(k + 1, width), strides=(USER_FEATURES * pad.itemsize, pad.itemsize), writeable=False)
+    rows[:, tail : tail + width] = ahead
+    return rows
 
 
 class EdgeScheduleV1Env(gym.Env):
@@ -204,7 +222,8 @@ class EdgeScheduleV1Env(gym.Env):
         self._round = rnd
         self._order = order = rnd.order(cfg.user_order)
         self._feats = round_features(rnd, order, cfg)
-        self._flat = self._feats.reshape(-1)  # the look-ahead block is one contiguous slice of it
+        # the user-dependent parts of every step's observation, built once per round (one row copy a step)
+        self._rows = observation_rows(self._feats, self._k_max, self._obs_size, HEAD + self._n)
         r = rnd if cfg.user_order == "arrival" else rnd.subset(order)
         has_ed = self.split is not None and rnd.has_edge is not None and bool(rnd.has_edge.any())
         self._ed = users = ed_users(self.split, rnd, cfg.max_gamma) if has_ed else None  # the round's original order
@@ -258,10 +277,8 @@ class EdgeScheduleV1Env(gym.Env):
 
     def _encode(self) -> np.ndarray:
         p, t, k = self._plan, self._t, self._k
-        obs = np.zeros(self._obs_size, dtype=np.float32)
+        obs = self._rows[t].copy()  # current user and look-ahead (observation_rows); head and mask below
         live = t < k
-        if live:
-            obs[:USER_FEATURES] = self._feats[t]
         i_hi, o_hi, t_hi = self._scales
         budget = self._budget
         b, s_max, n_max, share, mem, slack_min = p.b, p.s_max, p.n_max, p.share, p.mem, p.slack_min
@@ -273,12 +290,6 @@ class EdgeScheduleV1Env(gym.Env):
                 p.gamma / self._g, p.candidate_ad_share() if live else 1.0, t / k)
         # head (clipped to [0, 1]) and the mask in one assignment: numpy calls dominate at this size
         obs[USER_FEATURES : HEAD + self._n] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head] + self._masks
-        n = k - t - 1
-        if n > self._k_max:
-            n = self._k_max
-        if n > 0:
-            start = HEAD + self._n
-            obs[start : start + n * USER_FEATURES] = self._flat[(t + 1) * USER_FEATURES : (t + 1 + n) * USER_FEATURES]
         return obs
 
     def render(self):

@@ -26,11 +26,23 @@ if TYPE_CHECKING:
 
 
 class SplitScalarPlan:
-    """One round's plan with three batches, in Python floats. ED rows come from ``split_plan.EdUsers``."""
+    """One round's plan with three batches, in Python floats. ED rows come from ``split_plan.EdUsers``.
+
+    Speed (the scalar env's hot path, issue #13): the closed-form times are memoised by their exact
+    arguments (``CostModel.ad_time1`` / ``sd_time1``, the ED batch's prefill and verify passes
+    ``tau_L.tau1``), so a user that leaves a batch's aggregates unchanged re-prices nothing; the
+    same calls with the same arguments give the same floats, so every decision is unchanged. The
+    memos live as long as the plan (its cost model is fixed) and are emptied past ``MEMO_MAX`` entries.
+    """
+
+    MEMO_MAX = 1 << 14  #: entries per memo before it is emptied (bounds memory on long runs)
 
     def __init__(self, cost: CostModel, max_gamma: int):
         self.cost = cost
         self.g_max = max_gamma
+        self._ad_memo: dict[tuple[int, int, int], float] = {}
+        self._sd_memo: dict[tuple[int, int, int, int, int], float] = {}
+        self._ed_memo: dict[tuple[int, int, int, int], float] = {}  # (b, S, N, q) -> tau_L verify pass; q = 0: the prefill pass
         self.reset()
 
     def reset(self) -> None:
@@ -47,55 +59,89 @@ class SplitScalarPlan:
         self.gamma = 0
         self.ed = [0, 0, 0.0, 0.0]  # ED: j_max, q_max, p_max, x_max
         self._prepared = None
+        # the memory limits with and without SD's weights, as the exact check computes them
+        c = self.cost
+        self._mem_lim = (c.memory_budget1(False) * (1 + EPS), c.memory_budget1(True) * (1 + EPS))
+        if len(self._ad_memo) + len(self._sd_memo) + len(self._ed_memo) > self.MEMO_MAX:
+            self._ad_memo.clear()
+            self._sd_memo.clear()
+            self._ed_memo.clear()
 
     def prepare(self, inp: int, out: int, alpha: float, up: float, slack: float, deadline: float = math.inf, ed=None) -> list[bool]:
         """Masks for one user; ``ed`` = (J row, X row, allowed row, prefill) over depths 1..G, or None."""
         c, g_max = self.cost, self.g_max
-        b_a = self.b[0] + 1
-        s_a = max(self.s_max[0], inp)
-        n_a = max(self.n_max[0], out)
-        u_a = max(self.u_max[0], up)
-        sl_a = min(self.slack_min[0], slack)
-        share_a = share_needed1(c.ad_time1(b_a, s_a, n_a), b_a, u_a, sl_a)
-        mem_a = c.ad_memory1(b_a, s_a, n_a, self.sum_out[0] + out)
-        sh, mm = self.share, self.mem
-        ok_a = share_a + sh[1] + sh[2] <= 1 + EPS and mem_a + mm[1] + mm[2] <= c.memory_budget1(self.b[1] > 0) * (1 + EPS)
+        b, s_max, n_max, u_max, slack_min, sum_out, sh, mm = self.b, self.s_max, self.n_max, self.u_max, self.slack_min, self.sum_out, self.share, self.mem
+        lim = 1 + EPS
+        mem_lim = self._mem_lim[b[1] > 0]
+        # max(x, y) is ``y if y > x else x`` and min(x, y) ``y if y < x else x`` (Python keeps the first of equals)
+        b_a = b[0] + 1
+        s_a = s_max[0]
+        s_a = inp if inp > s_a else s_a
+        n_a = n_max[0]
+        n_a = out if out > n_a else n_a
+        u_a = u_max[0]
+        u_a = up if up > u_a else u_a
+        sl_a = slack_min[0]
+        sl_a = slack if slack < sl_a else sl_a
+        key = (b_a, s_a, n_a)
+        t_a = self._ad_memo.get(key)
+        if t_a is None:
+            t_a = self._ad_memo[key] = c.ad_time1(b_a, s_a, n_a)
+        share_a = share_needed1(t_a, b_a, u_a, sl_a)
+        mem_a = c.ad_memory1(b_a, s_a, n_a, sum_out[0] + out)
+        ok_a = share_a + sh[1] + sh[2] <= lim and mem_a + mm[1] + mm[2] <= mem_lim
         masks = [True, ok_a] + [False] * (2 * g_max)
-        b_s = self.b[1] + 1
-        s_s = max(self.s_max[1], inp)
-        n_s = max(self.n_max[1], out)
-        u_s = max(self.u_max[1], up)
-        sl_s = min(self.slack_min[1], slack)
-        budget_sd = c.memory_budget1(True) * (1 + EPS)
+        b_s = b[1] + 1
+        s_s = s_max[1]
+        s_s = inp if inp > s_s else s_s
+        n_s = n_max[1]
+        n_s = out if out > n_s else n_s
+        u_s = u_max[1]
+        u_s = up if up > u_s else u_s
+        sl_s = slack_min[1]
+        sl_s = slack if slack < sl_s else sl_s
+        budget_sd = self._mem_lim[1]
+        sum_s = sum_out[1] + out
         sd = {}
-        for g in ([self.gamma] if self.gamma > 0 else range(1, g_max + 1)):
-            j_s = max(self.j_max, sd_iterations1(out, alpha, g))
-            share_s = share_needed1(c.sd_time1(b_s, s_s, n_s, j_s, g), b_s, u_s, sl_s)
-            mem_s = c.sd_memory1(b_s, s_s, n_s, self.sum_out[1] + out, g)
+        sd_memo, j_max = self._sd_memo, self.j_max
+        for g in ((self.gamma,) if self.gamma > 0 else range(1, g_max + 1)):
+            j_s = sd_iterations1(out, alpha, g)
+            j_s = j_s if j_s > j_max else j_max
+            key = (b_s, s_s, n_s, j_s, g)
+            t_s = sd_memo.get(key)
+            if t_s is None:
+                t_s = sd_memo[key] = c.sd_time1(b_s, s_s, n_s, j_s, g)
+            share_s = share_needed1(t_s, b_s, u_s, sl_s)
+            mem_s = c.sd_memory1(b_s, s_s, n_s, sum_s, g)
             sd[g] = (j_s, share_s, mem_s)
-            masks[1 + g] = sh[0] + share_s + sh[2] <= 1 + EPS and mm[0] + mem_s + mm[2] <= budget_sd
+            masks[1 + g] = sh[0] + share_s + sh[2] <= lim and mm[0] + mem_s + mm[2] <= budget_sd
         eds = {}
         if ed is not None:
             j_row, x_row, allowed, prefill = ed
-            b_e = self.b[2] + 1
-            s_e = max(self.s_max[2], inp)
-            n_e = max(self.n_max[2], out)
-            u_e = max(self.u_max[2], up)
-            t_e = min(self.slack_min[2], deadline)
-            p_e = max(self.ed[2], prefill)
-            sum_e = self.sum_out[2] + out
-            budget_mem = c.memory_budget1(self.b[1] > 0) * (1 + EPS)
-            s_f = max(float(s_e), 1.0)
+            b_e = b[2] + 1
+            s_e = s_max[2]
+            s_e = inp if inp > s_e else s_e
+            n_e = n_max[2]
+            n_e = out if out > n_e else n_e
+            u_e = u_max[2]
+            u_e = up if up > u_e else u_e
+            t_e = slack_min[2]
+            t_e = deadline if deadline < t_e else t_e
+            p_e = self.ed[2]
+            p_e = prefill if prefill > p_e else p_e
+            sum_e = sum_out[2] + out
+            s_f = float(s_e)
+            s_f = s_f if s_f > 1.0 else 1.0
             cc = s_f + float(n_e) / 2.0
-            prefill_pass = None  # priced once, on the first depth that needs it
             # the hot loop inlines ed_time1 / ed_budget / ed_memory1 with their operations in their order
             base = t_e - u_e - p_e
             fb, fs, kv = float(b_e), float(s_e), c.kv_l
             fsn = fs + n_e
             per_user = c.kv_memory == "per_user"
-            sh01, mm01, lim = sh[0] + sh[1], mm[0] + mm[1], 1 + EPS
+            sh01, mm01 = sh[0] + sh[1], mm[0] + mm[1]
             j_b, q_b, x_b = self.ed[0], self.ed[1], self.ed[3]
-            tau1, verify = c.tau_l.tau1, {}
+            tau1, memo = c.tau_l.tau1, self._ed_memo
+            prefill_pass = None  # priced (or found) once, on the first depth that needs it
             for g in range(1, g_max + 1):
                 if not allowed[g - 1]:
                     continue
@@ -106,13 +152,17 @@ class SplitScalarPlan:
                 x_e = x_b if x_b > x_e else x_e
                 budget = base - j_e * x_e
                 mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
-                if budget <= 0 or not mm01 + mem_e <= budget_mem:
+                if budget <= 0 or not mm01 + mem_e <= mem_lim:
                     continue  # infeasible whatever the verify pass costs: skip pricing it
                 if prefill_pass is None:
-                    prefill_pass = tau1(b_e, s_f, s_f)
-                v = verify.get(q_e)
+                    key = (b_e, s_e, n_e, 0)
+                    prefill_pass = memo.get(key)
+                    if prefill_pass is None:
+                        prefill_pass = memo[key] = tau1(b_e, s_f, s_f)
+                key = (b_e, s_e, n_e, q_e)
+                v = memo.get(key)
                 if v is None:
-                    v = verify[q_e] = tau1(b_e, float(q_e), cc + float(q_e))
+                    v = memo[key] = tau1(b_e, float(q_e), cc + float(q_e))
                 share_e = (prefill_pass + float(j_e) * v) / budget
                 eds[g] = (j_e, q_e, x_e, share_e, mem_e)
                 masks[1 + g_max + g] = sh01 + share_e <= lim
