@@ -1,8 +1,8 @@
 """Simulated (EdgeSchedule-v1 model) vs real for edge users: ``runtime.serve placement=split`` live on
 this CPU, then the same rounds through the v1 simulator on the measured role profile.
 
-    python -m experiments.split_sim_vs_real                      # balance_ed; ED-only rounds and mixed rounds
-    python -m experiments.split_sim_vs_real --schedulers balance_ed,edge_first --rounds 6
+    python -m experiments.split_sim_vs_real                      # edge_first, balance_ed, the v1 policy; ED-only and mixed rounds
+    python -m experiments.split_sim_vs_real --schedulers edge_first --rounds 4
 
 For each scheduler: start ``runtime.serve placement=split`` on loopback with the project's full pair
 (``--profile``, by default ``split_cpu1_specsched-pair``: the target's and the draft's pass times
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
 import tempfile
@@ -203,10 +204,10 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--schedulers", default="balance_ed", help="comma-separated: balance_ed, edge_first, policy (with --policy)")
+    ap.add_argument("--schedulers", default="edge_first,balance_ed,policy", help="comma-separated: balance_ed, edge_first, policy (with --policy)")
     ap.add_argument("--policy", default="policies/split_k20", help="the v1 policy for scheduler policy")
     ap.add_argument("--settings", default="ed,mix", help="comma-separated: ed (edge users only), mix (edge + HTTP users)")
-    ap.add_argument("--rounds", type=int, default=6, help="rounds per setting")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds per setting")
     ap.add_argument("--edge-users", type=int, default=2)
     ap.add_argument("--http-users", type=int, default=2)
     ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     tok = pair.tokenizer
     prompts = CODE_PROMPTS + PROSE_PROMPTS
     frames = []
+    load = [os.getloadavg()[0]]  # the host's 1-minute load average, before and after the live part
     t_start = time.perf_counter()
     for scheduler in args.schedulers.split(","):
         proc, url, address = start_server(scheduler, pair_path, args.profile, args.window_s, args.alpha, args.cohorts, args.threads,
@@ -270,12 +272,13 @@ def main(argv: list[str] | None = None) -> None:
             proc.terminate()
             proc.wait(timeout=60)
     wall = time.perf_counter() - t_start
+    load.append(os.getloadavg()[0])
     sims = [simulate(df, s, args.profile, args.window_s, args.policy) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
     both = pd.concat(sims)
-    write_report(args, both, compare(both), wall)
+    write_report(args, both, compare(both), wall, load)
 
 
-def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float) -> None:
+def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, load: list[float]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(both.drop(columns=["prompt"]), args.out / "requests.csv")
     write_csv_atomic(table, args.out / "summary.csv")
@@ -293,7 +296,8 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float) -
         "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
         "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device).", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
-        f"Wall time of the live part: {wall_s:.0f} s. Host load is not controlled by this script: see the run's notes in the README.", "",
+        f"Wall time of the live part: {wall_s:.0f} s; the host's 1-minute load average {load[0]:.1f} before it and {load[1]:.1f} after, "
+        f"on {os.cpu_count()} CPU(s) (above the CPU count the host was loaded, and real times are slower than the profile's).", "",
         f"Reproduce: `{cmd}`", "",
     ])
     write_text_atomic(args.out / "summary.md", text)
