@@ -288,6 +288,26 @@ def run_study(cfg: dict[str, Any]) -> optuna.Study:
 
 
 # ----------------------------------------------------------------------------------------- results
+def first_step_at(trial: optuna.trial.FrozenTrial, value: float) -> int:
+    """The first reported timestep at which ``trial``'s best-so-far reached ``value`` (its last step if never)."""
+    steps = sorted(trial.intermediate_values)
+    return next((s for s in steps if trial.intermediate_values[s] >= value - 1e-12), steps[-1] if steps else 0)
+
+
+def best_trial(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, list[int]]:
+    """The best complete trial and the numbers of all trials tied at its value.
+
+    Validation served fractions are multiples of 1 / (rounds * K), and PPO runs often converge to the
+    same plans, so exact ties are common; they are broken by sample efficiency -- the earliest
+    timestep at which the best value was reached -- then by trial number (optuna's own rule takes
+    the first trial)."""
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    top = max(t.value for t in complete)
+    tied = [t for t in complete if t.value >= top - 1e-12]
+    tied.sort(key=lambda t: (first_step_at(t, top), t.number))
+    return tied[0], [t.number for t in sorted(tied, key=lambda t: t.number)]
+
+
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     rows = []
     for t in study.trials:
@@ -377,9 +397,10 @@ def write_results(study: optuna.Study, cfg: dict[str, Any], wall_s: float) -> di
     info: dict[str, Any] = {"trials": len(df), "counts": counts}
     complete = df[df.state == "COMPLETE"]
     if len(complete):
-        best = study.best_trial
-        info.update(best_value=best.value, best_number=best.number, best_params=best.params)
-        lines += [f"**Best value {best.value:.4f}** (trial {best.number}).", "", "| parameter | best | default (conf/agent/maskable_ppo.yaml) |", "|---|---|---|"]
+        best, tied = best_trial(study)
+        info.update(best_value=best.value, best_number=best.number, best_params=best.params, tied=tied)
+        tie = f" Tied at this value: trials {tied}; chosen: the one that reached it at the earliest timestep ({first_step_at(best, best.value):,})." if len(tied) > 1 else ""
+        lines += [f"**Best value {best.value:.4f}** (trial {best.number}).{tie}", "", "| parameter | best | default (conf/agent/maskable_ppo.yaml) |", "|---|---|---|"]
         defaults = default_params(cfg["space"])
         lines += [f"| {k} | {v:.4g} | {defaults[k]} |" if isinstance(v, float) else f"| {k} | {v} | {defaults[k]} |" for k, v in best.params.items()]
         if cfg["enqueue_default"] and in_space(defaults, cfg["space"]):

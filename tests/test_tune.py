@@ -16,6 +16,7 @@ from agents.tune import (
     ReportingValidation,
     TuneConfigError,
     apply_params,
+    best_trial,
     compose_train,
     default_params,
     in_space,
@@ -102,6 +103,17 @@ def test_reporting_validation_reports_best_so_far_and_prunes_a_bad_trial():
     n, bad = run([0.5, 0.6, 0.7])
     assert study.trials[n].state == optuna.trial.TrialState.PRUNED
     assert bad.reported == {100: 0.5}  # stopped at its first report, below the median 0.8
+
+
+def test_ties_at_the_best_value_go_to_the_trial_that_reached_it_first():
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for value, iv in [(0.8, {100: 0.7, 200: 0.8}), (0.9, {100: 0.8, 200: 0.9}), (0.9, {100: 0.9, 200: 0.9}), (0.9, {100: 0.9})]:
+        study.add_trial(optuna.trial.create_trial(value=value, params={"x": 0.5}, distributions=dist, intermediate_values=iv))
+    best, tied = best_trial(study)
+    assert tied == [1, 2, 3]
+    assert best.number == 2  # reached 0.9 at timestep 100 like trial 3, and has the lower number
+    assert study.best_trial.number == 1  # optuna's own rule would have taken the first
 
 
 class _PruneSecond(optuna.pruners.BasePruner):
