@@ -161,17 +161,26 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
 
 
 def prefill_s(profile, rnd: Round, plan, factors: dict[str, float] | None = None) -> np.ndarray:
-    """Per user, the simulated prefill of its batch (the target's pass over the padded prompts, plus the
-    draft's for SD) at the batch's compute share while both batches run (NaN for rejected users)."""
+    """Per user, the simulated time to its batch's first token: the batch's first engine step on the
+    whole device -- AD: the target's pass over the padded prompts; SD: both models' prefills and one
+    draft-verify iteration (``runtime.engines`` yields only after it) -- NaN for rejected users.
+
+    Not at the batch's compute share: ``runtime.executor.run_shared`` runs a step whole, so a
+    batch's first step starts at once or after the other batch's first step, at full speed. (Dividing
+    by the share, as the fluid sharing model spreads it, put the AD prefill at 0.41 s against 0.26 s
+    real in a BALANCE run, and so moved ~0.15 s of the same compute time from "decode" to "prefill".)
+    """
     out = np.full(rnd.num_users, np.nan)
-    both = bool(np.any(plan.modes == AD) and np.any(plan.modes == SD))
-    for mode, key, share in ((AD, "ad", plan.z), (SD, "sd", 1.0 - plan.z)):
+    iteration = CostModel(profile).sd_iteration_time
+    for mode, key in ((AD, "ad"), (SD, "sd")):
         members = plan.modes == mode
         if not members.any():
             continue
         b, s = int(members.sum()), int(rnd.input_tokens[members].max())
-        t = float(profile.tau_llm.tau(b, s, s)) + (float(profile.tau_slm.tau(b, s, s)) if mode == SD else 0.0)
-        out[members] = t * (factors or {}).get(key, 1.0) / (max(share, 1e-6) if both else 1.0)
+        t = float(profile.tau_llm.tau(b, s, s))
+        if mode == SD:
+            t += float(profile.tau_slm.tau(b, s, s)) + float(iteration(b, s, int(plan.gamma)))
+        out[members] = t * (factors or {}).get(key, 1.0)
     return out
 
 
@@ -293,7 +302,7 @@ def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.Da
         "Server and simulator planned with:", "", *profile_lines(planning), "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
         "By mode (requests that ran in that mode in both). Compute = latency - wait - planning (real), latency - window (simulated); "
-        "prefill = time to the first token - wait - planning (real), the batch's prefill passes at its compute share (simulated); decode = compute - prefill:", "",
+        "prefill = time to the first token - wait - planning (real), the batch's first engine step on the whole device (simulated: AD its prefill, SD both prefills and one iteration; the executor runs a step whole); decode = compute - prefill:", "",
         modes.to_markdown(index=False, floatfmt=".3g"), "",
         f"Reproduce: `{cmd}`", "",
     ])

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from envs.cost_model import CostModel
 from envs.plan import AD, REJECT, SD, Plan
 from envs.profile import load_profile
 from experiments import sim_vs_real as svr
@@ -49,7 +50,7 @@ def test_by_mode_splits_the_compute_gap_into_prefill_and_decode():
     assert summary["AD compute p50 error %"] == pytest.approx((0.9 - 1.1) / 1.1 * 100) and "SD compute p50 error %" not in summary
 
 
-def test_simulated_prefill_is_the_batch_pass_at_its_share():
+def test_simulated_prefill_is_the_batch_first_step_on_the_whole_device():
     from envs.config import EnvConfig
     from envs.workload import Round
 
@@ -58,8 +59,9 @@ def test_simulated_prefill_is_the_batch_pass_at_its_share():
     rnd = Round.from_arrays(cfg, np.array([100, 150, 80, 60]), np.array([10, 10, 10, 10]), np.full(4, 10.0), np.full(4, 0.9), np.full(4, cfg.min_distance_m))
     plan = Plan(modes=np.array([AD, AD, SD, REJECT]), gamma=4, z=0.25, lam=0.5)
     pre = svr.prefill_s(prof, rnd, plan, {"ad": 2.0, "sd": 1.0})
-    assert pre[0] == pre[1] == pytest.approx(float(prof.tau_llm.tau(2, 150, 150)) * 2.0 / 0.25)
-    assert pre[2] == pytest.approx((float(prof.tau_llm.tau(1, 80, 80)) + float(prof.tau_slm.tau(1, 80, 80))) / 0.75)
+    assert pre[0] == pre[1] == pytest.approx(float(prof.tau_llm.tau(2, 150, 150)) * 2.0)  # not / z: the executor runs a step whole
+    iteration = CostModel(prof).sd_iteration_time(1, 80, 4)
+    assert iteration > 0 and pre[2] == pytest.approx(float(prof.tau_llm.tau(1, 80, 80)) + float(prof.tau_slm.tau(1, 80, 80)) + float(iteration))
     assert np.isnan(pre[3])
     alone = svr.prefill_s(prof, rnd, Plan(modes=np.array([AD, REJECT, REJECT, REJECT]), gamma=4, z=0.25, lam=0.5))
     assert alone[0] == pytest.approx(float(prof.tau_llm.tau(1, 100, 100)))  # one batch: the whole device
