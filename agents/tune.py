@@ -63,7 +63,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -376,7 +375,14 @@ def experiment_yaml(cfg: dict[str, Any], best: optuna.trial.FrozenTrial, n_finis
     return head + yaml.safe_dump(body, sort_keys=False)
 
 
-def write_results(study: optuna.Study, cfg: dict[str, Any], wall_s: float) -> dict[str, Any]:
+def study_wall_s(study: optuna.Study) -> float:
+    """Seconds from the first trial's start to the last trial's end (over every invocation of a continued study)."""
+    starts = [t.datetime_start for t in study.trials if t.datetime_start]
+    ends = [t.datetime_complete for t in study.trials if t.datetime_complete]
+    return (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
+
+
+def write_results(study: optuna.Study, cfg: dict[str, Any]) -> dict[str, Any]:
     out = Path(cfg["output"])
     df = trials_frame(study)
     write_csv_atomic(df, out / "trials.csv")
@@ -391,7 +397,7 @@ def write_results(study: optuna.Study, cfg: dict[str, Any], wall_s: float) -> di
         "Written by `python -m agents.tune` (agents/tune.py; space and settings: conf/tune/search.yaml, resolved in search_config.yaml).",
         f"Setting: `{json.dumps(cfg['setting'])}`, training seed {cfg['train_seed']}; objective: best validation served fraction (validation stream).",
         f"Sampler: TPESampler(seed={cfg['sampler_seed']}, n_startup_trials={cfg['startup_trials']}); pruner: MedianPruner({', '.join(f'{k}={v}' for k, v in cfg['pruner'].items())}).",
-        f"Trials: {len(df)} ({', '.join(f'{v} {k.lower()}' for k, v in counts.items())}); study wall time {wall_s / 60:.1f} min (this invocation).",
+        f"Trials: {len(df)} ({', '.join(f'{v} {k.lower()}' for k, v in counts.items())}); trials' wall time {study_wall_s(study) / 60:.1f} min (first start to last end; one torch thread, shared 2-core host), trial durations sum {df.duration_s.sum() / 60:.1f} min.",
         "",
     ]
     info: dict[str, Any] = {"trials": len(df), "counts": counts}
@@ -421,9 +427,8 @@ def write_results(study: optuna.Study, cfg: dict[str, Any], wall_s: float) -> di
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = load_search_config(sys.argv[1:] if argv is None else argv)
-    start = time.perf_counter()
     study = run_study(cfg)
-    info = write_results(study, cfg, time.perf_counter() - start)
+    info = write_results(study, cfg)
     print(f"[tune] {info['trials']} trials {info['counts']}; best {info.get('best_value')} (trial {info.get('best_number')}) -> {cfg['output']}", flush=True)
     return info
 
