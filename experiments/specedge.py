@@ -276,7 +276,40 @@ def published_implies(h: pd.Series) -> str | None:
             f"{need_t_ms:.0f} ms per iteration, i.e. {need_draft:.0f} ms of draft passes ({need_draft / depth:.1f} ms per draft layer on the A100) "
             f"besides its {h['baseline_verify_ms']:.0f} ms verify; the model prices those passes at {h['baseline_draft_ms']:.0f} ms "
             f"({h['baseline_draft_ms'] / depth:.1f} ms per layer; the draft engine's fitted overhead on the A100's bandwidth). The published pair "
-            "holds only if SpecEdge's server-only draft passes cost about as much as its verify pass.")
+            "holds only if SpecEdge's server-only draft passes cost about as much as its verify pass")
+
+
+def scorecard(tp: pd.DataFrame) -> list[str]:
+    """What matches SpecEdge's published findings and what does not (tree drafts, the headline's N)."""
+    full = tp[(tp["variant"] == "full") & (tp["draft"] == "tree") & (tp["num_clients"] == HEADLINE_CLIENTS)].sort_values("rtt_ms")
+    at15 = tp[(tp["draft"] == "tree") & (tp["num_clients"] == HEADLINE_CLIENTS) & (tp["rtt_ms"] == HEADLINE_RTT_MS)].set_index("variant")
+    if full.empty or "full" not in at15.index:
+        return []
+    h = at15.loc["full"]
+
+    def mark(ok: bool) -> str:
+        return "matches" if ok else "does not match"
+
+    out = [f"**Scorecard** (tree drafts, N = {HEADLINE_CLIENTS}; published figures from the paper, second-hand where marked in "
+           "`/work/shared/reference/specedge.md`):", ""]
+    ratio_ok = abs(h["throughput_ratio"] / PUBLISHED["throughput_ratio"] - 1) <= TARGET_BAND
+    itl_ok = abs(h["itl_change"] / PUBLISHED["itl_change"] - 1) <= TARGET_BAND
+    out.append(f"- 2.22x server throughput at ~15 ms: {h['throughput_ratio']:.2f}x, {mark(ratio_ok)} within +-20 %;")
+    out.append(f"- -11.24 % ITL: {h['itl_change']:+.1%}, {mark(itl_ok)} within +-20 %"
+               + (" (SpecEdge's ITL is *higher* than server-only's here)" if h["itl_change"] > 0 else "") + ";")
+    r = full["throughput_ratio"].to_numpy()
+    out.append(f"- the gain falls as RTT grows: {r[0]:.2f}x at {full['rtt_ms'].iloc[0]:g} ms -> {r[-1]:.2f}x at {full['rtt_ms'].iloc[-1]:g} ms, "
+               f"{mark(bool(np.all(np.diff(r) <= 1e-9)))};")
+    below = full[full["itl_change"] < 0]["rtt_ms"]
+    out.append("- ITL below server-only's up to ~50 ms RTT, ~+22 % at 65 ms (second-hand): "
+               + (f"below up to {below.max():g} ms" if not below.empty else "never below at any RTT")
+               + f", {full['itl_change'].iloc[-1]:+.0%} at {full['rtt_ms'].iloc[-1]:g} ms;")
+    if {"no_proactive", "no_pipeline"} <= set(at15.index) and "specedge_tokens_per_iteration" in at15:
+        pro = h["specedge_tokens_per_iteration"] / at15.loc["no_proactive", "specedge_tokens_per_iteration"] - 1
+        pipe = h["specedge_throughput_tok_s"] / at15.loc["no_pipeline", "specedge_throughput_tok_s"]
+        out.append(f"- proactive drafting +13.21 % tokens per verify (second-hand): {pro:+.1%}, {mark(abs(pro / 0.1321 - 1) <= TARGET_BAND)} within +-20 %;")
+        out.append(f"- pipeline-aware scheduling 2.07x throughput (second-hand): {pipe:.2f}x, {mark(abs(pipe / 2.07 - 1) <= TARGET_BAND)} within +-20 %.")
+    return out + [""]
 
 
 def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFrame | None, command: str) -> str:
@@ -313,6 +346,7 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
             lines.append(f"- over N at 15 ms the best ratio is {best['throughput_ratio']:.2f}x (N = {int(best['num_clients'])}, ITL change "
                          f"{best['itl_change']:+.1%}): {verdict(best['throughput_ratio'], PUBLISHED['throughput_ratio'])}.")
         lines.append("")
+    lines += scorecard(tp)
     shown = sorted({HEADLINE_CLIENTS, SWEEP_CLIENTS} & set(tp["num_clients"]))
     full = tp[(tp["variant"] == "full") & tp["num_clients"].isin(shown)]
     if not full.empty:
