@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The split runtime on a CUDA machine, in one go: load (or build) the pair, check that greedy AD,
-# SD and the split are lossless in float16, profile the server and edge roles, run a short split
-# benchmark (server on the GPU, edge clients drafting on the CPU), and write DIR/results.md (plus lossless.json, profile.yaml, split_bench.{csv,md},
-# baseline.csv). Without CUDA it prints "skipped: no CUDA" and exits 0.
+# SD and the split are lossless in float16, time the verifier's forward at repeated, new and
+# revisited shapes with and without shape bucketing (runtime.split.verify_timing), profile the
+# server and edge roles, run a short split benchmark (server on the GPU, edge clients drafting on
+# the CPU), and write DIR/results.md (plus lossless.json, verify_timing.{csv,json,md}, profile.yaml,
+# split_bench.{csv,md}, baseline.csv). Without CUDA it prints "skipped: no CUDA" and exits 0.
 #
 #   scripts/gpu_check.sh [--pair PATH] [--out DIR]        (default: the project's full pair, results/gpu_check)
 #   PYTHON=python3 scripts/gpu_check.sh ...               (another interpreter than .venv/bin/python)
@@ -35,30 +37,46 @@ START=$(date +%s)
 echo "== lossless: greedy AD vs SD vs split ($DEVICE, $DTYPE)"
 LOSSLESS=0
 "$PY" -m runtime.split.lossless_check --pair "$PAIR" "${DEV[@]}" --out "$DIR/lossless.json" | tee "$DIR/lossless.txt" || LOSSLESS=$?
-echo "== profile: server role"
-"$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role server --b 1,4,16 --q 1,5,9,64 --c 64,256,1024 --repeats 3 --no-engine --out "$DIR/profile.yaml"
-echo "== profile: edge role"
-"$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role edge --b 1 --q 1,2,5,64 --c 64,256,1024 --repeats 3 --out "$DIR/profile.yaml"
-echo "== split benchmark (short)"
+FAILED=""  # steps that failed; the others still run, and results.md names these
+step() {  # step NAME COMMAND...: run one step, note a failure, go on
+  local name=$1; shift
+  echo "== $name"
+  "$@" || { echo "!! $name failed (exit $?)"; FAILED="$FAILED $name"; }
+}
+step verify_timing "$PY" -m runtime.split.verify_timing --pair "$PAIR" "${DEV[@]}" --batches 1,4,8 --buckets 1,64 --out "$DIR"
 # the edge drafts on the CPU: with the edge process on the same GPU, the first H200 run saw 50-67 ms per verification batch (time-sharing)
-"$PY" -m experiments.split_bench --pair "$PAIR" "${DEV[@]}" --edge-device cpu --edge-dtype float32 --out "$DIR/split_bench" --rtt-ms 5 \
-  --proactive on,off --cohorts 1,2 --clients "${GPU_CHECK_CLIENTS:-8}" --requests 2 --max-new-tokens 48
-cp "$DIR/split_bench/split_bench.csv" "$DIR/split_bench/split_bench.md" "$DIR/split_bench/baseline.csv" "$DIR/"
+step split_bench "$PY" -m experiments.split_bench --pair "$PAIR" "${DEV[@]}" --edge-device cpu --edge-dtype float32 --out "$DIR/split_bench" --rtt-ms 5 \
+  --proactive on,off --cohorts 1,2 --clients "${GPU_CHECK_CLIENTS:-8}" --requests 2 --max-new-tokens 48 --window-ms "${GPU_CHECK_WINDOW_MS:-5}" --timeout-s 120
+cp "$DIR/split_bench/split_bench.csv" "$DIR/split_bench/split_bench.md" "$DIR/split_bench/baseline.csv" "$DIR/" 2>/dev/null || true
+step profile_server "$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role server --b 1,4,16 --q 1,5,9,64 --c 64,256,1024 --repeats 3 --no-engine --out "$DIR/profile.yaml"
+step profile_edge "$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role edge --b 1 --q 1,2,5,64 --c 64,256,1024 --repeats 3 --out "$DIR/profile.yaml"
 GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU')")
 {
   echo "# gpu_check: the split runtime on $GPU ($DEVICE, $DTYPE)"
   echo
   echo "Pair: $PAIR; torch $("$PY" -c 'import torch; print(torch.__version__)'); $(date -u +%Y-%m-%dT%H:%MZ); $(( $(date +%s) - START )) s."
   echo
+  echo "Steps that failed: ${FAILED:-none}."
+  echo
   echo "## Lossless (exit status $LOSSLESS; 0 = passed)"
   echo
   sed 's/^/    /' "$DIR/lossless.txt"
+  echo
+  echo "## Verifier forward (ms per verify call; runtime.split.verify_timing)"
+  echo
+  echo "repeat: one shape every call; growing: the past grows 8 tokens a call (new shapes); revisit: the growing shapes again."
+  echo
+  cat "$DIR/verify_timing.md" 2>/dev/null || true
   echo
   echo "## Profile"
   echo
   echo "Server and edge roles measured into profile.yaml (sections latency, edge)."
   echo
-  sed -n '/## Targets/,$p' "$DIR/split_bench.md"
+  grep '^Server throughput' "$DIR/split_bench.md" 2>/dev/null || true
+  echo
+  sed -n '/## Targets/,$p' "$DIR/split_bench.md" 2>/dev/null || true
 } > "$DIR/results.md"
 echo "wrote $DIR/results.md"
+cat "$DIR/results.md"
+[ -z "$FAILED" ] || exit 1
 exit "$LOSSLESS"

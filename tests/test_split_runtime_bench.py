@@ -54,3 +54,39 @@ def test_split_bench_end_to_end(pair, tmp_path):
     df = pd.read_csv(tmp_path / "split_bench.csv")
     assert len(df) == 2 and {"rtt_ms", "proactive", "cohorts", "throughput_ratio", "itl_ms", "server_utilisation"} <= set(df.columns)
     assert (df.throughput_ratio > 0).all() and (tmp_path / "split_bench.md").read_text().count("target") >= 2
+
+
+def test_best_baseline_ranks_by_the_chosen_throughput():
+    base = pd.DataFrame({"batch": [4, 8], "gamma": [4, 4], "tokens_per_s": [300.0, 200.0], "tokens_per_cpu_s": [310.0, 400.0], "itl_ms": [5.0, 6.0]})
+    assert best_baseline(base, 10.0)[0].batch == 4
+    assert best_baseline(base, 10.0, "tokens_per_cpu_s")[0].batch == 8
+
+
+def test_cpu_sampler_reads_this_process_cpu_inside_a_window():
+    import os
+    import time
+
+    from experiments.split_bench import CpuSampler
+
+    sampler = CpuSampler(os.getpid(), period_s=0.005)
+    time.sleep(0.05)
+    start, cpu0 = time.time(), time.process_time()
+    while time.process_time() - cpu0 < 0.3:  # burn 0.3 s of CPU, however loaded the machine is
+        sum(i * i for i in range(1000))
+    end = time.time()
+    time.sleep(0.05)
+    sampler.stop()
+    busy = sampler.between(start, end)
+    assert busy is not None and 0.2 < busy < 0.5  # 0.3 s of CPU (10 ms ticks, the sampler's own)
+    assert sampler.between(start - 60, end) is None  # a window the samples do not cover
+
+
+def test_verify_timing_times_every_schedule(tmp_path):
+    from tiny_models import tiny
+
+    from runtime.split.verify_timing import SCHEDULES, run, summarise
+
+    df = run(tiny(2, 32), batches=[1, 3], buckets=[1, 16], depth=3, start=5, stop=21, step=4, repeats=2)
+    assert set(df.schedule) == set(SCHEDULES) and set(df.bucket) == {1, 16} and set(df.batch) == {1, 3}
+    assert len(df) == 2 * 2 * (2 + 4 + 4) and (df.ms > 0).all()
+    assert {(s["bucket"], s["batch"], s["schedule"]) for s in summarise(df)} == {(b, n, s) for b in (1, 16) for n in (1, 3) for s in SCHEDULES}
