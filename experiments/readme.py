@@ -110,6 +110,7 @@ SECTIONS = {
     "learned_v1_150k": lambda: _between(RESULTS / "learned_v1" / "learned_v1.md", "**Target", "## All"),
     "v1_speed": lambda: _table(RESULTS / "v1_speed.md"),
     "split_bench": lambda: _body(RESULTS / "split_bench" / "split_bench.md"),
+    "split_sim_vs_real": lambda: _body(RESULTS / "split_sim_vs_real" / "summary.md"),
 }
 
 
