@@ -17,9 +17,12 @@ rejected count absorbs the excess; a rejection should reach the client before it
 table reports, per run, the share of rejections answered before the request's deadline and the
 share of admitted requests (served + late) served on time, plus the server's calibration factors
 at the end (``/health``). Latencies are the client's (the load generator's clock, from the moment
-it starts sending); *server clock* counts from the request's arrival at the server's app (before its
-body is read and parsed), so the gap between the two is the client's, the kernel's and uvicorn's own
-delay (on a busy host, large). Writes ``results/overload.{csv,md}``.
+it starts sending). Each request carries that moment as its send stamp (``X-Request-Start``), and
+the server counts its deadline from there; *server clock* is the server's own latency from that
+stamp to its decision, so the gap between the two is the answer's way back (writing it out, the
+kernel, the client reading it). *send to server* is the median time from the stamp to the server's
+app (connect, the kernel's and uvicorn's queues: under a burst, large); *answer margin* is how early
+the server decided rejections at the end (``runtime.admission``). Writes ``results/overload.{csv,md}``.
 """
 
 from __future__ import annotations
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         "# Overload", "",
         f"`{args.scheduler}` on the live server (pair `{Path(pair).name}`, {args.threads} torch thread(s), profile `{Path(args.profile).name}`, round window {args.window_s} s, "
         f"host: {os.cpu_count()} CPU(s), shared); deadlines x {args.time_scale} (bursts: x {args.burst_time_scale}), outputs x {args.token_scale}. Steady runs: {args.rounds} rounds per load, each sent when the previous "
-        f"is answered; bursts: every round sent at once. A rejection is answered when its round is planned, or earlier, as soon as the queue sees it cannot make its deadline.", "",
+        f"is answered; bursts: every round sent at once. A rejection is answered when its round is planned, or earlier, as soon as the queue sees it cannot make its deadline "
+        f"(deadlines count from each request's send stamp; the queue decides a learnt answer margin early).", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
         f"Reproduce: `{cmd}`", "",
     ])

@@ -12,6 +12,9 @@ source), ``max_tokens`` = its output length x ``token_scale``, ``deadline_s`` = 
 round starts when the previous one is answered (plus ``round_gap_s``); with ``false`` round ``r``
 starts at ``r x round_gap_s`` whatever is still running (0: a burst of every round at once).
 
+Each request carries its send time (``X-Request-Start: t=<µs since the epoch>``, the moment its
+latency clock starts), so the server counts its deadline from when it was sent.
+
 One CSV row per request, **written and flushed as soon as it is answered**: prompt tokens, output
 tokens, deadline, mode, outcome, reason, TTFT, latency, the server's timings, the acceptance
 estimate its round was planned with and, for SD, the engine's iterations, accepted drafts and
