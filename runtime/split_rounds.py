@@ -145,9 +145,16 @@ class SplitRoundServer(RoundServer):
     async def _submit(self, req: EdgeRequest) -> None:
         self.submit(req)
 
+    def _end_soon(self, req: EdgeRequest, outcome: str, reason: str) -> None:
+        """End ``req`` from a gRPC thread (the event loop sets the outcome; once it has stopped, shutdown did)."""
+        try:
+            self.loop.call_soon_threadsafe(self.finish, req, outcome, reason)
+        except RuntimeError:  # the loop is closed: the server has shut down and ended every request
+            pass
+
     def _end(self, req: EdgeRequest, outcome: str, reason: str = "") -> None:
         """End ``req`` from a gRPC thread and wait until the event loop has."""
-        self.loop.call_soon_threadsafe(self.finish, req, outcome, reason)
+        self._end_soon(req, outcome, reason)
         req.ended.wait(10.0)
 
     def _result(self, req: EdgeRequest):
@@ -174,7 +181,7 @@ class SplitRoundServer(RoundServer):
         except Refused as err:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         # a stream that goes away ends its request (finish ignores a request that has its outcome)
-        context.add_callback(lambda: self.loop.call_soon_threadsafe(self.finish, req, "error", "edge: the placement stream closed early"))
+        context.add_callback(lambda: self._end_soon(req, "error", "edge: the placement stream closed early"))
         while not req.placed.wait(0.5):
             if not context.is_active():
                 return
