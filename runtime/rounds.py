@@ -9,7 +9,8 @@ answered at once and the AD / SD batches run on the engines (:mod:`runtime.execu
 swept: a request that can no longer make its deadline is rejected at once with that reason,
 instead of being rejected (or served late) after its deadline when its round is finally planned.
 "Can no longer" is: its earliest start -- not before its round's window closes, the running round
-is expected to end (its calibrated plan) and the full rounds queued ahead of it have run (each as
+(or a due speed probe: it runs before a round's batch leaves the queue) is expected to end (its
+calibrated plan; the last probe's time) and the full rounds queued ahead of it have run (each as
 long as recent rounds took) -- plus its minimal service time (alone on the device, in its faster
 mode, calibrated), plus the time to get the answer out (one sweep interval and the learnt answer
 margin of :mod:`runtime.admission`: the observed delay from a rejection's decision to its answer
@@ -117,6 +118,7 @@ class RoundServer:
         self.answer_margin = AnswerMargin()  #: learnt delay from a rejection's decision to its answer written, and the loop's lag
         self.sweep_s = min(cfg.window_s / 2, 0.1)
         self.calibrated_at = -float("inf")  #: monotonic time of the last calibration sample
+        self.probe_s = 0.0  #: wall time of the last speed probe (the warm-up's at first: an upper estimate)
         self.warmed_up = False
         self.closing = False
         self.cancel = threading.Event()
@@ -269,6 +271,13 @@ class RoundServer:
                 await asyncio.sleep(max(0.0, self.cfg.window_s - (time.monotonic() - self.pending[0].arrival)))
                 if self.closing:
                     break
+                if self.cfg.calibration_probe_s and time.monotonic() - self.calibrated_at > self.cfg.calibration_probe_s:
+                    # probed while the round's requests are still queued: the sweep keeps answering the
+                    # ones that cannot wait for it (a probe on a loaded host takes a while)
+                    self.busy_until = max(self.busy_until, time.monotonic() + self.probe_s)
+                    await loop.run_in_executor(self.pool, self._probe_before_round)
+                    if self.closing:
+                        break
                 self._expire(time.monotonic())
                 batch, self.pending = self.pending[: self.cfg.max_round], self.pending[self.cfg.max_round :]
                 self.metrics.queue.set(len(self.pending))
@@ -324,10 +333,11 @@ class RoundServer:
     def probe(self, learn: bool = True) -> None:
         """A short AD and an SD run of one fixed prompt, timed against the profile: the calibration's
         sample when the last one is older than ``calibration_probe_s`` (the host may have changed
-        while the server was idle). ``learn=False``: a warm-up (first calls of a model are slow)."""
+        while the server was idle), taken before the next round's batch leaves the queue. ``learn=False``: a warm-up (first calls of a model are slow)."""
         tok = self.pair.tokenizer
         prompt = tok.encode(PROBE_PROMPT) or [0]
         g = self.cfg.draft_depth
+        began = time.perf_counter()
         for mode in ("ad", "sd"):
             start = time.perf_counter()
             if mode == "ad":
@@ -339,16 +349,18 @@ class RoundServer:
             real = time.perf_counter() - start
             if learn and (factor := self.calibration.update(mode, real, predicted)) is not None:
                 self.metrics.calibration.labels(mode).set(factor)
+        self.probe_s = time.perf_counter() - began
         if learn:
             self.calibrated_at = time.monotonic()
 
+    def _probe_before_round(self) -> None:
+        try:
+            self.probe()
+        except Exception:  # noqa: BLE001 - a failed probe leaves the calibration as it was; the round decides for itself
+            log.warning("calibration probe failed", exc_info=True)
+
     def run_round(self, batch: list[LiveRequest], loop) -> None:
         """Plan and run one round (a worker thread; exceptions propagate to :meth:`run`)."""
-        if self.cfg.calibration_probe_s and time.monotonic() - self.calibrated_at > self.cfg.calibration_probe_s:
-            try:
-                self.probe()
-            except Exception:  # noqa: BLE001 - a failed probe leaves the calibration as it was; the round decides for itself
-                log.warning("calibration probe failed", exc_info=True)
         began = time.monotonic()
         plan = self.scheduler.plan(self._round(batch, began))
         decided = time.monotonic()
