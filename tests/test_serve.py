@@ -219,3 +219,34 @@ def test_prometheus_metrics_and_health(server):
     h = httpx.get(f"{server}/health").json()
     assert h["status"] == "ok" and h["faults"] == 0
     assert httpx.get(f"{server}/stats").json()["served"] >= 1
+
+
+def test_completion_endpoints_answer_a_crash_with_an_openai_500(pair, profile):
+    """The completion endpoints bypass the framework's routing (runtime.api): an unexpected error in
+    them still gets the OpenAI-shaped 500 the framework's crash handler gives, counted by status."""
+    from runtime.api import ServeApp
+    from runtime.serve_config import ServeConfig
+
+    class Broken:
+        def __getattr__(self, name):
+            return getattr(pair.tokenizer, name)
+
+        def encode(self, text):
+            raise RuntimeError("tokenizer broke")
+
+    class BrokenPair:
+        def __getattr__(self, name):
+            return getattr(pair, name)
+
+        tokenizer = Broken()
+
+    app = ServeApp(ServeConfig(scheduler="balance", profile=str(profile), max_tokens_limit=64, max_prompt_tokens=256), BrokenPair())
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return [await c.post(path, json=body) for path, body in (("/v1/completions", {"prompt": "x", "max_tokens": 2}),
+                                                                     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}))]
+
+    for r in asyncio.run(go()):
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error" and "RuntimeError" in r.json()["error"]["message"]
+    assert app.metrics.counts["http"] == {"500": 2}
