@@ -78,3 +78,42 @@ def test_cpu_hog_run_end_to_end(pair, profile, tmp_path):
     assert sorted(set(table.calibration)) == ["off", "on"] and len(table) == 4
     assert "factor ad" in text and "prefill error %" in text, text  # long deadlines: served, so the by-mode rows exist
     assert not (tmp_path / "sim_vs_real.md").exists()  # the idle table is not overwritten by a hog run
+
+
+def test_step_emulation_is_the_executors_rule(monkeypatch):
+    """experiments.sim_vs_real_steps emulates runtime.executor.run_shared: the same step order and end
+    times, checked against the executor itself on generators that advance a fake clock."""
+    import runtime.executor
+    from experiments.sim_vs_real_steps import emulate_run_shared
+
+    jobs = {"ad": ([0.4, 0.05, 0.05, 0.05], 0.3), "sd": ([0.1, 0.08, 0.08, 0.08, 0.08], 0.7)}
+    clock = {"now": 0.0}
+    ends: dict[str, list[float]] = {"ad": [], "sd": []}
+
+    def steps(name):
+        for d in jobs[name][0]:
+            clock["now"] += d
+            ends[name].append(clock["now"])
+            if len(ends[name]) < len(jobs[name][0]):
+                yield
+        return name
+
+    monkeypatch.setattr(runtime.executor.time, "perf_counter", lambda: clock["now"])
+    runs = runtime.executor.run_shared({name: (steps(name), share) for name, (_, share) in jobs.items()})
+    assert runs["ad"].device_s == pytest.approx(0.55)
+    emulated = emulate_run_shared(jobs)
+    for name in jobs:
+        assert emulated[name] == pytest.approx(ends[name])
+    assert emulated["ad"][0] == pytest.approx(0.4) and emulated["sd"][0] == pytest.approx(0.5)  # the AD prefill is whole: SD waits for it
+
+
+def test_granularity_rows_per_admitted_user():
+    from experiments.sim_vs_real_steps import granularity, plan_rounds
+
+    cost = CostModel(load_profile("cpu1_specsched-pair"))
+    df = pd.DataFrame({"round": 0, "user": range(4), "prompt_tokens": [150, 140, 20, 30], "max_tokens": [10, 12, 40, 60], "deadline_s": [3.0, 3.0, 3.0, 3.0],
+                       "mode": "ad", "latency_s": 1.0, "wait_s": 0.3, "plan_s": 0.0})
+    planned = plan_rounds(df, cost, 0.3, 0.9)
+    gran = granularity(planned, cost)
+    assert len(gran) == int(np.isin(planned[0][3].modes, [AD, SD]).sum()) and (gran.steps_s > 0).all() and (gran.fluid_s > 0).all()
+    assert gran.real_s.tolist() == pytest.approx([0.7] * len(gran))
