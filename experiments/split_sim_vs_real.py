@@ -13,7 +13,9 @@ once:
 
 - ``ed``: ``--edge-users`` edge users (each its own :class:`runtime.split_placement.EdgeUser`: its
   draft model in this process, its verification link delayed by its RTT, drafting at the plan's depth);
-- ``mix``: ``--edge-users`` edge users and ``--http-users`` HTTP users (OpenAI completions).
+- ``mix``: ``--edge-users`` edge users and ``--http-users`` HTTP users (OpenAI completions);
+
+driven by :mod:`runtime.split_loadgen` (the load generator of both kinds of users).
 
 Prompts cycle through the pair's prompt lists; ``max_tokens`` and deadlines are drawn per user from a
 seeded generator (``--tokens``, ``--deadline-s``), RTTs from ``--rtt-ms``. Then each round is planned
@@ -39,7 +41,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from envs.profile import load_profile
 from envs.split_plan import evaluate_split_plan
 from envs.workload import Round
 from experiments.sim_vs_real import free_port
+from runtime.split_loadgen import check_ranges, draw_round, run_round
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "split_sim_vs_real"
@@ -88,52 +90,6 @@ def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alph
         time.sleep(0.1)
     proc.terminate()
     raise RuntimeError("server did not start within 180 s")
-
-
-def draw_round(rng: np.random.Generator, setting: str, r: int, args, prompts: list[str]) -> list[dict]:
-    """One round's users: kind, prompt, max_tokens, deadline, rtt."""
-    kinds = ["edge"] * args.edge_users + (["http"] * args.http_users if setting == "mix" else [])
-    users = []
-    for u, kind in enumerate(kinds):
-        users.append({"setting": setting, "round": r, "user": u, "kind": kind, "prompt": prompts[(r * len(kinds) + u) % len(prompts)],
-                      "max_tokens": int(rng.integers(args.tokens[0], args.tokens[1] + 1)),
-                      "deadline_s": float(rng.uniform(*args.deadline_s)),
-                      "rtt_s": float(rng.uniform(*args.rtt_ms)) / 1e3 if kind == "edge" else 0.0})
-    return users
-
-
-def run_round(users: list[dict], edges: list, url: str, tok) -> None:
-    """All users of a round at once; fills each user dict with what happened."""
-
-    def edge(u: dict, i: int) -> None:
-        user = edges[i]
-        user.rtt_s = u["rtt_s"]
-        ids = tok.encode(u["prompt"])
-        res = user.request(ids, u["max_tokens"], u["deadline_s"], request_id=f"{u['setting']}-{u['round']}-{u['user']}")
-        its = res.edge.iterations if res.edge else []
-        acc = sum(log.accepted for log in its)
-        rej = sum(log.accepted < log.depth for log in its)
-        u.update(prompt_tokens=len(ids), mode=res.mode, outcome=res.outcome, latency_s=res.server_latency_s, wait_s=res.wait_s, tokens=len(res.tokens),
-                 depth=res.depth, iterations=len(its), accepted=acc, rejections=rej, edge_latency_s=res.latency_s)
-
-    def http(u: dict) -> None:
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": u["prompt"], "max_tokens": u["max_tokens"], "deadline_s": u["deadline_s"]}, timeout=300)
-        body = r.json()
-        s = body.get("specsched") or {}
-        u.update(prompt_tokens=len(tok.encode(u["prompt"])), mode=s.get("mode", "-"), outcome=s.get("outcome", "error"), latency_s=s.get("latency_s"),
-                 wait_s=s.get("wait_s"), tokens=s.get("completion_tokens", 0), depth=0, accepted=s.get("sd_accepted"), rejections=s.get("sd_rejections"))
-
-    threads, i = [], 0
-    for u in users:
-        if u["kind"] == "edge":
-            threads.append(threading.Thread(target=edge, args=(u, i)))
-            i += 1
-        else:
-            threads.append(threading.Thread(target=http, args=(u,)))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
 
 
 def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, policy: str | None) -> pd.DataFrame:
@@ -227,11 +183,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--schedulers must be from {sorted(known)}, got {args.schedulers}")
     if not set(args.settings.split(",")) <= set(SETTINGS):
         ap.error(f"--settings must be from {list(SETTINGS)}, got {args.settings}")
-    for name, lo in (("rounds", 1), ("edge_users", 1), ("http_users", 0), ("cohorts", 1), ("threads", 1)):
+    for name, lo in (("edge_users", 1), ("cohorts", 1), ("threads", 1)):
         if getattr(args, name) < lo:
             ap.error(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(args, name)}")
-    if not (1 <= args.tokens[0] <= args.tokens[1] and 0 < args.deadline_s[0] <= args.deadline_s[1] and 0 <= args.rtt_ms[0] <= args.rtt_ms[1]):
-        ap.error("--tokens, --deadline-s and --rtt-ms must be ranges lo <= hi (tokens >= 1, deadlines > 0, RTTs >= 0)")
+    check_ranges(ap, args)  # rounds, users, tokens, deadlines, RTTs: as the load generator checks them
     if not 0 < args.alpha < 1 or not args.window_s > 0:
         ap.error("--alpha must be in (0, 1) and --window-s > 0")
     return args
@@ -261,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
             for setting in args.settings.split(","):
                 rng = np.random.default_rng([args.seed, SETTINGS.index(setting)])  # the same users for every scheduler
                 for r in range(args.rounds):
-                    users = draw_round(rng, setting, r, args, prompts)
+                    users = draw_round(rng, r, args.edge_users, args.http_users if setting == "mix" else 0, tuple(args.tokens), tuple(args.deadline_s),
+                                       tuple(args.rtt_ms), prompts, setting)
                     alpha = float(httpx.get(f"{url}/health", timeout=10).json()["alpha_estimate"])
                     run_round(users, edges, url, tok)
                     frames.append(pd.DataFrame(users).assign(scheduler=scheduler, alpha_server=alpha))

@@ -44,6 +44,8 @@ from prometheus_client import Counter
 
 from envs.config import EnvConfig
 from envs.plan import ED
+from envs.split_cost import SplitCostModel
+from envs.split_plan import ed_time1, ed_users
 from envs.workload import Round
 from runtime.live_request import OUTCOMES, LiveRequest
 from runtime.rounds import Refused, RoundServer
@@ -66,6 +68,7 @@ class EdgeRequest(LiveRequest):
 
     rtt_s: float = 0.0  #: the edge's round trip to this server, s
     ed_depth: int = 0  #: the plan's ED depth (mode ``ed``)
+    ed_alone_s: float | None = None  #: the profile's time for it alone in ED at its best depth (set by the queue)
     placed: threading.Event = field(default_factory=threading.Event)  #: planned as ED, or ended
     ended: threading.Event = field(default_factory=threading.Event)  #: has its outcome
 
@@ -84,6 +87,7 @@ class SplitRoundServer(RoundServer):
             for o in OUTCOMES:
                 self.by_kind.labels(kind, o)  # present at 0
         self.kind_counts = {kind: dict.fromkeys(OUTCOMES, 0) for kind in KINDS}
+        self.split_cost = SplitCostModel(self.base_cost.profile)  # ServeConfig checked the edge and network sections
         self.edge_active: dict[str, EdgeRequest] = {}  #: ED requests between their decision and their end
         self.loop: asyncio.AbstractEventLoop | None = None
         self.grpc_server: grpc.Server | None = None
@@ -102,6 +106,23 @@ class SplitRoundServer(RoundServer):
         rnd.has_edge = np.array([isinstance(r, EdgeRequest) for r in batch], dtype=bool)
         rnd.rtt_s = np.array([r.rtt_s if isinstance(r, EdgeRequest) else 0.0 for r in batch], dtype=float)
         return rnd
+
+    def min_service_s(self, req: LiveRequest) -> float:
+        """The queue's hopeless check: an edge user may also be served in ED, alone at its best depth
+        (the v1 model: verification + edge prefill + iterations of drafting and network), scaled by SD's
+        calibration factor (the same host's slowness; the verifier has no factor of its own)."""
+        fastest = super().min_service_s(req)
+        if not isinstance(req, EdgeRequest):
+            return fastest
+        if req.ed_alone_s is None:
+            rnd = Round.from_requests([len(req.prompt_ids)], [req.max_tokens], [1e9], [self.alpha], 0.0, 0.0)
+            rnd.has_edge, rnd.rtt_s = np.array([True]), np.array([req.rtt_s])
+            users = ed_users(self.split_cost, rnd, EnvConfig.max_gamma)
+            times = [ed_time1(self.base_cost, 1, len(req.prompt_ids), req.max_tokens, int(users.iterations[0, g - 1]), g + 1)
+                     + float(users.prefill_s[0]) + float(users.iterations[0, g - 1] * users.edge_s[0, g - 1])
+                     for g in range(1, EnvConfig.max_gamma + 1) if users.allowed[0, g - 1]]
+            req.ed_alone_s = min(times, default=float("inf"))
+        return min(fastest, req.ed_alone_s * self.calibration.factor["sd"])
 
     def place_other(self, req: LiveRequest, index: int, plan, loop) -> bool:
         if plan.modes[index] != ED or not isinstance(req, EdgeRequest) or plan.ed_depth is None:

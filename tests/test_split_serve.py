@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 from live_server import ROOT, running, tiny_pair
@@ -157,3 +158,23 @@ def test_a_broken_edge_stream_ends_its_request_with_error(pair, tmp_path):
     assert sum(counts.values()) == 1
     if first.kind == "decision":
         assert counts["error"] == 1
+
+
+def test_the_queue_counts_ed_as_a_way_to_serve_an_edge_user(pair, tmp_path):
+    """The hopeless check before planning: an edge user's fastest service includes ED alone (v1 model)."""
+    from runtime.live_request import LiveRequest
+    from runtime.split_rounds import EdgeRequest, SplitRoundServer
+    from runtime.textstream import TextStream
+
+    cfg = ServeConfig(scheduler="edge_first", placement="split", port=0, profile=str(split_tiny_profile(pair, tmp_path)), split={"port": 0})
+    rounds = SplitRoundServer(cfg, pair)
+    try:
+        common = dict(prompt_ids=[1] * 20, max_tokens=64, deadline_s=5.0, text=TextStream(pair.tokenizer.decode))
+        http, edge = LiveRequest(id="h", **common), EdgeRequest(id="e", rtt_s=0.01, **common)
+        assert np.isfinite(rounds.min_service_s(edge))
+        assert rounds.min_service_s(edge) == min(rounds.min_service_s(http), edge.ed_alone_s)
+        far = EdgeRequest(id="f", rtt_s=5.0, **common)  # a 5 s round trip per iteration: ED is no faster than AD / SD
+        assert rounds.min_service_s(far) == rounds.min_service_s(http) < far.ed_alone_s
+    finally:
+        rounds.batcher.stop()
+        rounds.pool.shutdown(wait=False)

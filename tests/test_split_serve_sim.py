@@ -73,3 +73,27 @@ def test_edge_process_placement_options():
         edge_args(["--server", "127.0.0.1:1", "--placement", "on", "--depth", "3"])
     with pytest.raises(SystemExit, match="--deadline-s"):
         edge_args(["--server", "127.0.0.1:1", "--placement", "on", "--deadline-s", "0"])
+
+
+def test_load_generator_draws_both_kinds_within_the_ranges():
+    from runtime.split_loadgen import draw_round
+
+    users = draw_round(np.random.default_rng(0), 3, 2, 1, (10, 20), (0.5, 1.0), (5.0, 30.0), ["a", "b", "c", "d"], "mix")
+    assert [u["kind"] for u in users] == ["edge", "edge", "http"]
+    assert all(10 <= u["max_tokens"] <= 20 and 0.5 <= u["deadline_s"] <= 1.0 for u in users)
+    assert all(0.005 <= u["rtt_s"] <= 0.03 for u in users[:2]) and users[2]["rtt_s"] == 0.0
+    again = draw_round(np.random.default_rng(0), 3, 2, 1, (10, 20), (0.5, 1.0), (5.0, 30.0), ["a", "b", "c", "d"], "mix")
+    assert users == again  # seeded: every scheduler sees the same users
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--edge-users", "0", "--http-users", "0"], "must be >= 1"),
+    (["--deadline-s", "0", "1"], "--deadline-s"),
+    (["--rounds", "0"], "--rounds"),
+])
+def test_load_generator_arguments_fail_first(argv, words, capsys):
+    from runtime.split_loadgen import parse_args as loadgen_args
+
+    with pytest.raises(SystemExit):
+        loadgen_args(["--url", "http://127.0.0.1:1", "--split", "127.0.0.1:2", *argv])
+    assert words in capsys.readouterr().err

@@ -1,0 +1,136 @@
+"""Load generator for ``runtime.serve placement=split``: rounds of edge users (gRPC placement,
+:class:`runtime.split_placement.EdgeUser`) and HTTP users (OpenAI completions), a round at a time,
+all of a round's users at once.
+
+    python -m runtime.split_loadgen --url http://127.0.0.1:8011 --split 127.0.0.1:50051 --edge-users 2 --http-users 2 --rounds 5 --out runs/split_load.csv
+
+Each user draws its ``max_tokens`` (``--tokens``), deadline (``--deadline-s``) and, for edge users,
+RTT (``--rtt-ms``) from a seeded generator; prompts cycle through the pair's prompt lists. Every
+request ends with the server's one outcome (served / late / rejected / error), recorded per request
+(mode, ED depth, latency on the server's clock, wait before planning, tokens, and the acceptance the
+run measured: the edge's iteration log for ED, the engine's counters for SD). Edge users draft with
+this process's copy of the draft model (``--pair`` / ``--preset``; one torch thread by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+
+def draw_round(rng: np.random.Generator, r: int, edge_users: int, http_users: int, tokens: tuple[int, int], deadline_s: tuple[float, float],
+               rtt_ms: tuple[float, float], prompts: list[str], setting: str = "") -> list[dict]:
+    """One round's users (dicts): kind (edge / http), prompt, max_tokens, deadline_s, rtt_s (s; 0 for HTTP)."""
+    kinds = ["edge"] * edge_users + ["http"] * http_users
+    users = []
+    for u, kind in enumerate(kinds):
+        users.append({"setting": setting, "round": r, "user": u, "kind": kind, "prompt": prompts[(r * len(kinds) + u) % len(prompts)],
+                      "max_tokens": int(rng.integers(tokens[0], tokens[1] + 1)),
+                      "deadline_s": float(rng.uniform(*deadline_s)),
+                      "rtt_s": float(rng.uniform(*rtt_ms)) / 1e3 if kind == "edge" else 0.0})
+    return users
+
+
+def run_round(users: list[dict], edges: list, url: str, tok) -> None:
+    """All users of a round at once (edge user ``i`` of the round on ``edges[i]``); fills each dict with what happened."""
+
+    def edge(u: dict, i: int) -> None:
+        user = edges[i]
+        user.rtt_s = u["rtt_s"]
+        ids = tok.encode(u["prompt"])
+        res = user.request(ids, u["max_tokens"], u["deadline_s"], request_id=f"{u['setting']}-{u['round']}-{u['user']}")
+        its = res.edge.iterations if res.edge else []
+        u.update(prompt_tokens=len(ids), mode=res.mode, outcome=res.outcome, reason=res.reason, latency_s=res.server_latency_s, wait_s=res.wait_s,
+                 tokens=len(res.tokens), depth=res.depth, iterations=len(its), accepted=sum(log.accepted for log in its),
+                 rejections=sum(log.accepted < log.depth for log in its), edge_latency_s=res.latency_s)
+
+    def http(u: dict) -> None:
+        try:
+            body = httpx.post(f"{url}/v1/completions", json={"prompt": u["prompt"], "max_tokens": u["max_tokens"], "deadline_s": u["deadline_s"]}, timeout=300).json()
+        except (httpx.HTTPError, ValueError) as err:
+            body = {"specsched": {"outcome": "error", "reason": f"{type(err).__name__}: {err}"}}
+        s = body.get("specsched") or {}
+        u.update(prompt_tokens=len(tok.encode(u["prompt"])), mode=s.get("mode", "-"), outcome=s.get("outcome", "error"), reason=s.get("reason", ""),
+                 latency_s=s.get("latency_s"), wait_s=s.get("wait_s"), tokens=s.get("completion_tokens", 0), depth=0,
+                 accepted=s.get("sd_accepted"), rejections=s.get("sd_rejections"))
+
+    threads, i = [], 0
+    for u in users:
+        if u["kind"] == "edge":
+            threads.append(threading.Thread(target=edge, args=(u, i)))
+            i += 1
+        else:
+            threads.append(threading.Thread(target=http, args=(u,)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from runtime.split.pair_args import add_pair_args
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pair_args(ap)
+    ap.add_argument("--url", required=True, help="the server's HTTP address, e.g. http://127.0.0.1:8011")
+    ap.add_argument("--split", required=True, help="the server's split.port as HOST:PORT")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--edge-users", type=int, default=2)
+    ap.add_argument("--http-users", type=int, default=2)
+    ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
+    ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.8, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
+    ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="per-request CSV")
+    args = ap.parse_args(argv)
+    check_ranges(ap, args)
+    return args
+
+
+def check_ranges(ap: argparse.ArgumentParser, args) -> None:
+    """The options shared with experiments.split_sim_vs_real, checked before anything starts."""
+    for name, lo in (("rounds", 1), ("edge_users", 0), ("http_users", 0)):
+        if getattr(args, name) < lo:
+            ap.error(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(args, name)}")
+    if args.edge_users + args.http_users < 1:
+        ap.error("--edge-users + --http-users must be >= 1")
+    if not (1 <= args.tokens[0] <= args.tokens[1] and 0 < args.deadline_s[0] <= args.deadline_s[1] and 0 <= args.rtt_ms[0] <= args.rtt_ms[1]):
+        ap.error("--tokens, --deadline-s and --rtt-ms must be ranges lo <= hi (tokens >= 1, deadlines > 0, RTTs >= 0)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import pandas as pd
+
+    from agents.artefacts import write_csv_atomic
+    from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
+    from runtime.split.pair_args import load_pair_from_args
+    from runtime.split_placement import EdgeUser
+
+    args = parse_args(argv)
+    pair = load_pair_from_args(args)
+    tok = pair.tokenizer
+    rng = np.random.default_rng(args.seed)
+    edges = [EdgeUser(args.split, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
+    rows: list[dict] = []
+    try:
+        for r in range(args.rounds):
+            users = draw_round(rng, r, args.edge_users, args.http_users, tuple(args.tokens), tuple(args.deadline_s), tuple(args.rtt_ms), CODE_PROMPTS + PROSE_PROMPTS)
+            run_round(users, edges, args.url, tok)
+            rows.extend(users)
+            print(f"[round {r}] " + ", ".join(f"{u['kind']}:{u['mode']}/{u['outcome']}" for u in users), flush=True)
+    finally:
+        for e in edges:
+            e.close()
+    df = pd.DataFrame(rows)
+    print(df.groupby(["kind", "outcome"]).size().to_string(), flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_csv_atomic(df.drop(columns=["prompt"]), args.out)
+
+
+if __name__ == "__main__":
+    main()
