@@ -103,7 +103,7 @@ SECTIONS = {
     "train_speed": lambda: _table_with(RESULTS / "train_speed.md", "Target", "Reproduce"),
     "mutation": lambda: _table_with(RESULTS / "mutation.md", "Produced by"),
     "coverage": lambda: _table_with(RESULTS / "coverage.md", "Produced by", "pytest exit"),
-    "specedge": lambda: _between(RESULTS / "specedge" / "specedge.md", "## Against the published", "## Hybrid").replace("## ", "#### "),
+    "specedge": lambda: _between(RESULTS / "specedge" / "specedge.md", "## Against the published", "## Gain vs RTT").replace("## ", "#### "),
     "specedge_hybrid": specedge_hybrid,
     "des_check": lambda: _between(RESULTS / "specedge" / "des_check.md", "**", "## By draft").strip(),
     "learned_v1": lambda: _between(RESULTS / "learned_v1_400k" / "learned_v1.md", "K = 20", "## All schedulers").replace("## ", "#### "),
