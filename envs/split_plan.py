@@ -248,23 +248,29 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     if split is None or plan.ed_depth is None:
         raise ValueError("a plan with ED users needs a SplitCostModel and plan.ed_depth")
     modes = plan.modes
-    ad_only = Plan(np.where(modes == AD, AD, REJECT), gamma=plan.gamma, z=plan.z)
-    sd_only = Plan(np.where(modes == SD, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share)  # SD: 1 - z - ed_share
-    a = evaluate_plan(cost, rnd, ad_only, rng=rng, simulate_acceptance=simulate_acceptance)
-    s = evaluate_plan(cost, rnd, sd_only, rng=rng, simulate_acceptance=simulate_acceptance)
-    latency = np.where(modes == AD, a.latency_s, np.where(modes == SD, s.latency_s, np.inf))
-    exact = np.array_equal(rnd.realized_output_tokens, rnd.output_tokens) and np.array_equal(rnd.realized_alpha, rnd.alpha)
-    if users is None or not exact or users.tokens.shape[1] < int(plan.ed_depth[ed_idx].max()):
-        users = ed_users(split, rnd, int(plan.ed_depth[ed_idx].max()), realised=True)
+    is_ad, is_sd = modes == AD, modes == SD
+    # an empty AD or SD batch is not evaluated: it has no latency to report, its batch time is 0 and
+    # (no SD user) it draws nothing from ``rng`` -- exactly what evaluate_plan returns for it
+    latency = np.full(rnd.num_users, np.inf)
+    ad_batch_s = sd_batch_s = 0.0
+    if is_ad.any():
+        a = evaluate_plan(cost, rnd, Plan(np.where(is_ad, AD, REJECT), gamma=plan.gamma, z=plan.z), rng=rng, simulate_acceptance=simulate_acceptance)
+        latency[is_ad], ad_batch_s = a.latency_s[is_ad], a.ad_batch_s
+    if is_sd.any():  # SD: 1 - z - ed_share
+        s = evaluate_plan(cost, rnd, Plan(np.where(is_sd, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share), rng=rng, simulate_acceptance=simulate_acceptance)
+        latency[is_sd], sd_batch_s = s.latency_s[is_sd], s.sd_batch_s
     depth = plan.ed_depth[ed_idx]
+    d_max = int(depth.max())
+    if users is None or users.tokens.shape[1] < d_max or not (np.array_equal(rnd.realized_output_tokens, rnd.output_tokens) and np.array_equal(rnd.realized_alpha, rnd.alpha)):
+        users = ed_users(split, rnd, d_max, realised=True)
     col = depth - 1
     b = ed_idx.size
     s_max = int(rnd.input_tokens[ed_idx].max())
     n_max = int(rnd.realized_output_tokens[ed_idx].max())
     j_max = int(users.iterations[ed_idx, col].max())
-    c_e = float(ed_time(cost, b, s_max, n_max, j_max, int(depth.max()) + 1))
+    c_e = ed_time1(cost, b, s_max, n_max, j_max, d_max + 1)  # ed_time's operations in Python floats
     share = plan.ed_share
     end = c_e / share if share > 0 else np.inf
-    latency[ed_idx] = rnd.uplink_s[ed_idx].max() + end + users.prefill_s[ed_idx].max() + j_max * users.edge_s[ed_idx, col].max()
+    latency[ed_idx] = float(rnd.uplink_s[ed_idx].max()) + end + float(users.prefill_s[ed_idx].max()) + j_max * float(users.edge_s[ed_idx, col].max())
     served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
-    return Outcome(latency, served, a.ad_batch_s, s.sd_batch_s)
+    return Outcome(latency, served, ad_batch_s, sd_batch_s)
