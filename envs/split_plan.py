@@ -40,6 +40,7 @@ incremental builders and this check agree to the bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,6 +66,20 @@ class EdUsers:
     prefill_s: np.ndarray  #: P_k, seconds
 
 
+@lru_cache(maxsize=64)
+def _depth_grid(g_max: int, overhead_bytes: float, draft_bytes: float, reply_bytes: float, bandwidth_bytes_per_s: float):
+    """The user-independent (1, G) rows of :func:`ed_users` (read-only; cached by value: a reset
+    prices them once, and a changed network section gives new rows)."""
+    g = np.arange(1, g_max + 1, dtype=float)[None, :]
+    g1 = g + 1.0
+    network = (2.0 * overhead_bytes + g1 * (draft_bytes + reply_bytes)) / bandwidth_bytes_per_s  # message bytes / bandwidth
+    depth_idx = np.arange(g_max)
+    prefix = (depth_idx[None, :] <= depth_idx[:, None])[None]  # (1, G, G): depth j's passes are 0..j
+    for a in (g, g1, network, depth_idx, prefix):
+        a.setflags(write=False)
+    return g, g1, network, depth_idx, prefix
+
+
 def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool = False) -> EdUsers:
     """The ED constants of ``rnd``'s users (predictions, or the realised outputs and acceptance)."""
     if not isinstance(max_gamma, int | np.integer) or isinstance(max_gamma, bool) or max_gamma < 1:
@@ -74,27 +89,29 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     out = (rnd.realized_output_tokens if realised else rnd.output_tokens).astype(float)
     alpha = np.asarray(rnd.realized_alpha if realised else rnd.alpha, dtype=float)
     has = np.zeros(k, dtype=bool) if rnd.has_edge is None else np.asarray(rnd.has_edge, dtype=bool)
-    rtt = np.full(k, split.net.rtt_s) if rnd.rtt_s is None else np.asarray(rnd.rtt_s, dtype=float)
-    g = np.arange(1, g_max + 1, dtype=float)[None, :]
+    net = split.net
+    rtt = np.full(k, net.rtt_s) if rnd.rtt_s is None else np.asarray(rnd.rtt_s, dtype=float)
+    # a reset's hot spot (one call per round): the same operations as written out per user, with the
+    # depth-only rows computed once (_depth_grid)
+    g, g1, net_row, depth_idx, prefix = _depth_grid(g_max, float(net.request_overhead_bytes), float(net.bytes_per_draft_token),
+                                                    float(net.bytes_per_reply_token), float(net.bandwidth_bytes_per_s))
     c = inp + out / 2.0
     # edge passes: the i-th (0-based) at context c + i + 1 (split_cost.edge_pass_s for a chain)
     step = split.tau_e.tau(1.0, 1.0, c[:, None] + g)
     cum = np.cumsum(step, axis=1)
     near = alpha > 1.0 - 1e-9
     safe = np.where(near, 0.5, alpha)[:, None]
-    tokens = np.where(near[:, None], g + 1.0, (1.0 - safe ** (g + 1.0)) / (1.0 - safe))
+    tokens = np.where(near[:, None], g1, (1.0 - safe ** g1) / (1.0 - safe))
     iterations = np.ceil(out[:, None] / tokens - 1e-9).astype(np.int64)
-    net = split.net
-    network = rtt[:, None] + (2.0 * net.request_overhead_bytes + (g + 1.0) * (net.bytes_per_draft_token + net.bytes_per_reply_token)) / net.bandwidth_bytes_per_s
-    wait = network + split.tau_l.tau(1.0, g + 1.0, c[:, None] + (g + 1.0))
+    network = rtt[:, None] + net_row
+    wait = network + split.tau_l.tau(1.0, g1, c[:, None] + g1)
     opts = split.options
     if opts.proactive and opts.interrupt == "step":
         # the proactive block's pass in flight when the verdict arrives delays the next block (no
         # saving is priced: see the module docstring); depth j (0-based) has passes 0..j, those
-        # finished within the wait form a prefix of length h
-        depth_idx = np.arange(g_max)
-        fits = (cum[:, None, :] <= wait[:, :, None]) & (depth_idx[None, :] <= depth_idx[:, None])[None]
-        h = fits.sum(axis=2)
+        # finished within the wait form a prefix of length h (counted over uint8: numpy's bool sum is slower)
+        fits = (cum[:, None, :] <= wait[:, :, None]) & prefix
+        h = fits.view(np.uint8).sum(axis=2, dtype=np.int64)
         delay = np.where(h <= depth_idx[None, :], cum[np.arange(k)[:, None], np.minimum(h, g_max - 1)] - wait, 0.0)
         edge = cum + delay + network
     else:
@@ -102,7 +119,10 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     prof = split.profile
     room = prof.edge.device.memory_bytes - prof.edge.device.reserve_bytes - prof.slm.weight_bytes
     fits_edge = (inp + out)[:, None] + g + 1.0 <= room / split.kv_s
-    prefill = split.tau_e.tau(1.0, np.maximum(inp, 1.0), np.maximum(inp, 1.0)) * np.ones(k)
+    first = np.maximum(inp, 1.0)
+    prefill = split.tau_e.tau(1.0, first, first)
+    if np.shape(prefill) != (k,):
+        prefill = prefill * np.ones(k)
     return EdUsers(tokens, iterations, edge, has[:, None] & fits_edge, prefill)
 
 
