@@ -69,6 +69,7 @@ class EdgeRequest(LiveRequest):
     rtt_s: float = 0.0  #: the edge's round trip to this server, s
     ed_depth: int = 0  #: the plan's ED depth (mode ``ed``)
     ed_alone_s: float | None = None  #: the profile's time for it alone in ED at its best depth (set by the queue)
+    client_id: str = ""  #: the edge's own name for the request (``id`` is the server's, unique)
     placed: threading.Event = field(default_factory=threading.Event)  #: planned as ED, or ended
     ended: threading.Event = field(default_factory=threading.Event)  #: has its outcome
 
@@ -180,7 +181,7 @@ class SplitRoundServer(RoundServer):
 
     def _result(self, req: EdgeRequest):
         end = req.completed_at or time.monotonic()
-        return PlacementMsg(request_id=req.id, kind="result", mode=req.mode if req.mode != "-" else req.outcome, depth=req.ed_depth,
+        return PlacementMsg(request_id=req.client_id, kind="result", mode=req.mode if req.mode != "-" else req.outcome, depth=req.ed_depth,
                             outcome=req.outcome or "error", reason=req.reason, tokens=req.text.ids if req.mode in ("ad", "sd") else [],
                             latency_s=end - req.arrival, wait_s=(req.round_start - req.arrival) if req.round_start else float("nan"))
 
@@ -194,9 +195,9 @@ class SplitRoundServer(RoundServer):
         if problem is not None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         tok = self.pair.tokenizer
-        req = EdgeRequest(id=msg.request_id or f"edge-{uuid.uuid4().hex[:12]}", prompt_ids=list(msg.prompt), max_tokens=int(msg.max_tokens),
-                          deadline_s=float(msg.deadline_s), text=TextStream(tok.decode), temperature=float(msg.temperature), seed=int(msg.seed),
-                          rtt_s=float(msg.rtt_s))
+        # the server names the request: edges' own names may collide (the engines' outbox and edge_active key on it)
+        req = EdgeRequest(id=f"edge-{uuid.uuid4().hex[:16]}", prompt_ids=list(msg.prompt), max_tokens=int(msg.max_tokens), deadline_s=float(msg.deadline_s),
+                          text=TextStream(tok.decode), temperature=float(msg.temperature), seed=int(msg.seed), rtt_s=float(msg.rtt_s), client_id=msg.request_id)
         try:
             asyncio.run_coroutine_threadsafe(self._submit(req), self.loop).result(timeout=10.0)
         except Refused as err:
@@ -207,7 +208,7 @@ class SplitRoundServer(RoundServer):
             if not context.is_active():
                 return
         if req.outcome is None and req.mode == "ed":
-            yield PlacementMsg(request_id=req.id, kind="decision", mode="ed", depth=req.ed_depth)
+            yield PlacementMsg(request_id=req.client_id, kind="decision", mode="ed", depth=req.ed_depth)
             report = next(messages, None)
             if report is None or not report.done:
                 self._end(req, "error", "edge: no report of the ED generation")
