@@ -3,17 +3,23 @@
 PPO from scratch learns slowly at large K (one seed reached 0.72x BALANCE at K = 200), so the set
 policy (:mod:`agents.set_policy`) first learns BALANCE's decisions:
 
-1. **Expert data** (:func:`collect`): rounds of the *train* stream (``envs.workload``; stage = the
-   curriculum stage of K) are planned by BALANCE at draft depth ``gamma`` and the plan is replayed
-   through EdgeSchedule-v0 -- the action for the user presented is reject / AD / SD@gamma as the plan
-   says; every prefix of a feasible plan is feasible (downward closed), so the env's mask always
-   allows it. With probability ``noise`` a random allowed action is taken instead (DART-style
-   perturbation, so the policy also sees states off BALANCE's path); the label stays BALANCE's
-   action for that user, or reject where the mask no longer allows it. Each decision stores only
-   its observation head; the users to come are the round's user table from ``t + 1`` on.
+1. **Expert plans** (:func:`collect`): rounds of the *train* stream (``envs.workload``; stage = the
+   curriculum stage of K) are planned by BALANCE at draft depth ``expert_gamma`` (2: BALANCE serves
+   more at 2 than at the paper's 4 on these workloads) and by two greedy admissions in the policy's
+   user order (SD first, AD first); the plan serving the most users is the expert's (BALANCE on
+   ties; :func:`decisions` then prefers a greedy plan that ties: its actions are a function of the
+   mask, the easiest to imitate). The expert is at least BALANCE on every training round.
+   :func:`decisions` replays each plan through EdgeSchedule-v0 -- the action for the user presented
+   is reject / AD / SD@gamma as the plan says; every prefix of a feasible plan is feasible (downward
+   closed), so the env's mask always allows it. With probability ``noise`` the action taken flips
+   between the label and reject (DART-style perturbation, so the policy also sees states off the
+   expert's path); the label stays the expert's action for that user, or reject where the mask no
+   longer allows it. Each decision stores only its observation head; the users to come are the
+   round's user table from ``t + 1`` on.
 2. **Cloning** (:func:`train_bc`): masked cross-entropy of the actor's logits
    (:meth:`SetFeaturesExtractor.forward_round` + SB3's policy MLP and action head) over a curriculum
-   of K (all stages mixed, batches of one K), Adam; after every epoch the policy plays validation
+   of K (all stages mixed, batches of one K; the decisions where the expert rejects an admissible
+   user weighted by ``reject_weight``), Adam; after every epoch the policy plays validation
    rounds (the *validation* stream, never test) at each K and the best epoch (mean served fraction
    over the K) is kept.
 3. The result is an ordinary MaskablePPO ``model.zip`` + ``policy.json`` (+ ONNX), loadable by
@@ -50,14 +56,16 @@ class ImitationConfig:
     max_users: int = 500  #: look-ahead: every remaining user of rounds up to this size
     user_order: str = "slack_desc"
     expert_gamma: int = 2  #: BALANCE's draft depth in the expert plans
-    noise: float = 0.1  #: probability of a random allowed action while collecting (DART)
+    prefer_greedy: bool = True  #: on ties with the expert plan, imitate a greedy admission instead
+    noise: float = 0.05  #: probability of a random allowed action while collecting (DART)
     embed_dim: int = 32
     heads: int = 4
     pool: str = "attention"
     net_arch: list = field(default_factory=lambda: [64, 64])
-    epochs: int = 12
+    epochs: int = 8
     lr: float = 2e-3
-    decisions_per_batch: int = 2048
+    reject_weight: float = 2.0  #: loss weight of the decisions where the expert rejects an admissible user (rare, and they decide the quality)
+    decisions_per_batch: int = 200
     val_ks: list = field(default_factory=lambda: [20, 50, 100, 200])
     val_rounds: int = 20
     val_seed: int = 1000003  #: the validation stream's seed (as agents.train's eval.seed)
@@ -71,10 +79,35 @@ def expert_action(mode: int, gamma: int) -> int:
     return 0 if mode not in (AD, SD) else (1 if mode == AD else 1 + gamma)
 
 
-def replay_round(env: EdgeScheduleEnv, cost: CostModel, rnd, gamma: int, noise: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Decisions of one round with BALANCE's plan as the labels (module docstring, step 1)."""
+def greedy_modes(env: EdgeScheduleEnv, rnd, first: int, second: int) -> np.ndarray:
+    """Modes (original order) of admitting each user with action ``first`` if allowed, else ``second``, else reject."""
+    env.reset(options={"round": rnd})
+    for _ in range(rnd.num_users):
+        m = env.action_masks()
+        *_, term, _, info = env.step(first if m[first] else (second if m[second] else 0))
+    return np.asarray(info["modes"], dtype=np.int8)
+
+
+def expert_modes(env: EdgeScheduleEnv, cost: CostModel, rnd, gamma: int) -> tuple[np.ndarray, int]:
+    """The expert's plan for a round: the best of BALANCE at depth ``gamma`` and the two greedy
+    admissions in the policy's user order (SD@gamma first, AD first); ties go to BALANCE. Returns the
+    modes (original order) and BALANCE's number served."""
     g = grid(0.05)
-    plan = split_search(cost, rnd, gamma, g, g)
+    balance = split_search(cost, rnd, gamma, g, g).modes.astype(np.int8)
+    best = balance
+    for first, second in ((1 + gamma, 1), (1, 1 + gamma)):
+        modes = greedy_modes(env, rnd, first, second)
+        if (modes != 0).sum() > (best != 0).sum():
+            best = modes
+    return best, int((balance != 0).sum())
+
+
+def replay_round(env: EdgeScheduleEnv, rnd, modes: np.ndarray, gamma: int, noise: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Decisions of one round with the expert plan ``modes`` as the labels (module docstring, step 1).
+
+    With probability ``noise`` the action taken flips between the label and reject (admit instead
+    of reject only where the mask allows the expert's mode), so the states leave the expert's path
+    without ever fixing another draft depth."""
     cfg = env.cfg
     order = rnd.order(cfg.user_order)
     head = len(env.observation_space.low) - 8 * cfg.k_max
@@ -82,41 +115,73 @@ def replay_round(env: EdgeScheduleEnv, cost: CostModel, rnd, gamma: int, noise: 
     heads, labels, masks = [], [], []
     for t in range(rnd.num_users):
         mask = env.action_masks()
-        want = expert_action(int(plan.modes[order[t]]), gamma)
+        want = expert_action(int(modes[order[t]]), gamma)
         label = want if mask[want] else 0
         heads.append(obs[:head].copy())
         labels.append(label)
         masks.append(mask)
-        act = int(rng.choice(np.flatnonzero(mask))) if rng.random() < noise else label
+        act = label
+        if rng.random() < noise:
+            alt = 1 + gamma if mask[1 + gamma] else (1 if mask[1] else 0)
+            act = 0 if label else alt
         obs, *_ = env.step(act)
-    return {"heads": np.array(heads, dtype=np.float32), "users": user_features(rnd, order, cfg), "labels": np.array(labels, dtype=np.int64),
-            "masks": np.array(masks, dtype=bool), "balance_served": np.int64(plan.admitted)}
+    return {"heads": np.array(heads, dtype=np.float32), "users": user_features(rnd, order, cfg), "labels": np.array(labels, dtype=np.int64), "masks": np.array(masks, dtype=bool)}
+
+
+def _train_round(env_cfg: EnvConfig, seed: int, stage: int, i: int):
+    """Round ``i`` of training sub-stream ``stage`` of the train stream ``seed``."""
+    return sample_round(np.random.default_rng(stream_seed_sequence("train", seed, i, stage)), env_cfg)
 
 
 def collect(cfg: ImitationConfig, ks: list[int], rounds: list[int], out: Path, seed: int = 0) -> list[Path]:
-    """Expert data per K into ``out/k{K}.npz`` (skipped when present); the train stream, stage = index of K."""
+    """Expert plans per K into ``out/plans_k{K}.npz`` (skipped when present): train stream ``seed``, stage = index of K."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for stage, (k, n) in enumerate(zip(ks, rounds, strict=True)):
-        path = out / f"k{k}.npz"
+        path = out / f"plans_k{k}.npz"
         paths.append(path)
         if path.is_file():
             continue
         env_cfg = cfg.env(k)
         env = EdgeScheduleEnv(**env_cfg.to_dict())
-        cost = env.cost
-        noise_rng = np.random.default_rng(np.random.SeedSequence([seed, k, 7]))
-        parts = []
         start = time.perf_counter()
-        for i in range(n):
-            rnd = sample_round(np.random.default_rng(stream_seed_sequence("train", seed, i, stage)), env_cfg)
-            parts.append(replay_round(env, cost, rnd, cfg.expert_gamma, cfg.noise, noise_rng))
-        data = {key: np.stack([p[key] for p in parts]) for key in parts[0]}
+        plans = [expert_modes(env, env.cost, _train_round(env_cfg, seed, stage, i), cfg.expert_gamma) for i in range(n)]
+        expert = np.stack([m for m, _ in plans])
         tmp = path.with_suffix(".tmp.npz")
-        np.savez_compressed(tmp, **data)
+        np.savez_compressed(tmp, modes=expert, balance_served=np.array([b for _, b in plans]), seed=seed, stage=stage, gamma=cfg.expert_gamma)
         tmp.replace(path)
-        print(f"[imitation] K={k}: {n} rounds in {time.perf_counter() - start:.0f} s -> {path}", flush=True)
+        print(f"[imitation] K={k}: {n} rounds in {time.perf_counter() - start:.0f} s, expert {(expert != 0).sum() / (n * k):.4f} "
+              f"vs BALANCE {np.mean([b for _, b in plans]) / k:.4f} served -> {path}", flush=True)
     return paths
+
+
+def decisions(cfg: ImitationConfig, plans_dir: Path, noise_seed: int, ks: list[int] | None = None) -> list[dict[str, np.ndarray]]:
+    """The expert plans of ``plans_dir`` replayed into labelled decisions, one dict of stacked arrays per K."""
+    files = sorted(plans_dir.glob("plans_k*.npz"), key=lambda p: int(p.stem[7:]))
+    files = [f for f in files if ks is None or int(f.stem[7:]) in ks]
+    if not files:
+        raise FileNotFoundError(f"no expert plans plans_k*.npz in {plans_dir} (python -m agents.imitation collect)")
+    rng = np.random.default_rng(np.random.SeedSequence([noise_seed, 7]))
+    out = []
+    for f in files:
+        d = np.load(f)
+        k = int(f.stem[7:])
+        env_cfg = cfg.env(k)
+        env = EdgeScheduleEnv(**env_cfg.to_dict())
+        gamma = int(d["gamma"])
+        parts = []
+        for i, modes in enumerate(d["modes"]):
+            rnd = _train_round(env_cfg, int(d["seed"]), int(d["stage"]), i)
+            if cfg.prefer_greedy:
+                # a greedy plan that serves as many as the expert's is the easier one to imitate (a function of the mask)
+                for first, second in ((1 + gamma, 1), (1, 1 + gamma)):
+                    g = greedy_modes(env, rnd, first, second)
+                    if (g != 0).sum() >= (modes != 0).sum():
+                        modes = g
+                        break
+            parts.append(replay_round(env, rnd, modes, gamma, cfg.noise, rng))
+        out.append({"k": k, **{key: np.stack([p[key] for p in parts]) for key in parts[0]}})
+    return out
 
 
 def new_model(cfg: ImitationConfig, seed: int):
@@ -168,12 +233,7 @@ def train_bc(cfg: ImitationConfig, data_dir: Path, out: Path, seed: int, ks: lis
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    files = sorted(data_dir.glob("k*.npz"), key=lambda p: int(p.stem[1:]))
-    if ks is not None:
-        files = [f for f in files if int(f.stem[1:]) in ks]
-    if not files:
-        raise FileNotFoundError(f"no expert data k*.npz in {data_dir} (python -m agents.imitation collect)")
-    data = [dict(np.load(f)) for f in files]
+    data = decisions(cfg, data_dir, seed, ks)
     tensors = [{key: torch.as_tensor(d[key]) for key in ("heads", "users", "labels", "masks")} for d in data]
     model = new_model(cfg, seed)
     pol = model.policy
@@ -184,7 +244,7 @@ def train_bc(cfg: ImitationConfig, data_dir: Path, out: Path, seed: int, ks: lis
     out.mkdir(parents=True, exist_ok=True)
     log, best = [], -1.0
     for epoch in range(cfg.epochs):
-        start, total, correct, count = time.perf_counter(), 0.0, 0, 0
+        start, total, correct, count, hard, hard_ok = time.perf_counter(), 0.0, 0, 0, 0, 0
         pol.train()
         for i, rows in _batches(data, cfg.decisions_per_batch, rng):
             d = tensors[i]
@@ -193,18 +253,23 @@ def train_bc(cfg: ImitationConfig, data_dir: Path, out: Path, seed: int, ks: lis
             logits = pol.action_net(pol.mlp_extractor.forward_actor(feats))
             logits = logits.masked_fill(~d["masks"][idx].reshape(-1, logits.shape[1]), -1e8)
             labels = d["labels"][idx].reshape(-1)
-            loss = torch.nn.functional.cross_entropy(logits, labels)
+            rejects = (labels == 0) & d["masks"][idx].reshape(-1, logits.shape[1])[:, 1:].any(-1)
+            weight = 1.0 + (cfg.reject_weight - 1.0) * rejects.float()
+            loss = (torch.nn.functional.cross_entropy(logits, labels, reduction="none") * weight).sum() / weight.sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(labels)
-            correct += int((logits.argmax(-1) == labels).sum())
+            total += float(loss.detach()) * len(labels)
+            pred = logits.argmax(-1)
+            correct += int((pred == labels).sum())
             count += len(labels)
+            hard += int(rejects.sum())
+            hard_ok += int((pred[rejects] == 0).sum())
         sched.step()
         pol.eval()
         val = {k: play(model, cfg, k, cfg.val_rounds, cfg.val_seed) for k in cfg.val_ks}
         score = float(np.mean(list(val.values())))
-        row = {"epoch": epoch, "loss": total / count, "accuracy": correct / count, "val_served_frac": score, **{f"val_k{k}": v for k, v in val.items()},
+        row = {"epoch": epoch, "loss": total / count, "accuracy": correct / count, "reject_recall": hard_ok / max(hard, 1), "val_served_frac": score, **{f"val_k{k}": v for k, v in val.items()},
                "epoch_s": time.perf_counter() - start}
         log.append(row)
         print(f"[imitation] seed {seed} " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
@@ -218,7 +283,7 @@ def train_bc(cfg: ImitationConfig, data_dir: Path, out: Path, seed: int, ks: lis
     write_csv_atomic(pd.DataFrame(log), out / "progress.csv")
     meta = {"algo": "maskable_ppo", "env_id": "EdgeSchedule-v0", "env": cfg.env().to_dict(), "seed": seed, "threads": 1,
             "trained_by": "agents.imitation: behaviour cloning of BALANCE", "imitation": {k: v for k, v in cfg.__dict__.items()},
-            "streams": {"train": {"seed": seed, "num_users": [int(f.stem[1:]) for f in files], "rounds": [int(d["labels"].shape[0]) for d in data]},
+            "streams": {"train": {"plans": str(data_dir), "num_users": [int(d["k"]) for d in data], "rounds": [int(d["labels"].shape[0]) for d in data]},
                         "validation": {"seed": cfg.val_seed, "rounds": cfg.val_rounds, "num_users": list(cfg.val_ks), "used_for": "epoch selection (model.zip)"}}}
     write_text_atomic(out / "policy.json", json.dumps(meta, indent=2))
     from agents.export import export_onnx

@@ -7,7 +7,8 @@ still to come, ``max_users`` slots of 8 features, packed from the first slot and
 observation holds *every* remaining user, and nothing in this network depends on K or on the slot
 a user sits in:
 
-* the head goes through an MLP: the **context** ``c``;
+* the head, with the current user's rank within the set on each user feature (the share of the
+  users to come below it: O(n) comparisons, no learning), goes through an MLP: the **context** ``c``;
 * each present user goes through a shared MLP that does **not** see the context (DeepSets' phi):
   a user's embedding is the same at every decision of a round, so it is computed once per round
   (:mod:`agents.set_policy_fast` caches it; the users to come are always a suffix of the round);
@@ -49,6 +50,7 @@ from envs.edge_schedule import BATCH_FEATURES, USER_FEATURES
 
 PRESENCE = USER_FEATURES - 1  #: index of the presence flag among a user's features
 POOLS = ("attention", "mean_max")
+RANKED = USER_FEATURES - 1  #: user features the current user is ranked on within the set (all but presence)
 SIZE_SCALE = math.log1p(1000.0)  #: the set-size feature is log(1 + n) / SIZE_SCALE (independent of max_users)
 
 
@@ -114,7 +116,7 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
         self.k_max = (obs_dim - head) // USER_FEATURES
         self.pool = pool
         self.heads = heads
-        self.context = nn.Sequential(nn.Linear(head, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
+        self.context = nn.Sequential(nn.Linear(head + RANKED, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
         self.user = nn.Sequential(nn.Linear(USER_FEATURES, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
         if pool == "attention":
             self.query = nn.Linear(embed_dim, embed_dim)
@@ -123,6 +125,14 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
             self.out = nn.Linear(embed_dim, embed_dim)
             self.null_key = nn.Parameter(torch.zeros(embed_dim))
             self.null_value = nn.Parameter(torch.zeros(embed_dim))
+
+    def context_of(self, head: torch.Tensor, users: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """The context from the observation head ``(B, head)`` and the users to come ``(B, N, 8)``: the
+        head and the current user's rank in the set (share of the users to come below it, per feature)."""
+        cur = head[:, :RANKED].unsqueeze(1)
+        weight = present.to(head.dtype).unsqueeze(-1)
+        rank = ((users[:, :, :RANKED] < cur).to(head.dtype) * weight).sum(dim=1) / weight.sum(dim=1).clamp(min=1.0)
+        return self.context(torch.cat([head, rank], dim=1))
 
     def pool_set(self, ctx: torch.Tensor, emb: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         """Features from contexts ``(B, d)``, user embeddings ``(B, N, d)`` and presence ``(B, N)``."""
@@ -147,13 +157,13 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         batch = obs.shape[0]
-        ctx = self.context(obs[:, : self.head])
         users = obs[:, self.head :].reshape(batch, self.k_max, USER_FEATURES)
         if not _exporting():
             # users are packed from slot 0: drop the padding every row has (data-dependent, so not under export)
             n = int((users[:, :, PRESENCE] > 0.5).sum(dim=1).max().item()) if batch else 0
             users = users[:, : max(n, 1)]
-        return self.pool_set(ctx, self.user(users), users[:, :, PRESENCE] > 0.5)
+        present = users[:, :, PRESENCE] > 0.5
+        return self.pool_set(self.context_of(obs[:, : self.head], users, present), self.user(users), present)
 
     def forward_round(self, heads: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
         """Features of every decision of ``R`` rounds of ``K`` users, ``(R * T, features_dim)``.
@@ -165,4 +175,5 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
         emb = self.user(users)  # once per round: phi does not see the context
         emb = emb.unsqueeze(1).expand(r, t, k, emb.shape[-1]).reshape(r * t, k, emb.shape[-1])
         present = (torch.arange(k).unsqueeze(0) > torch.arange(t).unsqueeze(1)).repeat(r, 1)
-        return self.pool_set(self.context(heads.reshape(r * t, -1)), emb, present)
+        raw = users.unsqueeze(1).expand(r, t, k, USER_FEATURES).reshape(r * t, k, USER_FEATURES)
+        return self.pool_set(self.context_of(heads.reshape(r * t, -1), raw, present), emb, present)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 from torch import nn
 
-from agents.set_policy import PRESENCE, SIZE_SCALE, SetFeaturesExtractor
+from agents.set_policy import PRESENCE, RANKED, SIZE_SCALE, SetFeaturesExtractor
 from envs.edge_schedule import USER_FEATURES
 
 Layer = Callable[[np.ndarray], np.ndarray]
@@ -87,6 +87,7 @@ class CachedSetActor:
     def _encode(self, users: np.ndarray) -> None:
         """Cache the embeddings of ``users`` (rows in presentation order) and their suffix statistics."""
         n, d = users.shape[0], None
+        self._raw = users[:, :RANKED].copy()
         emb = _run(self.user, users)
         d = emb.shape[1]
         self._rows = n
@@ -97,36 +98,39 @@ class CachedSetActor:
             self._suffix_max = np.zeros((n + 1, d), dtype=np.float32)
             self._suffix_max[:n] = np.maximum.accumulate(emb[::-1], axis=0)[::-1]
         else:
-            h = self.heads
-            self._keys = _run(self.key, emb).reshape(n, h, d // h)
-            self._values = _run(self.value, emb).reshape(n, h, d // h)
+            self._keys = _run(self.key, emb)  # (n, d): head j is columns j*dh .. (j+1)*dh - 1
+            self._values = _run(self.value, emb)
 
     def features(self, obs: np.ndarray) -> np.ndarray:
         """The extractor's features for one observation ``(obs_dim,)``, from the cache where it holds."""
         obs = np.asarray(obs, dtype=np.float32)
         users = obs[self.head :]
-        n = int((users[PRESENCE::USER_FEATURES] > 0.5).sum())
+        n = int(np.count_nonzero(users[PRESENCE::USER_FEATURES] > 0.5))
         if not (0 < self._n_prev < self.k_max and n == self._n_prev - 1 and n <= self._rows):
             self._encode(users[: n * USER_FEATURES].reshape(n, USER_FEATURES))
         self._n_prev = n
         start = self._rows - n  # the users to come are the last n cached rows
-        ctx = _run(self.context, obs[: self.head])
+        rank = (self._raw[start:] < obs[:RANKED]).sum(axis=0, dtype=np.float32) / max(n, 1)
+        ctx = _run(self.context, np.concatenate([obs[: self.head], rank]))
         mean = self._suffix_sum[start] / max(n, 1)
         size = np.float32(math.log1p(n) / SIZE_SCALE)
         if self.pool == "mean_max":
             return np.concatenate([ctx, mean, self._suffix_max[start], [size]])
         h = self.heads
-        dh = ctx.shape[0] // h
-        q = _run(self.query, ctx).reshape(h, dh)
-        keys, values = self._keys[start:], self._values[start:]
-        scale = 1.0 / math.sqrt(dh)
+        d = ctx.shape[0]
+        dh = d // h
+        q = _run(self.query, ctx) / math.sqrt(dh)
+        # one matmul for every head's scores: q laid out block-diagonally, (d, h)
+        q_blocks = np.zeros((d, h), dtype=np.float32)
+        q_blocks[np.arange(d), np.arange(d) // dh] = q
         scores = np.empty((n + 1, h), dtype=np.float32)
-        scores[0] = (q * self.null_key.reshape(h, dh)).sum(-1) * scale
-        scores[1:] = np.einsum("nhe,he->nh", keys, q) * scale
+        scores[0] = self.null_key @ q_blocks
+        scores[1:] = self._keys[start:] @ q_blocks
         scores -= scores.max(axis=0)
         w = np.exp(scores)
         w /= w.sum(axis=0)
-        read = w[0][:, None] * self.null_value.reshape(h, dh) + np.einsum("nh,nhe->he", w[1:], values)
+        # (h, d) = every head's weights over every value column; keep each head's own columns
+        read = (w[1:].T @ self._values[start:] + w[:1].T * self.null_value).reshape(h, h, dh)[np.arange(h), np.arange(h)]
         return np.concatenate([ctx, _run(self.out, read.reshape(-1)), mean, [size]])
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:

@@ -1,0 +1,207 @@
+"""One learned policy for every round size (issue 15 §1): the set policy vs BALANCE over K.
+
+    python -m agents.imitation collect --out runs/general/data --ks 20,50,70,100,200 --rounds 1200,400,200,150,60
+    python -m agents.imitation train --data runs/general/data --out runs/general/seed0 --seed 0   # seeds 0..4
+    python -m experiments.general --runs runs/general                                         # this module
+
+The policies are cloned from BALANCE (``agents.imitation``) and are each one network for every K
+(``agents.set_policy``). This module:
+
+1. ships the seed with the best **validation** score (``progress.csv``'s ``val_served_frac``; the
+   test stream plays no part in the choice) to ``policies/general/``;
+2. evaluates every seed's policy and BALANCE on the same **test** rounds (``envs.workload``, seed
+   1000003) at each K in ``--ks``, in the paper setting and under prediction error (CV 0.3 on the
+   acceptance and the output length, ``conf/env/noisy.yaml``): per seed the ratio of users served to
+   BALANCE's and the paired per-round difference (bootstrap 95 % CI, Wilcoxon); across seeds the
+   mean ratio with its Student-t 95 % CI and the seeds whose paired CI lies above / below BALANCE;
+3. times whole rounds in one process on one thread: BALANCE vs the shipped policy (cached actor,
+   ``agents.set_policy_fast``, env stepping included) at K = 200 and 500.
+
+Writes ``results/general.md``, ``general.csv`` (per seed), ``general_seeds.csv`` (across seeds),
+``general_timing.csv`` and ``general.png`` (served / BALANCE vs K with the across-seed CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.evaluate import evaluate_schedulers, summarize
+from agents.paired_stats import t_interval
+from agents.policy import PolicyScheduler, resolve_policy_path
+from agents.registry import make_scheduler
+from agents.threads import limit_threads
+from envs.config import EnvConfig
+from envs.cost_model import CostModel
+from envs.workload import make_rounds
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+SEED = 1000003  #: the test stream's seed (as experiments.learned)
+NOISE = {"alpha_cv": 0.3, "output_cv": 0.3}  #: conf/env/noisy.yaml
+SETTINGS = {"paper": {}, "noisy": NOISE}
+
+
+def seed_runs(runs: Path) -> list[tuple[int, Path]]:
+    """``(seed, folder)`` of every finished policy folder ``runs/seed*`` (model.zip + policy.json + progress.csv)."""
+    out = []
+    for d in sorted(runs.glob("seed*")):
+        if (d / "model.zip").is_file() and (d / "policy.json").is_file() and (d / "progress.csv").is_file():
+            out.append((int(d.name[4:]), d))
+    if not out:
+        raise FileNotFoundError(f"no trained seed folders runs/seed*/ in {runs} (python -m agents.imitation train ...)")
+    return out
+
+
+def ship_best(runs: list[tuple[int, Path]], dest: Path) -> int:
+    """Copy the seed with the best validation score to ``dest``; returns its seed."""
+    scores = {s: float(pd.read_csv(d / "progress.csv").val_served_frac.max()) for s, d in runs}
+    best = max(scores, key=scores.get)
+    src = dict(runs)[best]
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in ("model.zip", "policy.json", "policy.onnx", "progress.csv"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, tmp / name)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.replace(dest)
+    return best
+
+
+def env_for(policy: Path, k: int, setting: str) -> EnvConfig:
+    _, meta = resolve_policy_path(policy)
+    return EnvConfig.from_kwargs(**{**meta["env"], "num_users": k, **SETTINGS[setting]})
+
+
+def evaluate_k(runs: list[tuple[int, Path]], k: int, rounds: int, setting: str) -> pd.DataFrame:
+    """BALANCE and every seed's policy on the same ``rounds`` test rounds of size ``k``: per-round rows."""
+    cfg = env_for(runs[0][1], k, setting)
+    rnds = make_rounds(cfg, rounds, SEED, split="test")
+    parts = [evaluate_schedulers(cfg, ["balance"], rounds=rnds, seed=SEED)]
+    for s, d in runs:
+        parts.append(evaluate_schedulers(cfg, ["policy"], rounds=rnds, seed=SEED, policy_path=str(d)).assign(scheduler=f"policy s{s}"))
+    return pd.concat(parts, ignore_index=True).assign(setting=setting)
+
+
+def across_seeds(summary: pd.DataFrame) -> dict:
+    """Mean ratio to BALANCE over the seeds (Student-t 95 % CI) and the seeds significantly above / below."""
+    g = summary[summary.scheduler.str.startswith("policy s")]
+    ratio, ratio_ci = t_interval(g.ratio_to_balance.to_numpy())
+    diff, diff_ci = t_interval(g.diff_vs_balance.to_numpy())
+    return {"seeds": len(g), "ratio_to_balance": ratio, "ratio_ci95": ratio_ci, "ratio_min": g.ratio_to_balance.min(), "ratio_max": g.ratio_to_balance.max(),
+            "diff_vs_balance": diff, "diff_ci95": diff_ci, "seeds_above_balance": int((g.diff_ci95_low > 0).sum()), "seeds_below_balance": int((g.diff_ci95_high < 0).sum())}
+
+
+def timing(policy: Path, ks: list[int], rounds: int, balance_rounds: dict[int, int]) -> pd.DataFrame:
+    """Seconds per round (median over rounds) of BALANCE and of the policy, same process, one thread."""
+    rows = []
+    for k in ks:
+        cfg = env_for(policy, k, "paper")
+        cost = CostModel.from_config(cfg)
+        rnds = make_rounds(cfg, rounds, SEED, split="test")
+        pol = PolicyScheduler(cost, cfg.max_gamma, path=policy)
+        pol.plan(rnds[0])  # warm-up (first-call allocations)
+        t_pol = [pol.plan(r).decision_s for r in rnds]
+        nb = balance_rounds.get(k, rounds)
+        bal = make_scheduler("balance", cost, cfg.max_gamma)
+        t_bal = [bal.plan(r).decision_s for r in rnds[:nb]] if nb > 0 else []
+        row = {"K": k, "policy_rounds": len(t_pol), "policy_s_median": float(np.median(t_pol)), "policy_ms_per_decision": 1e3 * float(np.median(t_pol)) / k,
+               "balance_rounds": len(t_bal), "balance_s_median": float(np.median(t_bal)) if t_bal else float("nan")}
+        row["balance_over_policy"] = row["balance_s_median"] / row["policy_s_median"]
+        rows.append(row)
+        print(f"[general] timing K={k}: {row}", flush=True)
+    return pd.DataFrame(rows)
+
+
+def plot(seeds: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for setting, g in seeds.groupby("setting", sort=False):
+        g = g.sort_values("K")
+        ax.errorbar(g.K, g.ratio_to_balance, yerr=g.ratio_ci95.fillna(0), marker="o", capsize=3, label=f"{setting} (mean of {int(g.seeds.max())} seeds, 95 % CI)")
+    ax.axhline(1.0, color="grey", lw=1, ls="--", label="BALANCE")
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(seeds.K.unique()))
+    ax.set_xticklabels([str(k) for k in sorted(seeds.K.unique())])
+    ax.set_xlabel("users per round K")
+    ax.set_ylabel("users served / BALANCE's")
+    ax.set_title("One set policy (cloned from BALANCE) for every K, test rounds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+COLS = ["setting", "K", "scheduler", "rounds", "served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "decision_ms_median"]
+
+
+def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shipped: int, command: str) -> str:
+    lines = ["# One policy for every K: the set policy vs BALANCE (issue 15 §1)", "",
+             f"Policies: `agents.set_policy` cloned from BALANCE (gamma = 2) by `agents.imitation`, {int(seeds.seeds.max())} training seeds; "
+             f"shipped: seed {shipped} (best validation score) in `policies/general/`. Test stream, seed {SEED}; BALANCE at its fixed gamma = 4.", "",
+             "## Across seeds", "",
+             "`ratio_to_balance`: users served / BALANCE's on the same rounds, mean over seeds with its Student-t 95 % CI half-width; "
+             "`seeds_above/below_balance`: seeds whose paired bootstrap 95 % CI of the per-round difference lies above / below 0.", "",
+             seeds.to_markdown(index=False, floatfmt=".4g"), "", "![served / BALANCE vs K](general.png)", "",
+             "## Per seed", "", per_seed[COLS].to_markdown(index=False, floatfmt=".4g"), "",
+             "## Decision time per round (one process, one thread)", "",
+             "Policy: the shipped policy through `PolicyScheduler` (cached user encodings, numpy; env stepping and masks included).", "",
+             times.to_markdown(index=False, floatfmt=".4g"), "", f"Reproduce: `{command}`", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m experiments.general", description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=Path, default=ROOT / "runs" / "general")
+    p.add_argument("--ks", default="20,50,70,100,200")
+    p.add_argument("--rounds", default="200,200,200,100,50", help="test rounds per K (paper setting)")
+    p.add_argument("--noisy-ks", default="50,200")
+    p.add_argument("--noisy-rounds", default="200,50")
+    p.add_argument("--timing-ks", default="200,500")
+    p.add_argument("--timing-rounds", type=int, default=10)
+    p.add_argument("--balance-timing-rounds", default="200:5,500:1", help="K:rounds of BALANCE in the timing (0 = skip)")
+    p.add_argument("--policies", type=Path, default=ROOT / "policies" / "general")
+    p.add_argument("--results", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    limit_threads(1)
+    runs = seed_runs(args.runs)
+    shipped = ship_best(runs, args.policies)
+    print(f"[general] seeds {[s for s, _ in runs]}; shipped seed {shipped} -> {args.policies}", flush=True)
+    per_seed, seeds = [], []
+    plan = [("paper", int(k), int(n)) for k, n in zip(args.ks.split(","), args.rounds.split(","), strict=True)]
+    if args.noisy_ks:
+        plan += [("noisy", int(k), int(n)) for k, n in zip(args.noisy_ks.split(","), args.noisy_rounds.split(","), strict=True)]
+    for setting, k, n in plan:
+        start = time.perf_counter()
+        summary = summarize(evaluate_k(runs, k, n, setting)).assign(setting=setting, K=k)
+        per_seed.append(summary)
+        seeds.append({"setting": setting, "K": k, "rounds": n, **across_seeds(summary)})
+        print(f"[general] {setting} K={k}: {seeds[-1]} ({time.perf_counter() - start:.0f} s)", flush=True)
+    per_seed_df, seeds_df = pd.concat(per_seed, ignore_index=True), pd.DataFrame(seeds)
+    bal = dict(kv.split(":") for kv in args.balance_timing_rounds.split(",")) if args.balance_timing_rounds else {}
+    times = timing(args.policies, [int(k) for k in args.timing_ks.split(",")], args.timing_rounds, {int(k): int(v) for k, v in bal.items()})
+    out = args.results
+    write_csv_atomic(per_seed_df[COLS], out / "general.csv")
+    write_csv_atomic(seeds_df, out / "general_seeds.csv")
+    write_csv_atomic(times, out / "general_timing.csv")
+    plot(seeds_df, out / "general.png")
+    command = "python -m experiments.general " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    write_text_atomic(out / "general.md", report(per_seed_df, seeds_df, times, shipped, command.strip()))
+    print(f"[general] wrote {out / 'general.md'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
