@@ -138,11 +138,14 @@ class BatchVerifier:
         logits = self.target(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
                              past_key_values=cache, use_cache=True).logits  # (B, N, V)
         keep = []
+        # greedy rows: one argmax and one device-to-host copy for the whole batch (a copy per row
+        # is a synchronisation per row on CUDA)
+        greedy = logits.argmax(-1).tolist() if any(s.temperature == 0 for s in sessions) else None  # (B, N) token ids
         for b, (i, s, ctx) in enumerate(zip(rows, sessions, contexts, strict=True)):
             drafts = list(requests[i].drafts)
             scores = logits[b, len(ctx) - 1 : len(ctx) + len(drafts)]  # (depth + 1, V)
             if s.temperature == 0:
-                samples = scores.argmax(-1).tolist()
+                samples = greedy[b][len(ctx) - 1 : len(ctx) + len(drafts)]
             else:
                 p = torch.softmax(scores.double() / s.temperature, dim=-1)
                 samples = torch.multinomial(p, 1, generator=s.generator)[:, 0].tolist()
