@@ -250,7 +250,8 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, l
         f"{args.deadline_s} s, RTTs in {args.rtt_ms} ms (the edges' verification links delayed by it), {args.cohorts} verification cohorts, "
         f"round window {args.window_s} s. ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
         "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
-        "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device).", "",
+        "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device). "
+        "In the v1 model a round's ED users all end when its ED batch ends (its most iterations x its slowest edge iteration); live, each ends at its own last token.", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
         f"Wall time of the live part: {wall_s:.0f} s; the host's 1-minute load average {load[0]:.1f} before it and {load[1]:.1f} after, "
         f"on {os.cpu_count()} CPU(s) (above the CPU count the host was loaded, and real times are slower than the profile's).", "",

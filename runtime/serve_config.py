@@ -2,7 +2,10 @@
 
 ``ServeConfig.validate`` checks ranges, that the scheduler name exists, that the profile loads and
 that every path (pair, target, draft, policy) is there -- in well under a second, so
-``scheduler=nosuch`` fails before the model pair is built for minutes. Once the pair is loaded,
+``scheduler=nosuch`` fails before the model pair is built for minutes. With ``placement=split`` it
+also checks ``split.*`` (:class:`SplitSettings`), that the scheduler plans ED (``balance_ed``,
+``edge_first``, or ``policy`` with a policy trained on EdgeSchedule-v1) and that the profile has
+``edge`` and ``network`` sections. Once the pair is loaded,
 :func:`check_profile_matches_pair` refuses a profile measured for other model dimensions, and
 :func:`policy_profile_warning` says when a learned policy was trained on another profile than the
 one planning.

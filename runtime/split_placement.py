@@ -20,7 +20,7 @@ Every request ends with exactly one outcome, decided and counted by the server; 
 the ``result``. A stream that breaks before its ``done`` ends the request with ``error``.
 
 **Network emulation.** :class:`EdgeUser` wraps its verification link in
-:class:`~runtime.split.transport.DelayedLink` (``rtt_s``: half each way); the placement exchange
+:class:`~runtime.split.transport.DelayedLink` (``rtt_s``, read at each request: half each way); the placement exchange
 itself (one or two messages per request, against ``J`` verification round trips) is not delayed.
 """
 
@@ -126,13 +126,13 @@ class EdgeUser:
             self._client = None
         ctl: int | DepthController = depth if self.depth == "plan" else DepthController(1, self.max_depth, initial=min(depth, self.max_depth))
         if self._client is None:
-            link = GrpcLink(self.address, self.connect_timeout_s)
-            if self.rtt_s > 0 or self.jitter_s > 0:
-                link = DelayedLink(link, 1e3 * self.rtt_s, 1e3 * self.jitter_s, seed=self.seed)
+            # always behind the WAN shim (no delay at rtt 0), so a later request's RTT applies to the same stream
+            link = DelayedLink(GrpcLink(self.address, self.connect_timeout_s), 1e3 * self.rtt_s, 1e3 * self.jitter_s, seed=self.seed)
             self._client = EdgeClient(self.draft, link, depth=ctl, proactive=self.proactive, max_depth=max(self.max_depth, depth),
                                       eos_id=self.eos_id, reply_timeout_s=self.reply_timeout_s, device_lock=self.device_lock)
         else:
             self._client.depth, self._client.max_depth = ctl, max(self.max_depth, depth)
+        self._client.link.rtt_s, self._client.link.jitter_s = self.rtt_s, self.jitter_s  # this request's network (rtt_s may change between requests)
         return self._client
 
     def request(self, prompt: list[int], max_tokens: int, deadline_s: float, temperature: float = 0.0, seed: int = 0, request_id: str = "") -> EdgeResult:
