@@ -202,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
         lines += [f"AD batches of the first {len(slicing)} mixed rounds, measured alone and time-sliced beside the round's SD batch at the plan's z "
                   f"(1 torch thread, min of {args.repeats}; 1-min load average {load:.1f} on {os.cpu_count()} cores at the start):", "",
                   slicing.to_markdown(index=False, floatfmt=".3g"), ""]
-    lines += [f"Reproduce: `python -m experiments.sim_vs_real_steps --csv {args.csv.name if args.csv.parent == RESULTS else args.csv} --rounds {args.rounds} --repeats {args.repeats}`", ""]
+    csv = f"results/{args.csv.name}" if args.csv.resolve().parent == RESULTS else str(args.csv)
+    profile = "" if str(args.profile) == AUTO else f" --profile {str(args.profile).replace(str(Path.home()), '~')}"
+    lines += [f"Reproduce: `python -m experiments.sim_vs_real_steps --csv {csv}{profile} --rounds {args.rounds} --repeats {args.repeats}`", ""]
     write_text_atomic(args.out / "sim_vs_real_steps.md", "\n".join(lines))
     print("\n".join(lines))
 
