@@ -51,7 +51,8 @@ GPU grows, on ``--rounds`` test rounds (``envs.workload.make_rounds(..., split="
 95 % CIs and Wilcoxon p-values (``agents.paired_stats``). Every plan is re-checked by the exact v1
 check (``envs.split_plan``); with realised = predicted (the default workload) admitted = served.
 
-Writes ``specedge.csv`` (part 1), ``hybrid.csv`` (per round), ``hybrid_summary.csv``,
+Writes ``specedge.csv`` (part 1), ``specedge_sensitivity.csv`` (the headline under each tree timing
+and proactive gain), ``hybrid.csv`` (per round), ``hybrid_summary.csv``,
 ``specedge.md`` and ``specedge.png`` under ``--out``.
 """
 
@@ -197,6 +198,19 @@ def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str],
     return pd.DataFrame(rows)
 
 
+def sensitivity_rows(baseline: str = "same_batch") -> pd.DataFrame:
+    """The headline row (tree, full, 15 ms, N = HEADLINE_CLIENTS) under every tree timing and proactive gain."""
+    rows = []
+    for timing in TREE_PROFILES:
+        for gain in PROACTIVE_GAINS:
+            tp = throughput_rows([HEADLINE_RTT_MS], [HEADLINE_CLIENTS], ["tree"], baseline=baseline, tree_timing=timing, proactive_gain=gain)
+            h = tp[tp["headline"]].iloc[0]
+            rows.append({"tree_timing": timing, "proactive_gain": gain, **{k: h[k] for k in (
+                "profile", "baseline", "depth", "specedge_verify_ms", "specedge_edge_ms", "specedge_tokens_per_iteration", "baseline_depth",
+                "baseline_verify_ms", "baseline_draft_ms", "throughput_ratio", "itl_change")}})
+    return pd.DataFrame(rows)
+
+
 # ------------------------------------------------------------------------------------------ hybrid
 def hybrid_rows(ks: list[int], fractions: list[float], rounds: int, progress: bool = True) -> pd.DataFrame:
     """Part 2: served users per round, scheduler, K and edge fraction (BALANCE once per K: it ignores edges)."""
@@ -312,7 +326,8 @@ def scorecard(tp: pd.DataFrame) -> list[str]:
     return out + [""]
 
 
-def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFrame | None, command: str) -> str:
+def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFrame | None, command: str,
+             sensitivity: pd.DataFrame | None = None) -> str:
     baseline, tree_profile, gain = _setting(tp)
     if baseline == "same_batch":
         method = ("`throughput_ratio` and `itl_change`: SpecEdge (N clients, two cohorts of server batch B = N/2) against server-only SD at the "
@@ -347,6 +362,14 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
                          f"{best['itl_change']:+.1%}): {verdict(best['throughput_ratio'], PUBLISHED['throughput_ratio'])}.")
         lines.append("")
     lines += scorecard(tp)
+    if sensitivity is not None and not sensitivity.empty:
+        lines += [f"**Sensitivity of the headline** (tree, full system, N = {HEADLINE_CLIENTS}, {HEADLINE_RTT_MS:g} ms) to the two modelling "
+                  "choices the sources leave open: the pass times (`--tree-timing`) and what a proactive reuse buys (`--proactive-gain`). "
+                  "`edge_ms`: a client's time off the server per iteration; server-only `draft_ms` / `verify_ms`: its iteration's parts.", "",
+                  sensitivity.rename(columns={"specedge_verify_ms": "verify_ms", "specedge_edge_ms": "edge_ms", "specedge_tokens_per_iteration": "tokens/iter",
+                                              "baseline_depth": "so_depth", "baseline_verify_ms": "so_verify_ms", "baseline_draft_ms": "so_draft_ms"})
+                  [["tree_timing", "proactive_gain", "depth", "verify_ms", "edge_ms", "tokens/iter", "so_depth", "so_verify_ms", "so_draft_ms",
+                    "throughput_ratio", "itl_change"]].to_markdown(index=False, floatfmt=".3g"), ""]
     shown = sorted({HEADLINE_CLIENTS, SWEEP_CLIENTS} & set(tp["num_clients"]))
     full = tp[(tp["variant"] == "full") & tp["num_clients"].isin(shown)]
     if not full.empty:
@@ -488,11 +511,13 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame | No
         hybrid = hybrid_rows(ks, fractions, args.rounds)
         summary = hybrid_summary(hybrid)
     out = args.out
+    sens = sensitivity_rows(args.baseline)
     write_csv_atomic(tp, out / "specedge.csv")
+    write_csv_atomic(sens, out / "specedge_sensitivity.csv")
     if hybrid is not None:
         write_csv_atomic(hybrid, out / "hybrid.csv")
         write_csv_atomic(summary, out / "hybrid_summary.csv")
-    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command.strip()))
+    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command.strip(), sens))
     save_figure_atomic(figure(tp, summary), out / "specedge.png")
     print(f"wrote {out / 'specedge.csv'}, specedge.md, specedge.png" + (", hybrid.csv, hybrid_summary.csv" if hybrid is not None else ""))
     return tp, summary
@@ -505,7 +530,8 @@ def report_only(out: Path, command: str) -> tuple[pd.DataFrame, pd.DataFrame | N
     tp = pd.read_csv(out / "specedge.csv")
     hybrid = pd.read_csv(out / "hybrid.csv") if (out / "hybrid.csv").is_file() else None
     summary = hybrid_summary(hybrid) if hybrid is not None else None
-    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command))
+    sens = pd.read_csv(out / "specedge_sensitivity.csv") if (out / "specedge_sensitivity.csv").is_file() else None
+    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command, sens))
     save_figure_atomic(figure(tp, summary), out / "specedge.png")
     return tp, summary
 

@@ -24,6 +24,11 @@ def test_quick_run_writes_every_artefact(tmp_path):
     ed = hybrid[hybrid["scheduler"] == "balance_ed"].set_index(["num_users", "round"])["served"]
     assert (ed - base.loc[ed.index]).min() >= 0
     assert (tmp_path / "hybrid_summary.csv").is_file() and (tmp_path / "specedge.png").stat().st_size > 10_000
+    # the headline under every tree timing and proactive gain; the run's own setting is one of its rows
+    sens = pd.read_csv(tmp_path / "specedge_sensitivity.csv")
+    assert len(sens) == len(specedge.TREE_PROFILES) * 2
+    mine = sens[(sens["tree_timing"] == "timed") & (sens["proactive_gain"] == "tokens")].iloc[0]
+    assert mine["throughput_ratio"] == pytest.approx(df[df["headline"]].iloc[0]["throughput_ratio"])
     md = (tmp_path / "specedge.md").read_text()
     assert "published 2.22x" in md and "Hybrid" in md
     # the report can be rewritten from the CSVs alone
