@@ -382,7 +382,7 @@ def study_wall_s(study: optuna.Study) -> float:
     return (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
 
 
-def write_results(study: optuna.Study, cfg: dict[str, Any]) -> dict[str, Any]:
+def write_results(study: optuna.Study, cfg: dict[str, Any], argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(cfg["output"])
     df = trials_frame(study)
     write_csv_atomic(df, out / "trials.csv")
@@ -394,7 +394,7 @@ def write_results(study: optuna.Study, cfg: dict[str, Any]) -> dict[str, Any]:
     lines = [
         f"# Hyperparameter search: {cfg['study_name']}",
         "",
-        "Written by `python -m agents.tune` (agents/tune.py; space and settings: conf/tune/search.yaml, resolved in search_config.yaml).",
+        f"Written by `{' '.join(['python -m agents.tune', *(argv or [])])}` (agents/tune.py; space and settings: conf/tune/search.yaml, resolved in search_config.yaml; with fresh=false earlier invocations' trials count too).",
         f"Setting: `{json.dumps(cfg['setting'])}`, training seed {cfg['train_seed']}; objective: best validation served fraction (validation stream).",
         f"Sampler: TPESampler(seed={cfg['sampler_seed']}, n_startup_trials={cfg['startup_trials']}); pruner: MedianPruner({', '.join(f'{k}={v}' for k, v in cfg['pruner'].items())}).",
         f"Trials: {len(df)} ({', '.join(f'{v} {k.lower()}' for k, v in counts.items())}); trials' wall time {study_wall_s(study) / 60:.1f} min (first start to last end; one torch thread, shared 2-core host), trial durations sum {df.duration_s.sum() / 60:.1f} min.",
@@ -428,7 +428,7 @@ def write_results(study: optuna.Study, cfg: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = load_search_config(sys.argv[1:] if argv is None else argv)
     study = run_study(cfg)
-    info = write_results(study, cfg)
+    info = write_results(study, cfg, sys.argv[1:] if argv is None else argv)
     print(f"[tune] {info['trials']} trials {info['counts']}; best {info.get('best_value')} (trial {info.get('best_number')}) -> {cfg['output']}", flush=True)
     return info
 
