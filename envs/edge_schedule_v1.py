@@ -131,10 +131,11 @@ def observation_size(cfg: EnvConfig) -> int:
 
 def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
     """(K, 10) user features in presentation order: v0's eight, has-an-edge, RTT / 0.1 s."""
-    k = rnd.num_users
-    has = np.zeros(k) if rnd.has_edge is None else rnd.has_edge[order].astype(float)
-    rtt = np.zeros(k) if rnd.rtt_s is None else np.clip(rnd.rtt_s[order] / RTT_SCALE_S, 0.0, 1.0)
-    return np.concatenate([user_features(rnd, order, cfg), has[:, None].astype(np.float32), rtt[:, None].astype(np.float32)], axis=1)
+    f = np.empty((rnd.num_users, USER_FEATURES), dtype=np.float32)  # filled column block by block (float32 casts as astype does)
+    f[:, :8] = user_features(rnd, order, cfg)
+    f[:, 8] = 0.0 if rnd.has_edge is None else rnd.has_edge[order]
+    f[:, 9] = 0.0 if rnd.rtt_s is None else np.clip(rnd.rtt_s[order] / RTT_SCALE_S, 0.0, 1.0)
+    return f
 
 
 def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rnd: Round, order: np.ndarray, modes_presented: np.ndarray,
@@ -231,8 +232,12 @@ class EdgeScheduleV1Env(gym.Env):
         if users is None:
             self._users = [(*u, None) for u in base]
         else:  # per user: (J row, X row, allowed row, prefill) over depths 1..G, or None without an edge
-            j, x, ok, pre, any_ok = users.iterations.tolist(), users.edge_s.tolist(), users.allowed.tolist(), users.prefill_s.tolist(), users.allowed.any(axis=1).tolist()
-            self._users = [(*u, (j[i], x[i], ok[i], pre[i]) if any_ok[i] else None) for u, i in zip(base, order.tolist(), strict=True)]
+            rows: list[tuple | None] = [None] * k
+            sel = np.flatnonzero(users.allowed.any(axis=1))  # only these users' rows become Python lists
+            for i, j, x, ok, pre in zip(sel.tolist(), users.iterations[sel].tolist(), users.edge_s[sel].tolist(), users.allowed[sel].tolist(),
+                                        users.prefill_s[sel].tolist(), strict=True):
+                rows[i] = (j, x, ok, pre)
+            self._users = [(*u, rows[i]) for u, i in zip(base, order.tolist(), strict=True)]
         self._plan.reset()
         self._t = 0
         self._modes = np.zeros(k, dtype=np.int8)

@@ -42,7 +42,8 @@ class SplitScalarPlan:
         self.g_max = max_gamma
         self._ad_memo: dict[tuple[int, int, int], float] = {}
         self._sd_memo: dict[tuple[int, int, int, int, int], float] = {}
-        self._ed_memo: dict[tuple[int, int, int, int], float] = {}  # (b, S, N, q) -> tau_L verify pass; q = 0: the prefill pass
+        self._ed_memo: dict[tuple[int, int, int], dict[int, float]] = {}  # (b, S, N) -> {q: tau_L verify pass; 0: the prefill pass}
+        self._depths = range(1, max_gamma + 1)
         self.reset()
 
     def reset(self) -> None:
@@ -140,29 +141,33 @@ class SplitScalarPlan:
             per_user = c.kv_memory == "per_user"
             sh01, mm01 = sh[0] + sh[1], mm[0] + mm[1]
             j_b, q_b, x_b = self.ed[0], self.ed[1], self.ed[3]
-            tau1, memo = c.tau_l.tau1, self._ed_memo
+            tau1 = c.tau_l.tau1
+            # this batch's passes by query length q (0: the prefill pass), found once per prepare
+            passes = self._ed_memo.get((b_e, s_e, n_e))
+            if passes is None:
+                passes = self._ed_memo[(b_e, s_e, n_e)] = {}
             prefill_pass = None  # priced (or found) once, on the first depth that needs it
-            for g in range(1, g_max + 1):
-                if not allowed[g - 1]:
+            for g, j_e, x_e, ok in zip(self._depths, j_row, x_row, allowed):
+                if not ok:
                     continue
-                j_e = j_row[g - 1]
-                j_e = j_b if j_b > j_e else j_e
-                q_e = q_b if q_b > g + 1 else g + 1
-                x_e = x_row[g - 1]
-                x_e = x_b if x_b > x_e else x_e
+                if j_b > j_e:
+                    j_e = j_b
+                q_e = g + 1
+                if q_b > q_e:
+                    q_e = q_b
+                if x_b > x_e:
+                    x_e = x_b
                 budget = base - j_e * x_e
                 mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
                 if budget <= 0 or not mm01 + mem_e <= mem_lim:
                     continue  # infeasible whatever the verify pass costs: skip pricing it
                 if prefill_pass is None:
-                    key = (b_e, s_e, n_e, 0)
-                    prefill_pass = memo.get(key)
+                    prefill_pass = passes.get(0)
                     if prefill_pass is None:
-                        prefill_pass = memo[key] = tau1(b_e, s_f, s_f)
-                key = (b_e, s_e, n_e, q_e)
-                v = memo.get(key)
+                        prefill_pass = passes[0] = tau1(b_e, s_f, s_f)
+                v = passes.get(q_e)
                 if v is None:
-                    v = memo[key] = tau1(b_e, float(q_e), cc + float(q_e))
+                    v = passes[q_e] = tau1(b_e, float(q_e), cc + float(q_e))
                 share_e = (prefill_pass + float(j_e) * v) / budget
                 eds[g] = (j_e, q_e, x_e, share_e, mem_e)
                 masks[1 + g_max + g] = sh01 + share_e <= lim
