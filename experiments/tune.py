@@ -2,6 +2,7 @@
 
     python -m experiments.tune --seeds 1,2,3            # train both configs per seed, then compare (~15 min on a busy 2-core host)
     python -m experiments.tune --seeds 1,2,3 --reuse    # compare already trained runs in --runs
+    python -m experiments.tune --seeds 1,2,3 --timesteps 10000   # both at a quarter of the budget: compare_t10000.*
 
 For every training seed, ``agents.train`` trains the **default** configuration (conf/agent/
 maskable_ppo.yaml's hyperparameters on the search's ``setting``, conf/tune/search.yaml) and the
@@ -49,14 +50,17 @@ def _train_or_reuse(raw: dict, out: Path, reuse: bool) -> Path:
     return out
 
 
-def compare(seeds: list[int], rounds: int, experiment: str, runs: Path, reuse: bool, search_overrides: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-round rows, summary) of default vs tuned for every seed on ``rounds`` test rounds."""
+def compare(seeds: list[int], rounds: int, experiment: str, runs: Path, reuse: bool, search_overrides: list[str] | None = None, timesteps: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-round rows, summary) of default vs tuned for every seed on ``rounds`` test rounds
+    (``timesteps``: both configs trained this many timesteps instead of the setting's)."""
     cfg = load_search_config(search_overrides or [])
     env = None
     folders: dict[tuple[str, int], Path] = {}
     for seed in seeds:
         for name in CONFIGS:
             raw = train_config(cfg, seed, experiment if name == "tuned" else None)
+            if timesteps is not None:
+                raw["total_timesteps"] = timesteps
             this_env = TrainConfig.from_dict(raw).env
             if env is not None and this_env != env:
                 raise ValueError(f"the {name} config trains on another environment than the default: {this_env} vs {env}")
@@ -102,13 +106,13 @@ def summarize(rows: pd.DataFrame, num_users: int) -> pd.DataFrame:
     return table
 
 
-def markdown(table: pd.DataFrame, seeds: list[int], rounds: int, experiment: str, wall_s: float) -> str:
+def markdown(table: pd.DataFrame, seeds: list[int], rounds: int, experiment: str, wall_s: float, timesteps: int | None = None) -> str:
     fmt = lambda v, p=4: "" if pd.isna(v) else f"{v:.{p}f}"  # noqa: E731
     lines = [
-        "# Tuned vs default MaskablePPO on the test stream",
+        "# Tuned vs default MaskablePPO on the test stream" + (f", both trained {timesteps:,} timesteps" if timesteps else ""),
         "",
-        f"Written by `python -m experiments.tune --seeds {','.join(map(str, seeds))} --rounds {rounds}` (experiments/tune.py) in {wall_s / 60:.1f} min.",
-        f"Both configs trained per seed with the search's setting (conf/tune/search.yaml); tuned = `experiment={experiment}`.",
+        f"Written by `python -m experiments.tune --seeds {','.join(map(str, seeds))} --rounds {rounds}{f' --timesteps {timesteps}' if timesteps else ''}` (experiments/tune.py) in {wall_s / 60:.1f} min (one torch thread, shared 2-core host).",
+        f"Both configs trained per seed with the search's setting (conf/tune/search.yaml){'' if not timesteps else f' but {timesteps:,} timesteps'}; tuned = `experiment={experiment}`.",
         f"Test stream: {rounds} rounds of seed {SEED}; BALANCE serves {table.attrs['balance_served_frac']:.4f} of the users on them.",
         "Difference: tuned - default served fraction, paired per round (bootstrap 95 % CI, Wilcoxon signed-rank).",
         "",
@@ -131,18 +135,21 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     ap.add_argument("--search-set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of conf/tune/search.yaml (the default config's setting; for smoke tests)")
     ap.add_argument("--runs", type=Path, default=Path("runs/tune/compare"), help="training run folders")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "tune")
+    ap.add_argument("--timesteps", type=int, default=None, help="train both configs this many timesteps (default: the setting's); outputs get a _tN suffix")
     ap.add_argument("--reuse", action="store_true", help="skip training where a run folder already holds model.zip")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    if not seeds or args.rounds < 1:
-        raise SystemExit("--seeds needs at least one seed and --rounds must be >= 1")
+    if not seeds or args.rounds < 1 or (args.timesteps is not None and args.timesteps < 1):
+        raise SystemExit("--seeds needs at least one seed, --rounds and --timesteps must be >= 1")
+    tag = f"_t{args.timesteps}" if args.timesteps else ""
+    runs = args.runs.with_name(args.runs.name + tag)
     limit_threads(1)
     start = time.perf_counter()
-    rows, table = compare(seeds, args.rounds, args.experiment, args.runs, args.reuse, args.search_set)
-    write_csv_atomic(rows, args.out / "compare_rows.csv")
-    write_csv_atomic(table, args.out / "compare.csv")
-    text = markdown(table, seeds, args.rounds, args.experiment, time.perf_counter() - start)
-    write_text_atomic(args.out / "compare.md", text)
+    rows, table = compare(seeds, args.rounds, args.experiment, runs, args.reuse, args.search_set, args.timesteps)
+    write_csv_atomic(rows, args.out / f"compare{tag}_rows.csv")
+    write_csv_atomic(table, args.out / f"compare{tag}.csv")
+    text = markdown(table, seeds, args.rounds, args.experiment, time.perf_counter() - start, args.timesteps)
+    write_text_atomic(args.out / f"compare{tag}.md", text)
     print(text)
     return table
 

@@ -175,3 +175,8 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "results" / "compare.md").is_file()
     assert yaml.safe_load((tmp_path / "cmp" / "tuned_s1" / "config.yaml").read_text())["agent"]["net_arch"] == exp["agent"]["net_arch"]
     assert yaml.safe_load((tmp_path / "cmp" / "default_s1" / "config.yaml").read_text())["agent"]["net_arch"] == [256, 256]
+    # --timesteps: both configs at another budget, into their own folders and files
+    compare_main(["--seeds", "1", "--rounds", "2", "--timesteps", "32", "--experiment", str(written), "--runs", str(tmp_path / "cmp"), "--out", str(tmp_path / "results"), "--search-set", *setting])
+    assert (tmp_path / "results" / "compare_t32.md").is_file() and (tmp_path / "results" / "compare.md").is_file()
+    for name in ("default", "tuned"):
+        assert yaml.safe_load((tmp_path / "cmp_t32" / f"{name}_s1" / "config.yaml").read_text())["total_timesteps"] == 32
