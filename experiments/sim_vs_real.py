@@ -12,6 +12,15 @@ own last token; time-slicing hands a finished batch's share to the other). Repor
 and p50 latency, real vs simulated, per scheduler and per mode (with the compute time split into
 prefill -- up to the first token -- and decoding, so the source of a gap shows).
 
+**Sharing model.** ``--sharing work_conserving`` (default) is the environment's fluid model: both
+batches progress at their shares at once. ``--sharing steps`` costs the same plan with the
+executor's actual rule (``experiments.sim_vs_real_steps``): whole engine steps, so a batch's first
+step (AD: its whole prefill) makes the other batch wait instead of sharing. Planning uses the
+environment's model either way. On the last idle run's rounds (``results/sim_vs_real.csv``,
+re-simulated) it moved BALANCE from served +5.6 % / p50 -11.0 % to +3.7 % / -9.6 %; ``ad_only`` and
+``sd_only`` run one batch per round and are unchanged. Its report goes to
+``results/sim_vs_real[_cpu_hog]_sharing_steps.{csv,md}``.
+
 **Which profile.** By default (``--profile auto``) a profile measured on *this* machine: the
 shipped table for the server's thread count plus a quick calibration measured here on first use
 and cached per machine fingerprint (``runtime.machine_profile``; < 2 min once, then instant).
@@ -58,6 +67,7 @@ from envs.outcome import evaluate_plan
 from envs.plan import AD, SD
 from envs.profile import load_profile
 from envs.workload import Round
+from experiments.sim_vs_real_steps import steps_outcome
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.loadgen import run as loadgen
 from runtime.machine_profile import AUTO, PlanningProfile, resolve_profile
@@ -131,7 +141,7 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
     ``factors``: the server's online calibration (real / predicted step time per mode); planning
     and costing both scale the profile's AD and SD batch times by them, as the server's planner does.
     """
-    cost = CostModel(load_profile(profile))
+    cost = raw = CostModel(load_profile(profile))
     if factors is not None:
         calibration = StepCalibration()
         for mode, f in factors.items():
@@ -147,9 +157,11 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
         rnd = Round.from_requests(g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6), np.full(n, a_plan),
                                   uplink_s=0.0, downlink_s=0.0)
         plan = sched.plan(rnd)
-        out = evaluate_plan(cost, rnd, plan, completion=completion, sharing=sharing)
         measured = dataclasses.replace(rnd, realized_alpha=measured_alpha(g, rnd.alpha))
-        out_m = evaluate_plan(cost, measured, plan, completion=completion, sharing=sharing)
+        if sharing == "steps":  # the executor's whole-step time-slicing on the (uncalibrated) profile's steps, scaled per mode
+            out, out_m = (steps_outcome(raw, x, plan, factors, completion) for x in (rnd, measured))
+        else:
+            out, out_m = (evaluate_plan(cost, x, plan, completion=completion, sharing=sharing) for x in (rnd, measured))
         prefill = prefill_s(cost.profile, rnd, plan, factors)
         for k, (_, row) in enumerate(g.iterrows()):
             lat = out.latency_s[k] + window_s if np.isfinite(out.latency_s[k]) else np.nan
@@ -194,7 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window-s", type=float, default=0.3)
     ap.add_argument("--alpha", type=float, default=0.9, help="the server's initial acceptance estimate (and the simulator's)")
     ap.add_argument("--completion", default="own", choices=["own", "batch"], help="the simulator's completion model (the server answers each request at its own last token)")
-    ap.add_argument("--sharing", default="work_conserving", choices=["work_conserving", "fixed"], help="the simulator's sharing model (the server's time-slicing is work-conserving)")
+    ap.add_argument("--sharing", default="work_conserving", choices=["work_conserving", "fixed", "steps"],
+                    help="the simulator's sharing model: the environment's fluid ones (the server's time-slicing is work-conserving), or steps: "
+                         "the executor's rule on whole engine steps (experiments.sim_vs_real_steps; planning still uses the environment's model)")
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens to the load generator")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads (the profile is measured with as many)")
     ap.add_argument("--profile", default=AUTO, help="the profile both the server and the simulator plan with: auto (measured on this machine, cached) or a NAME / .yaml PATH used as it is")
@@ -283,12 +297,14 @@ def profile_lines(planning: PlanningProfile) -> list[str]:
 
 
 def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.DataFrame, modes: pd.DataFrame) -> None:
-    stem = "sim_vs_real_cpu_hog" if args.cpu_hog else "sim_vs_real"
+    # another simulator sharing model than the default writes beside the default's report, not over it
+    stem = ("sim_vs_real_cpu_hog" if args.cpu_hog else "sim_vs_real") + ("" if args.sharing == "work_conserving" else f"_sharing_{args.sharing}")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(df, args.out / f"{stem}.csv")  # a reader never sees half a table
     cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
     cmd += (f" --profile {args.profile}" if args.profile != AUTO else "") + ("" if args.auto_profile else " --no-auto-profile")
     cmd += (" --cpu-hog" if args.cpu_hog else "") + (" --pair PATH" if args.pair else "")
+    cmd += ("" if args.sharing == "work_conserving" else f" --sharing {args.sharing}") + ("" if args.completion == "own" else f" --completion {args.completion}")
     setting = ("one CPU-bound process (a busy loop) ran beside the server throughout; each scheduler ran with the server's online calibration on "
                "(the simulator plans and costs with the per-mode factors the server ended with: columns *factor*) and off (both plan with the bare profile). "
                if args.cpu_hog else "the server's online calibration pinned at 1 (it plans with the bare profile, as the simulator does). ")

@@ -34,7 +34,7 @@ from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
 from envs.cost_model import CostModel, sd_iterations
-from envs.outcome import evaluate_plan
+from envs.outcome import Outcome, evaluate_plan
 from envs.plan import AD, SD
 from envs.profile import load_profile
 from envs.workload import Round
@@ -57,16 +57,17 @@ def plan_rounds(df: pd.DataFrame, cost: CostModel, window_s: float, alpha: float
 
 
 def step_times(cost: CostModel, rnd: Round, plan, mode: int) -> tuple[list[float], list[int], np.ndarray]:
-    """A batch's engine steps in the cost model (seconds each) and, per member, the step that ends it."""
+    """A batch's engine steps in the cost model (seconds each) and, per member, the step that ends it
+    (the round's realised outputs and acceptance, as ``envs.outcome.evaluate_plan`` uses them)."""
     idx = np.flatnonzero(plan.modes == mode)
     b, s = len(idx), int(rnd.input_tokens[idx].max())
-    outs = rnd.output_tokens[idx].astype(int)
+    outs = rnd.realized_output_tokens[idx].astype(int)
     prefill = float(cost.tau_l.tau1(b, s, s))
     if mode == AD:  # the first step is the prefill (and the first token), then one step per token
         engine = float(cost.engine.ad(b)) if cost.engine is not None else 0.0
         steps = [prefill] + [float(cost.tau_l.tau1(b, 1, s + i)) + engine for i in range(1, int(outs.max()))]
         return steps, [int(o) - 1 for o in outs], idx
-    j = sd_iterations(outs, rnd.alpha[idx], plan.gamma)
+    j = sd_iterations(outs, rnd.realized_alpha[idx], plan.gamma)
     iteration = float(cost.sd_iteration_time(b, s + outs.max() / 2.0, plan.gamma))  # as CostModel.sd_time
     steps = [prefill + float(cost.tau_s.tau1(b, s, s)) + iteration] + [iteration] * (int(j.max()) - 1)
     return steps, [int(x) - 1 for x in j], idx
@@ -85,6 +86,28 @@ def emulate_run_shared(jobs: dict[str, tuple[list[float], float]]) -> dict[str, 
         if pos[k] == len(jobs[k][0]):
             live.remove(k)
     return {k: np.asarray(v) for k, v in ends.items()}
+
+
+def steps_outcome(cost: CostModel, rnd: Round, plan, factors: dict[str, float] | None = None, completion: str = "own") -> Outcome:
+    """:func:`envs.outcome.evaluate_plan`'s outcome with the executor's step-granular sharing in place
+    of the fluid one (``experiments.sim_vs_real --sharing steps``): each batch's cost-model steps,
+    scaled by ``factors`` (per mode, the server's calibration), run under ``run_shared``'s rule;
+    ``completion`` ``own`` ends a user at its own last step, ``batch`` at its batch's last."""
+    if completion not in ("own", "batch"):
+        raise ValueError(f"completion must be 'own' or 'batch', got {completion!r}")
+    latency = np.full(rnd.num_users, np.inf)
+    order = [m for m in dict.fromkeys(int(x) for x in plan.modes) if m in (AD, SD)]  # the executor's job order
+    batches = {m: step_times(cost, rnd, plan, m) for m in order}
+    f = factors or {}
+    ends = emulate_run_shared({m: ([d * f.get("ad" if m == AD else "sd", 1.0) for d in steps], plan.z if m == AD else 1.0 - plan.z)
+                               for m, (steps, _, _) in batches.items()})
+    batch_s = {AD: 0.0, SD: 0.0}
+    for m, (_, last, idx) in batches.items():
+        batch_s[m] = float(ends[m][-1])
+        done = ends[m][np.asarray(last)] if completion == "own" else np.full(len(idx), ends[m][-1])
+        latency[idx] = rnd.uplink_s[idx].max() + done + rnd.realized_downlink_s[idx]
+    served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
+    return Outcome(latency, served, batch_s[AD], batch_s[SD])
 
 
 def granularity(planned, cost: CostModel) -> pd.DataFrame:

@@ -117,3 +117,43 @@ def test_granularity_rows_per_admitted_user():
     gran = granularity(planned, cost)
     assert len(gran) == int(np.isin(planned[0][3].modes, [AD, SD]).sum()) and (gran.steps_s > 0).all() and (gran.fluid_s > 0).all()
     assert gran.real_s.tolist() == pytest.approx([0.7] * len(gran))
+
+
+def _round(inputs, outputs):
+    from envs.config import EnvConfig
+    from envs.workload import Round
+
+    cfg = EnvConfig(num_users=1, profile="cpu1_specsched-pair", input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
+    k = len(inputs)
+    return Round.from_arrays(cfg, np.array(inputs), np.array(outputs), np.full(k, 1.0), np.full(k, 0.8), np.full(k, cfg.min_distance_m))
+
+
+@pytest.mark.parametrize("mode", [AD, SD])
+def test_steps_sharing_is_the_environment_outcome_for_one_batch(mode):
+    """With one batch there is nothing to share: the step emulation ends every user exactly when envs.outcome does."""
+    from envs.outcome import evaluate_plan
+    from experiments.sim_vs_real_steps import steps_outcome
+
+    cost = CostModel(load_profile("cpu1_specsched-pair"))
+    rnd = _round([100, 150, 80], [10, 40, 25])
+    plan = Plan(modes=np.array([mode, mode, mode]), gamma=4, z=1.0 if mode == AD else 0.0, lam=0.5)
+    steps, fluid = steps_outcome(cost, rnd, plan), evaluate_plan(cost, rnd, plan, completion="own", sharing="work_conserving")
+    assert steps.latency_s == pytest.approx(fluid.latency_s) and (steps.served == fluid.served).all()
+    doubled = steps_outcome(cost, rnd, plan, {"ad": 2.0, "sd": 2.0})
+    assert doubled.latency_s - rnd.uplink_s.max() - rnd.downlink_s == pytest.approx(2 * (steps.latency_s - rnd.uplink_s.max() - rnd.downlink_s))
+
+
+def test_steps_sharing_conserves_work_but_not_the_order():
+    """Two batches: the round ends at the same time as in the fluid model (work-conserving), but the
+    batch that runs behind a whole prefill step ends its first users later than at its fluid share."""
+    from envs.outcome import evaluate_plan
+    from experiments.sim_vs_real_steps import steps_outcome
+
+    cost = CostModel(load_profile("cpu1_specsched-pair"))
+    rnd = _round([160, 150, 20, 30], [5, 8, 40, 60])
+    plan = Plan(modes=np.array([AD, AD, SD, SD]), gamma=4, z=0.3, lam=0.5)
+    steps, fluid = steps_outcome(cost, rnd, plan), evaluate_plan(cost, rnd, plan, completion="own", sharing="work_conserving")
+    assert max(steps.ad_batch_s, steps.sd_batch_s) == pytest.approx(max(fluid.ad_batch_s, fluid.sd_batch_s))
+    assert steps.latency_s[2] > fluid.latency_s[2]  # SD's first user waits for AD's whole prefill
+    with pytest.raises(ValueError, match="completion"):
+        steps_outcome(cost, rnd, plan, completion="nosuch")
