@@ -111,6 +111,8 @@ SECTIONS = {
     "v1_speed": lambda: _table(RESULTS / "v1_speed.md"),
     "split_bench": lambda: _body(RESULTS / "split_bench" / "split_bench.md"),
     "split_sim_vs_real": lambda: _body(RESULTS / "split_sim_vs_real" / "summary.md"),
+    "tune": lambda: _body(RESULTS / "tune" / "summary.md"),
+    "tune_compare": lambda: "\n\n".join(_body(p) for p in sorted((RESULTS / "tune").glob("compare*.md"))),
 }
 
 
