@@ -241,6 +241,10 @@ class RoundServer:
         for r, wait, need in hopeless:
             self.finish(r, "rejected", f"deadline: earliest start {wait:.2f} s after arrival + minimal service {need:.2f} s + answer margin {margin:.2f} s > deadline {r.deadline_s:.2f} s")
 
+    def _sweep_now(self) -> None:
+        if self.pending and not self.closing:
+            self._expire(time.monotonic())
+
     async def _sweep(self) -> None:
         while not self.closing:
             asleep = time.monotonic()
@@ -379,6 +383,9 @@ class RoundServer:
             return
         predicted = {m: self._predicted_s(self.cost, m, g, plan.gamma) for m, g in groups.items()}
         self.busy_until = decided + (max(predicted.values()) if self.cfg.devices else sum(predicted.values()))
+        # the queue now knows when this round ends: the requests that cannot wait for it are answered
+        # at once, not at the next sweep (at the start of a burst, most of the queue)
+        loop.call_soon_threadsafe(self._sweep_now)
         tok = self.pair.tokenizer
         outbox = Outbox(loop, self.deliver, self.cfg.stream_interval_s, self.metrics)
         jobs = {}
