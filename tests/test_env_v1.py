@@ -171,6 +171,12 @@ def test_speed_benchmark_runs_end_to_end(tmp_path, monkeypatch, capsys):
     v1_speed.main()
     text = out.read_text()
     assert "EdgeSchedule-v1 steps" in text and "vector env user-decisions" in text and "Reproduce" in text
+    monkeypatch.setattr("sys.argv", ["v1_speed", "--users", "5", "--num-envs", "4", "--seconds", "0.03", "--repeats", "2", "--out", str(out)])
+    v1_speed.main()
+    text = out.read_text()
+    assert "Medians over 2 repeats" in text and "--repeats 2" in text
+    csv = out.with_suffix(".csv").read_text().splitlines()
+    assert csv[0] == "measurement,repeat,per_second,ratio_to_cartpole" and len(csv) == 1 + 2 * 5
     monkeypatch.setattr("sys.argv", ["v1_speed", "--users", "0"])
     with pytest.raises(SystemExit):
         v1_speed.main()
