@@ -16,10 +16,12 @@ prefill -- up to the first token -- and decoding, so the source of a gap shows).
 batches progress at their shares at once. ``--sharing steps`` costs the same plan with the
 executor's actual rule (``experiments.sim_vs_real_steps``): whole engine steps, so a batch's first
 step (AD: its whole prefill) makes the other batch wait instead of sharing. Planning uses the
-environment's model either way. On the last idle run's rounds (``results/sim_vs_real.csv``,
-re-simulated) it moved BALANCE from served +5.6 % / p50 -11.0 % to +3.7 % / -9.6 %; ``ad_only`` and
-``sd_only`` run one batch per round and are unchanged. Its report goes to
-``results/sim_vs_real[_cpu_hog]_sharing_steps.{csv,md}``.
+environment's model either way. Re-simulating the last idle run's rounds (``--from-csv
+results/sim_vs_real.csv --profile results/sim_vs_real_profile.yaml --sharing steps``: no server)
+moved BALANCE from served +5.6 % / p50 -11.0 % to +3.7 % / -9.6 %; ``ad_only`` and ``sd_only`` run
+one batch per round and are unchanged. Its report goes to
+``results/sim_vs_real[_cpu_hog]_sharing_steps.{csv,md}``; every run saves the profile it planned
+with beside its CSV (``*_profile.yaml``) so that ``--from-csv`` can re-simulate it later.
 
 **Which profile.** By default (``--profile auto``) a profile measured on *this* machine: the
 shipped table for the server's thread count plus a quick calibration measured here on first use
@@ -217,13 +219,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu-hog", action="store_true", help="run one CPU-bound process beside the server; each scheduler runs with the server's online calibration on and off")
     ap.add_argument("--devices", default=None, help="two devices for the server, e.g. cpu,cpu or cuda:0,cuda:1 (the simulator still models one shared device)")
     ap.add_argument("--pair", type=Path, default=None)
+    ap.add_argument("--from-csv", type=Path, default=None,
+                    help="re-simulate the real rows of an earlier idle run's CSV with this run's simulator settings (e.g. --sharing steps) instead of serving; "
+                         "give the --profile that run planned with")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     check_args(ap, args)
-    pair = args.pair or build_pair()
+    # re-simulating with a named profile needs no pair: nothing is served or measured
+    pair = args.pair or (None if args.from_csv is not None and args.profile != AUTO else build_pair())
     device = args.devices.split(",")[0] if args.devices else "cpu"
     planning = resolve_profile(args.profile, pair=pair, device=device, threads=args.threads, auto=args.auto_profile, refresh=args.remeasure_profile)
     print(planning.describe(), flush=True)
+    if args.from_csv is not None:
+        resimulate(args, planning)
+        return
     env = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "paper.yaml"))
     settings = [(name, calibrate) for name in args.schedulers.split(",") for calibrate in ((True, False) if args.cpu_hog else (False,))]
     frames, summary, by_mode = [], [], []
@@ -254,9 +263,32 @@ def main(argv: list[str] | None = None) -> None:
     write_report(args, planning, pd.concat(frames, ignore_index=True), pd.DataFrame(summary), pd.DataFrame(by_mode))
 
 
+def resimulate(args, planning: PlanningProfile) -> None:
+    """``--from-csv``: the simulator side again, on the real rows of an earlier idle run (no server)."""
+    old = pd.read_csv(args.from_csv)
+    real_cols = [c for c in old.columns if not c.startswith("sim_") and c not in ("scheduler", "calibration")]
+    names = [n for n in args.schedulers.split(",") if (old.scheduler == n).any()]
+    if not names:
+        raise SystemExit(f"--from-csv {args.from_csv} has no rows of the schedulers {args.schedulers}")
+    frames, summary, by_mode = [], [], []
+    for name in names:
+        real = old[old.scheduler == name][real_cols]
+        both = real.merge(simulate(real, name, args.window_s, args.alpha, args.completion, args.sharing, str(planning.path)), on=["round", "user"]).assign(scheduler=name)
+        frames.append(both)
+        summary.append(compare(both, name, args.window_s))
+        by_mode.extend(compare_by_mode(both, name, args.window_s))
+    args.rounds, args.users = int(old["round"].nunique()), int(old.groupby(["scheduler", "round"]).size().max())
+    write_report(args, planning, pd.concat(frames, ignore_index=True), pd.DataFrame(summary), pd.DataFrame(by_mode))
+
+
 def check_args(ap: argparse.ArgumentParser, args) -> None:
     """Bad settings fail here, naming the option, before a pair is built or a profile measured."""
     from agents.registry import SCHEDULERS
+
+    if args.from_csv is not None and (args.cpu_hog or not args.from_csv.is_file()):
+        ap.error(f"--from-csv must be an existing idle run's CSV (not with --cpu-hog), got {args.from_csv}")
+    if args.from_csv is not None and args.remeasure_profile:
+        ap.error("--from-csv re-simulates with the profile that run planned with: no --remeasure-profile")
 
     unknown = [s for s in args.schedulers.split(",") if s not in SCHEDULERS]
     if unknown:
@@ -301,15 +333,20 @@ def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.Da
     stem = ("sim_vs_real_cpu_hog" if args.cpu_hog else "sim_vs_real") + ("" if args.sharing == "work_conserving" else f"_sharing_{args.sharing}")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(df, args.out / f"{stem}.csv")  # a reader never sees half a table
+    if args.from_csv is None:  # the profile both sides planned with, beside the CSV: --from-csv can re-simulate it later
+        write_text_atomic(args.out / f"{stem}_profile.yaml", Path(planning.path).read_text())
     cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
     cmd += (f" --profile {args.profile}" if args.profile != AUTO else "") + ("" if args.auto_profile else " --no-auto-profile")
     cmd += (" --cpu-hog" if args.cpu_hog else "") + (" --pair PATH" if args.pair else "")
     cmd += ("" if args.sharing == "work_conserving" else f" --sharing {args.sharing}") + ("" if args.completion == "own" else f" --completion {args.completion}")
+    if args.from_csv is not None:
+        cmd += f" --from-csv {args.from_csv}"
     setting = ("one CPU-bound process (a busy loop) ran beside the server throughout; each scheduler ran with the server's online calibration on "
                "(the simulator plans and costs with the per-mode factors the server ended with: columns *factor*) and off (both plan with the bare profile). "
                if args.cpu_hog else "the server's online calibration pinned at 1 (it plans with the bare profile, as the simulator does). ")
     text = "\n".join([
         "# Simulated vs real" + (" with a CPU hog" if args.cpu_hog else ""), "",
+        *([f"Re-simulated from the real rows of `{args.from_csv}` (no server ran for this report).", ""] if args.from_csv is not None else []),
         f"{args.rounds} rounds x {args.users} requests per scheduler, deadlines x {args.time_scale}, outputs x {args.token_scale}, round window {args.window_s} s; "
         f"the project's pair on this CPU, server with {args.threads} torch thread(s){f' per device, devices {args.devices}' if args.devices else ''}; {setting}"
         f"Simulator outcome: completion `{args.completion}`, sharing `{args.sharing}`. "
@@ -320,7 +357,8 @@ def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.Da
         "By mode (requests that ran in that mode in both). Compute = latency - wait - planning (real), latency - window (simulated); "
         "prefill = time to the first token - wait - planning (real), the batch's first engine step on the whole device (simulated: AD its prefill, SD both prefills and one iteration; the executor runs a step whole); decode = compute - prefill:", "",
         modes.to_markdown(index=False, floatfmt=".3g"), "",
-        f"Reproduce: `{cmd}`", "",
+        f"Reproduce: `{cmd}`" + ("" if args.from_csv is not None else f" (the profile it planned with is saved as `{stem}_profile.yaml`; "
+                                  f"re-simulate this run with `--from-csv {stem}.csv --profile {stem}_profile.yaml`)"), "",
     ])
     write_text_atomic(args.out / f"{stem}.md", text)
     print(text)

@@ -157,3 +157,20 @@ def test_steps_sharing_conserves_work_but_not_the_order():
     assert steps.latency_s[2] > fluid.latency_s[2]  # SD's first user waits for AD's whole prefill
     with pytest.raises(ValueError, match="completion"):
         steps_outcome(cost, rnd, plan, completion="nosuch")
+
+
+def test_from_csv_resimulates_without_a_server(tmp_path):
+    """--from-csv re-simulates an earlier run's real rows (here: hand-made) with other simulator settings, writing beside the default report."""
+    real = pd.DataFrame({"round": [0, 0, 0, 1, 1], "user": [0, 1, 2, 0, 1], "prompt_tokens": [120, 40, 90, 60, 150], "max_tokens": [20, 60, 10, 30, 40],
+                         "deadline_s": [2.0, 3.0, 0.9, 4.0, 2.5], "status": 200, "mode": ["ad", "sd", "sd", "sd", "ad"], "outcome": "served", "reason": "",
+                         "ttft_s": 0.4, "latency_s": 0.8, "output_tokens": 20, "server_latency_s": 0.79, "wait_s": 0.3, "plan_s": 0.01, "alpha_planned": 0.9,
+                         "sim_served": True, "scheduler": "balance"})
+    csv = tmp_path / "old.csv"
+    real.to_csv(csv, index=False)
+    svr.main(["--from-csv", str(csv), "--profile", "cpu1_specsched-pair", "--sharing", "steps", "--schedulers", "balance", "--out", str(tmp_path)])
+    text = (tmp_path / "sim_vs_real_sharing_steps.md").read_text()
+    assert "Re-simulated from the real rows" in text and "sharing `steps`" in text and "--from-csv" in text
+    out = pd.read_csv(tmp_path / "sim_vs_real_sharing_steps.csv")
+    assert len(out) == 5 and out.sim_latency_s.notna().any() and not (tmp_path / "sim_vs_real.md").exists()
+    with pytest.raises(SystemExit):
+        svr.main(["--from-csv", str(csv), "--cpu-hog"])
