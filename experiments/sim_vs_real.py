@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
 def resimulate(args, planning: PlanningProfile) -> None:
     """``--from-csv``: the simulator side again, on the real rows of an earlier idle run (no server)."""
     old = pd.read_csv(args.from_csv)
+    if "calibration" in old and (old.calibration == "on").any():
+        raise SystemExit(f"--from-csv {args.from_csv} is a CPU-hog run with online calibration (its factors are not in the CSV): re-simulate idle runs only")
     real_cols = [c for c in old.columns if not c.startswith("sim_") and c not in ("scheduler", "calibration")]
     names = [n for n in args.schedulers.split(",") if (old.scheduler == n).any()]
     if not names:

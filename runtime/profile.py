@@ -65,7 +65,7 @@ QUICK_PREFILL = (32, 96, 160, 320)
 QUICK_PREFILL_B = (1, 4, 8)
 #: the quick profile's engine re-measurement: batch sizes, random batches per size, and the shapes
 #: of the serving workload (``experiments.sim_vs_real``'s rounds: prompts up to ~160 tokens, outputs up to ~80)
-QUICK_ENGINE_B, QUICK_ENGINE_TRIALS = (1, 4, 8), 2
+QUICK_ENGINE_B, QUICK_ENGINE_TRIALS = (1, 4, 8), 3  # the residual is a small difference of two noisy times: 9 batches
 QUICK_ENGINE_PROMPTS, QUICK_ENGINE_OUTPUTS = (8, 160), (8, 80)
 
 
@@ -323,7 +323,7 @@ def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK
 
 def quick_engine(pair: ModelPair, calibrated: dict, repeats: int = 1, progress: bool = True) -> dict:
     """The quick profile's ``engine`` section: :func:`measure_engine` against the *calibrated*
-    profile dict, at the serving workload's shapes (``QUICK_ENGINE_*``; ~15 s on the project's pair).
+    profile dict, at the serving workload's shapes (``QUICK_ENGINE_*``: 9 random batches, each through AD and SD at two draft depths).
 
     A shipped profile's engine section is its residual against its own uncalibrated table on the
     machine it was measured on; once the table is calibrated here, that residual no longer adds up
