@@ -43,7 +43,7 @@ from envs.config import EnvConfig
 from envs.cost_model import CostModel, sd_iterations1
 from envs.plan import AD, SD
 from envs.workload import Round
-from runtime.admission import AnswerMargin
+from runtime.admission import AnswerMargin, price_alone
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.engines import ad_steps, drain, sd_steps
 from runtime.executor import (
@@ -184,26 +184,8 @@ class RoundServer:
 
     # ----------------------------------------------------------------------------- admission
     def price(self, reqs: list[LiveRequest]) -> None:
-        """Set the profile's time of each request alone on the device, (AD, SD), where not set yet:
-        one vectorised call for all of them (the queue is swept often and a burst is long; a measured
-        profile's point-by-point times cost ~0.1 ms per request, 640 of them ~1 ms in one call)."""
-        todo = [r for r in reqs if r.alone_s is None]
-        if not todo:
-            return
-        g = self.cfg.draft_depth
-        if len(todo) <= 2:  # numpy's fixed cost per call is larger than two points' scalar prices
-            for r in todo:
-                k, n1 = len(r.prompt_ids), r.max_tokens
-                r.alone_s = (self.base_cost.ad_time1(1, k, n1), self.base_cost.sd_time1(1, k, n1, sd_iterations1(n1, self.alpha, g), g))
-            return
-        s = np.array([len(r.prompt_ids) for r in todo], dtype=np.int64)
-        n = np.array([r.max_tokens for r in todo], dtype=np.int64)
-        j = np.array([sd_iterations1(int(k), self.alpha, g) for k in n], dtype=np.int64)
-        ones = np.ones(len(todo), dtype=np.int64)
-        ad = np.broadcast_to(self.base_cost.ad_time(ones, s, n), s.shape).tolist()
-        sd = np.broadcast_to(self.base_cost.sd_time(ones, s, n, j, g), s.shape).tolist()
-        for r, a, b in zip(todo, ad, sd, strict=True):
-            r.alone_s = (float(a), float(b))
+        """Each request's profile time alone on the device, where not set yet (:func:`runtime.admission.price_alone`)."""
+        price_alone(self.base_cost, reqs, self.alpha, self.cfg.draft_depth)
 
     def min_service_s(self, req: LiveRequest) -> float:
         """The fastest ``req`` could be served: alone on the device, in its faster mode (calibrated)."""

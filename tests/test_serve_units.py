@@ -393,18 +393,15 @@ def test_calibration_plans_with_a_spread_until_it_has_a_few_samples():
 
 def test_queue_prices_a_burst_in_one_call_as_it_prices_one_request():
     """The vectorised pricing of many queued requests gives the scalar prices, bit for bit."""
-    from types import SimpleNamespace
-
     from envs.cost_model import CostModel, sd_iterations1
     from envs.profile import load_profile
+    from runtime.admission import price_alone
     from runtime.live_request import LiveRequest
-    from runtime.rounds import RoundServer
 
     cost = CostModel(load_profile("cpu1_specsched-pair"))
-    queue = SimpleNamespace(cfg=SimpleNamespace(draft_depth=4), base_cost=cost, alpha=0.8)
     reqs = [LiveRequest(id=str(i), prompt_ids=[1] * (5 + 37 * i), max_tokens=1 + 11 * i, deadline_s=1.0, text=TextStream(TOK.decode)) for i in range(12)]
-    RoundServer.price(queue, reqs[:2])  # the scalar path
-    RoundServer.price(queue, reqs)  # the rest in one call; the first two keep their prices
+    price_alone(cost, reqs[:2], 0.8, 4)  # the scalar path
+    price_alone(cost, reqs, 0.8, 4)  # the rest in one call; the first two keep their prices
     for r in reqs:
         s, n = len(r.prompt_ids), r.max_tokens
         assert r.alone_s == (cost.ad_time1(1, s, n), cost.sd_time1(1, s, n, sd_iterations1(n, 0.8, 4), 4))
