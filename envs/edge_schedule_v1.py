@@ -244,6 +244,7 @@ class EdgeScheduleV1Env(gym.Env):
         self._depth = np.zeros(k, dtype=np.int64)
         self._done = False
         self._masks = self._plan.prepare(*self._users[0])
+        self._batch_rows = self._batch_row(0) + self._batch_row(1) + self._batch_row(2)
         return self._encode(), {}
 
     def action_masks(self) -> np.ndarray:
@@ -263,8 +264,11 @@ class EdgeScheduleV1Env(gym.Env):
         t = self._t
         mode = REJECT if not valid or a == 0 else (AD if a == 1 else (SD if a <= 1 + g else ED))
         self._modes[t] = mode
-        if mode == ED:
-            self._depth[t] = a - 1 - g
+        if mode != REJECT:  # only the admitting mode's batch features changed
+            m = mode - 1  # AD, SD, ED -> rows 0, 1, 2
+            self._batch_rows[6 * m : 6 * m + 6] = self._batch_row(m)
+            if mode == ED:
+                self._depth[t] = a - 1 - g
         reward = 1.0 if (mode != REJECT and self._admission_reward) else 0.0
         info: dict[str, Any] = {"invalid_action": not valid}
         self._t = t + 1
@@ -280,21 +284,20 @@ class EdgeScheduleV1Env(gym.Env):
             self._masks = self._plan.prepare(*self._users[self._t])
         return self._encode(), reward, terminated, False, info
 
+    def _batch_row(self, m: int) -> list[float]:
+        """Mode ``m``'s six batch features, clipped to [0, 1] (they change only when ``m`` admits a user)."""
+        p, k = self._plan, self._k
+        i_hi, o_hi, t_hi = self._scales
+        sl = p.slack_min[m]
+        row = (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, (sl if sl != math.inf else t_hi) / t_hi)
+        return [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in row]
+
     def _encode(self) -> np.ndarray:
         p, t, k = self._plan, self._t, self._k
         obs = self._rows[t].copy()  # current user and look-ahead (observation_rows); head and mask below
-        live = t < k
-        i_hi, o_hi, t_hi = self._scales
-        budget = self._budget
-        b, s_max, n_max, share, mem, slack_min = p.b, p.s_max, p.n_max, p.share, p.mem, p.slack_min
-        # the same values, operations and order as one row per mode (m = 0, 1, 2), then SD depth, AD share, progress
-        sl0, sl1, sl2 = slack_min
-        head = (b[0] / k, s_max[0] / i_hi, n_max[0] / o_hi, share[0], mem[0] / budget, (sl0 if sl0 != math.inf else t_hi) / t_hi,
-                b[1] / k, s_max[1] / i_hi, n_max[1] / o_hi, share[1], mem[1] / budget, (sl1 if sl1 != math.inf else t_hi) / t_hi,
-                b[2] / k, s_max[2] / i_hi, n_max[2] / o_hi, share[2], mem[2] / budget, (sl2 if sl2 != math.inf else t_hi) / t_hi,
-                p.gamma / self._g, p.candidate_ad_share() if live else 1.0, t / k)
-        # head (clipped to [0, 1]) and the mask in one assignment: numpy calls dominate at this size
-        obs[USER_FEATURES : HEAD + self._n] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head] + self._masks
+        # the head: the three cached batch rows (_batch_row), then SD depth, AD share, progress -- clipped to [0, 1]
+        tail = (p.gamma / self._g, p.candidate_ad_share() if t < k else 1.0, t / k)
+        obs[USER_FEATURES : HEAD + self._n] = self._batch_rows + [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in tail] + self._masks
         return obs
 
     def render(self):

@@ -147,7 +147,7 @@ class SplitScalarPlan:
             if passes is None:
                 passes = self._ed_memo[(b_e, s_e, n_e)] = {}
             prefill_pass = None  # priced (or found) once, on the first depth that needs it
-            for g, j_e, x_e, ok in zip(self._depths, j_row, x_row, allowed):
+            for g, j_e, x_e, ok in zip(self._depths, j_row, x_row, allowed, strict=True):
                 if not ok:
                     continue
                 if j_b > j_e:
