@@ -8,7 +8,8 @@ observation holds *every* remaining user, and nothing in this network depends on
 a user sits in:
 
 * the head, with the current user's rank within the set on each user feature (the share of the
-  users to come below it: O(n) comparisons, no learning), goes through an MLP: the **context** ``c``;
+  users to come below it: O(n) comparisons, no learning) and the round size K (from the progress
+  and the number of users to come), goes through an MLP: the **context** ``c``;
 * each present user goes through a shared MLP that does **not** see the context (DeepSets' phi):
   a user's embedding is the same at every decision of a round, so it is computed once per round
   (:mod:`agents.set_policy_fast` caches it; the users to come are always a suffix of the round);
@@ -42,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
@@ -51,7 +53,15 @@ from envs.edge_schedule import BATCH_FEATURES, USER_FEATURES
 PRESENCE = USER_FEATURES - 1  #: index of the presence flag among a user's features
 POOLS = ("attention", "mean_max")
 RANKED = USER_FEATURES - 1  #: user features the current user is ranked on within the set (all but presence)
-SIZE_SCALE = math.log1p(1000.0)  #: the set-size feature is log(1 + n) / SIZE_SCALE (independent of max_users)
+SIZE_SCALE = math.log1p(1000.0)
+PROGRESS = USER_FEATURES + 2 * BATCH_FEATURES + 2  #: index of the progress t / K in the observation  #: the set-size feature is log(1 + n) / SIZE_SCALE (independent of max_users)
+
+
+def round_size_feature(progress, remaining):
+    """``log(1 + K) / SIZE_SCALE`` of the round size ``K = (n + 1) / (1 - t / K)`` recovered from the
+    progress ``t / K`` and the ``n`` users to come (the observation has no K; torch or numpy)."""
+    k = (remaining + 1.0) / (1.0 - progress).clip(min=1e-3) if hasattr(progress, "clip") else (remaining + 1.0) / max(1.0 - progress, 1e-3)
+    return (k + 1.0).log() / SIZE_SCALE if hasattr(k, "log") else np.log1p(k) / SIZE_SCALE
 
 
 def head_size(max_gamma: int) -> int:
@@ -116,7 +126,8 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
         self.k_max = (obs_dim - head) // USER_FEATURES
         self.pool = pool
         self.heads = heads
-        self.context = nn.Sequential(nn.Linear(head + RANKED, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
+        self.head_dim = embed_dim // heads  # a Python int, so tracing for ONNX keeps the scale a constant
+        self.context = nn.Sequential(nn.Linear(head + RANKED + 1, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
         self.user = nn.Sequential(nn.Linear(USER_FEATURES, embed_dim), nn.ReLU(), nn.Linear(embed_dim, embed_dim), nn.ReLU())
         if pool == "attention":
             self.query = nn.Linear(embed_dim, embed_dim)
@@ -131,8 +142,9 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
         head and the current user's rank in the set (share of the users to come below it, per feature)."""
         cur = head[:, :RANKED].unsqueeze(1)
         weight = present.to(head.dtype).unsqueeze(-1)
-        rank = ((users[:, :, :RANKED] < cur).to(head.dtype) * weight).sum(dim=1) / weight.sum(dim=1).clamp(min=1.0)
-        return self.context(torch.cat([head, rank], dim=1))
+        count = weight.sum(dim=1)
+        rank = ((users[:, :, :RANKED] < cur).to(head.dtype) * weight).sum(dim=1) / count.clamp(min=1.0)
+        return self.context(torch.cat([head, rank, round_size_feature(head[:, PROGRESS : PROGRESS + 1], count)], dim=1))
 
     def pool_set(self, ctx: torch.Tensor, emb: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         """Features from contexts ``(B, d)``, user embeddings ``(B, N, d)`` and presence ``(B, N)``."""
@@ -143,8 +155,8 @@ class SetFeaturesExtractor(BaseFeaturesExtractor):
         if self.pool == "mean_max":
             # embeddings are >= 0 (ReLU), so masking to 0 keeps the max over the present users (0 for none)
             return torch.cat([ctx, mean, (emb * weight).amax(dim=1), size], dim=1)
-        b, d, h = ctx.shape[0], ctx.shape[1], self.heads
-        dh = d // h
+        b, h, dh = ctx.shape[0], self.heads, self.head_dim
+        d = h * dh
         q = self.query(ctx).reshape(b, h, dh)
         k = self.key(emb).reshape(emb.shape[0], emb.shape[1], h, dh)
         v = self.value(emb).reshape(emb.shape[0], emb.shape[1], h, dh)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 from torch import nn
 
-from agents.set_policy import PRESENCE, RANKED, SIZE_SCALE, SetFeaturesExtractor
+from agents.set_policy import PRESENCE, PROGRESS, RANKED, SIZE_SCALE, SetFeaturesExtractor, round_size_feature
 from envs.edge_schedule import USER_FEATURES
 
 Layer = Callable[[np.ndarray], np.ndarray]
@@ -111,7 +111,8 @@ class CachedSetActor:
         self._n_prev = n
         start = self._rows - n  # the users to come are the last n cached rows
         rank = (self._raw[start:] < obs[:RANKED]).sum(axis=0, dtype=np.float32) / max(n, 1)
-        ctx = _run(self.context, np.concatenate([obs[: self.head], rank]))
+        size_k = np.float32(round_size_feature(float(obs[PROGRESS]), float(n)))
+        ctx = _run(self.context, np.concatenate([obs[: self.head], rank, [size_k]]))
         mean = self._suffix_sum[start] / max(n, 1)
         size = np.float32(math.log1p(n) / SIZE_SCALE)
         if self.pool == "mean_max":

@@ -207,17 +207,30 @@ def test_cached_actor_takes_the_same_actions_as_the_uncached_forward(tmp_path, p
 
 def test_imitation_replays_balance_and_clones_it(tmp_path):
     """Expert data: BALANCE's plan replayed through the env serves what BALANCE serves; a tiny clone runs."""
-    from agents.imitation import ImitationConfig, collect, replay_round, train_bc
+    from agents.imitation import (
+        ImitationConfig,
+        collect,
+        decisions,
+        expert_modes,
+        replay_round,
+        train_bc,
+    )
     from agents.policy import PolicyScheduler
 
     cfg = ImitationConfig(max_users=24, embed_dim=8, heads=2, net_arch=[16], epochs=2, val_ks=[6, 12], val_rounds=2, noise=0.0)
     env = gym.make(envs.ENV_ID, **cfg.env(12).to_dict()).unwrapped
     rnd = sample_round(np.random.default_rng(5), cfg.env(12))
-    d = replay_round(env, env.cost, rnd, cfg.expert_gamma, 0.0, np.random.default_rng(0))
+    modes, balance_served = expert_modes(env, env.cost, rnd, cfg.expert_gamma)
+    assert (modes != 0).sum() >= balance_served  # the expert is at least BALANCE
+    d = replay_round(env, rnd, modes, cfg.expert_gamma, 0.0, np.random.default_rng(0))
     assert d["masks"][np.arange(12), d["labels"]].all()
-    assert (d["labels"] > 0).sum() == d["balance_served"]
+    assert (d["labels"] > 0).sum() == (modes != 0).sum()  # a feasible plan replays in full
     assert set(np.unique(d["labels"])) <= {0, 1, 1 + cfg.expert_gamma}
+    noisy = replay_round(env, rnd, modes, cfg.expert_gamma, 1.0, np.random.default_rng(0))  # every action flipped
+    assert noisy["masks"][np.arange(12), noisy["labels"]].all() and not np.array_equal(noisy["heads"], d["heads"])
     collect(cfg, [6, 12], [6, 3], tmp_path / "data")
+    data = decisions(cfg, tmp_path / "data", noise_seed=0)
+    assert [x["k"] for x in data] == [6, 12] and data[1]["labels"].shape == (3, 12) and data[1]["users"].shape == (3, 12, 8)
     res = train_bc(cfg, tmp_path / "data", tmp_path / "pol", seed=0)
     assert len(res["epochs"]) == 2 and 0 <= res["best_val_served_frac"] <= 1
     for name in ("model.zip", "policy.json", "policy.onnx", "progress.csv"):
