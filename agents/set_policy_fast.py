@@ -25,7 +25,14 @@ from collections.abc import Callable
 import numpy as np
 from torch import nn
 
-from agents.set_policy import PRESENCE, PROGRESS, RANKED, SIZE_SCALE, SetFeaturesExtractor, round_size_feature
+from agents.set_policy import (
+    PRESENCE,
+    PROGRESS,
+    RANKED,
+    SIZE_SCALE,
+    SetFeaturesExtractor,
+    round_size_feature,
+)
 from envs.edge_schedule import USER_FEATURES
 
 Layer = Callable[[np.ndarray], np.ndarray]
