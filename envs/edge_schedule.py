@@ -126,18 +126,20 @@ def observation_size(cfg: EnvConfig) -> int:
 
 def user_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
     """(K, 8) normalised features of the round's users in presentation order."""
-    r = rnd.subset(order)
-    e_max = expected_tokens_per_iteration(r.alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
+    # only the arrays the features read, gathered in presentation order (a reset's hot path:
+    # Round.subset would gather all of the round's arrays); element-wise, so the same values
+    alpha = rnd.alpha[order]
+    e_max = expected_tokens_per_iteration(alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
     f = np.stack(
         [
-            r.input_tokens / cfg.input_tokens[1],
-            r.output_tokens / cfg.output_tokens[1],
-            r.deadline_s / cfg.deadline_s[1],
-            r.alpha,
-            r.slack_s / cfg.deadline_s[1],
-            r.uplink_s / UPLINK_SCALE_S,
+            rnd.input_tokens[order] / cfg.input_tokens[1],
+            rnd.output_tokens[order] / cfg.output_tokens[1],
+            rnd.deadline_s[order] / cfg.deadline_s[1],
+            alpha,
+            rnd.slack_s[order] / cfg.deadline_s[1],
+            rnd.uplink_s[order] / UPLINK_SCALE_S,
             e_max,
-            np.ones(r.num_users),
+            np.ones(len(alpha)),
         ],
         axis=1,
     )
