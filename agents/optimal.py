@@ -23,6 +23,7 @@ import numpy as np
 
 from agents.balance import grid, split_search
 from agents.cost_envelope import CostEnvelope
+from agents.dominance import dominance, forced
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.plan_repair import repair
 from agents.round_milp import RoundMILP
@@ -84,7 +85,7 @@ def _grown(env: CostEnvelope, cost: CostModel, builder: PlanBuilder, i: int, fit
     return share, mem
 
 
-def _node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, ctx: tuple, level: int, batch: int = 50_000):
+def _node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, ctx: tuple, level: int, batch: int = 50_000, must: np.ndarray | None = None):
     """Refresh which remaining users still fit each partial plan, and bound its best completion.
 
     Valid because feasible sets are downward closed and costs are bounded below by
@@ -92,8 +93,10 @@ def _node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, c
     extensions, so ``alive`` (inherited from the parent) only loses entries; and a completion
     adding ``a`` AD and ``s`` SD users (``a <= #fit AD``, ``s <= #fit SD``, ``a + s <= #alive``)
     needs the lower bounds of :func:`_grown` on both shares to sum to at most 1 and on both KV
-    needs to fit the memory. The largest such ``a + s`` bounds every completion. Returns
-    ``(alive, bound)``.
+    needs to fit the memory. The largest such ``a + s`` bounds every completion. ``must``
+    ((N, K - level) bool, optional) marks remaining users the search has to serve
+    (:mod:`agents.dominance`); a partial plan where one of them no longer fits gets bound -1.
+    Returns ``(alive, bound)``.
     """
     env, rnd, order, gamma = ctx
     user_arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
@@ -107,10 +110,11 @@ def _node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, c
         masks = builder.take(r).prepare(*(x[order[c]] for x in user_arrays))
         fit[0, r, c], fit[1, r, c] = masks[:, 1], masks[:, 1 + gamma]
         alive[r, c] = masks[:, 1] | masks[:, 1 + gamma]
+    dead = np.zeros(n, dtype=bool) if must is None else (must & ~alive[:, level:]).any(axis=1)
     n_alive = alive[:, level:].sum(axis=1)
     upto = int(n_alive.max(initial=0))
     if upto == 0:
-        return alive, admitted.copy()
+        return alive, np.where(dead, -1, admitted)
     cost = builder.cost
     users = order[level:]
     rem = {"input": rnd.input_tokens[users], "output": rnd.output_tokens[users], "iterations": env.user_values["iterations"][users], "slack": rnd.slack_s[users], "uplink": rnd.uplink_s[users]}
@@ -131,10 +135,10 @@ def _node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, c
         last = np.where(fits.any(axis=1), upto - np.argmax(fits[:, ::-1], axis=1), -1)
         s_max = np.minimum(np.minimum(last, fit_sd), n_alive - a)
         best = np.where(ok_a & (s_max >= 0), np.maximum(best, a + s_max), best)
-    return alive, admitted + np.minimum(best, n_alive)
+    return alive, np.where(dead, -1, admitted + np.minimum(best, n_alive))
 
 
-def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 20_000, envelope: CostEnvelope | None = None):
+def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 20_000, envelope: CostEnvelope | None = None, symmetry: bool = True):
     """Best plan with draft depth ``gamma`` serving more than ``incumbent`` users.
 
     Depth-first over users, breadth-first (vectorised) within chunks of at most ``chunk`` partial
@@ -143,7 +147,10 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 
     and the compute left) cannot beat the incumbent. Returns ``(modes or None, complete,
     upper_bound)``: ``modes`` is None if no plan beats the incumbent; ``complete`` is False if
     the time limit stopped the search, in which case ``upper_bound`` is still valid (no
-    unexplored node could exceed it: each keeps its parent's bound).
+    unexplored node could exceed it: each keeps its parent's bound). With ``symmetry`` (and
+    monotone costs) a user may not be rejected while a user dominating it is served in the matching
+    mode (:mod:`agents.dominance`: some largest plan always obeys this), which spares whole
+    subtrees; the plan returned is then one of the largest, not necessarily the first in order.
     """
     k = rnd.num_users
     start = time.perf_counter()
@@ -152,6 +159,8 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 
     sd_action = 1 + gamma
     user_arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
     ctx = (envelope or CostEnvelope(cost, rnd, gamma), rnd, order, gamma)
+    dom = dominance(ctx[0], rnd, order) if symmetry else None
+    use_dom = dom is not None and bool(dom[AD].any() or dom[SD].any())
     stack = [(0, PlanBuilder(cost, 1, gamma), np.zeros((1, 0), dtype=np.int8), np.zeros(1, dtype=np.int64), np.ones((1, k), dtype=bool), np.full(1, k))]
     best, best_modes = incumbent, None
     while stack:
@@ -165,7 +174,8 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 
         if level < k:
             rows = np.flatnonzero(keep)
             builder, paths, admitted = builder.take(rows), paths[rows], admitted[rows]
-            alive, ub = _node_bound(builder, alive[rows], admitted, ctx, level)
+            must = forced(paths, dom, level) if use_dom else None
+            alive, ub = _node_bound(builder, alive[rows], admitted, ctx, level, must=must)
             keep = ub > best
             if not keep.any():
                 continue
@@ -181,6 +191,8 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 
         user = order[level]
         masks = b.prepare(*(np.repeat(x[user : user + 1], len(child_rows)) for x in user_arrays))
         ok = masks[np.arange(len(child_rows)), actions]
+        if use_dom:  # a user a served dominator forces in may not be rejected
+            ok &= (actions != 0) | ~np.repeat(forced(paths[rows], dom, level)[:, 0], 3)
         b.apply(np.where(ok, actions, 0))
         sel = np.flatnonzero(ok)
         mode = np.where(actions == 0, 0, np.where(actions == 1, AD, SD)).astype(np.int8)
