@@ -33,6 +33,7 @@ import pandas as pd
 
 from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.evaluate import evaluate_schedulers, summarize
+from agents.imitation import ImitationConfig
 from agents.paired_stats import t_interval
 from agents.policy import PolicyScheduler, resolve_policy_path
 from agents.registry import make_scheduler
@@ -80,11 +81,22 @@ def env_for(policy: Path, k: int, setting: str) -> EnvConfig:
     return EnvConfig.from_kwargs(**{**meta["env"], "num_users": k, **SETTINGS[setting]})
 
 
-def evaluate_k(runs: list[tuple[int, Path]], k: int, rounds: int, setting: str) -> pd.DataFrame:
+def balance_rows(cfg: EnvConfig, rnds: list, setting: str, cache: Path | None) -> pd.DataFrame:
+    """BALANCE's per-round rows on ``rnds``, from ``cache`` when an earlier run left them (BALANCE is the slow part)."""
+    path = cache / f"balance_{setting}_k{cfg.num_users}_n{len(rnds)}.csv" if cache else None
+    if path is not None and path.is_file():
+        return pd.read_csv(path)
+    df = evaluate_schedulers(cfg, ["balance"], rounds=rnds, seed=SEED)
+    if path is not None:
+        write_csv_atomic(df, path)
+    return df
+
+
+def evaluate_k(runs: list[tuple[int, Path]], k: int, rounds: int, setting: str, cache: Path | None = None) -> pd.DataFrame:
     """BALANCE and every seed's policy on the same ``rounds`` test rounds of size ``k``: per-round rows."""
     cfg = env_for(runs[0][1], k, setting)
     rnds = make_rounds(cfg, rounds, SEED, split="test")
-    parts = [evaluate_schedulers(cfg, ["balance"], rounds=rnds, seed=SEED)]
+    parts = [balance_rows(cfg, rnds, setting, cache)]
     for s, d in runs:
         parts.append(evaluate_schedulers(cfg, ["policy"], rounds=rnds, seed=SEED, policy_path=str(d)).assign(scheduler=f"policy s{s}"))
     return pd.concat(parts, ignore_index=True).assign(setting=setting)
@@ -175,18 +187,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--balance-timing-rounds", default="200:5,500:1", help="K:rounds of BALANCE in the timing (0 = skip)")
     p.add_argument("--policies", type=Path, default=ROOT / "policies" / "general")
     p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--cache", type=Path, default=None, help="folder for BALANCE's per-round rows (reused when present)")
+    p.add_argument("--balance-only", action="store_true", help="only fill --cache with BALANCE's rows (needs one trained seed for the env config)")
     args = p.parse_args(argv)
     limit_threads(1)
-    runs = seed_runs(args.runs)
-    shipped = ship_best(runs, args.policies)
-    print(f"[general] seeds {[s for s, _ in runs]}; shipped seed {shipped} -> {args.policies}", flush=True)
-    per_seed, seeds = [], []
+    runs = seed_runs(args.runs) if not args.balance_only else []
     plan = [("paper", int(k), int(n)) for k, n in zip(args.ks.split(","), args.rounds.split(","), strict=True)]
     if args.noisy_ks:
         plan += [("noisy", int(k), int(n)) for k, n in zip(args.noisy_ks.split(","), args.noisy_rounds.split(","), strict=True)]
+    if args.balance_only:
+        for setting, k, n in plan:
+            cfg = EnvConfig.from_kwargs(**{**ImitationConfig().env(k).to_dict(), **SETTINGS[setting]})  # the policies' env (policy.json)
+            balance_rows(cfg, make_rounds(cfg, n, SEED, split="test"), setting, args.cache)
+            print(f"[general] BALANCE {setting} K={k}: {n} rounds cached", flush=True)
+        return
+    shipped = ship_best(runs, args.policies)
+    print(f"[general] seeds {[s for s, _ in runs]}; shipped seed {shipped} -> {args.policies}", flush=True)
+    per_seed, seeds = [], []
     for setting, k, n in plan:
         start = time.perf_counter()
-        summary = summarize(evaluate_k(runs, k, n, setting)).assign(setting=setting, K=k)
+        summary = summarize(evaluate_k(runs, k, n, setting, args.cache)).assign(setting=setting, K=k)
         per_seed.append(summary)
         seeds.append({"setting": setting, "K": k, "rounds": n, **across_seeds(summary)})
         print(f"[general] {setting} K={k}: {seeds[-1]} ({time.perf_counter() - start:.0f} s)", flush=True)
