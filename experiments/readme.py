@@ -90,6 +90,7 @@ SECTIONS = {
     "calibration": lambda: (RESULTS / "calibration.md").read_text().split("Headline", 1)[1].split("\n")[0].join(["Headline", ""]),
     "env_speed": lambda: _table(RESULTS / "env_speed.md"),
     "learned": lambda: (RESULTS / "learned.md").read_text().strip(),
+    "general": lambda: _body(RESULTS / "general.md"),
     "main_job": lambda: (RESULTS / "main_job.md").read_text().strip(),
     "sd_vs_ad": lambda: _table(RESULTS / "sd_vs_ad.md"),
     "balance_speed": lambda: _table(RESULTS / "balance_speed.md"),
