@@ -14,6 +14,7 @@ checks (:func:`check_request`) run when a message arrives, before it is queued.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -76,9 +77,14 @@ def check_request(req: VerifyRequest, vocab_size: int, max_depth: int, max_posit
 class BatchVerifier:
     """Holds every client's target state; verifies a batch of requests in one forward."""
 
-    def __init__(self, target, max_depth: int = 16, bucket: int | None = None):
+    def __init__(self, target, max_depth: int = 16, bucket: int | None = None, cudnn_attention: bool = False):
         self.target = target
         self.device = next(target.parameters()).device
+        #: on CUDA, attention may use cuDNN's kernel only when this is set. Why: on an H200 (torch
+        #: 2.11) a verify at a first-seen shape took ~45 ms against 6-8 ms at a seen one
+        #: (results/gpu_check/verify_timing.md) -- suspected to be cuDNN building an attention plan
+        #: per shape; flash / memory-efficient / math kernels need no per-shape plan
+        self.cudnn_attention = cudnn_attention
         #: padded past and query widths are rounded up to multiples of this (default: 64 on CUDA, 1 elsewhere)
         self.bucket = bucket if bucket is not None else (64 if self.device.type == "cuda" else 1)
         if self.bucket < 1:
@@ -88,6 +94,14 @@ class BatchVerifier:
         self.max_depth = max_depth
         self.sessions: dict[str, Session] = {}
         self.forward_seconds = 0.0  #: time in target forwards (the server's busy time)
+
+    def _attention_kernels(self):
+        """The scaled-dot-product-attention kernels the forward may use (all of them off CUDA)."""
+        if self.device.type != "cuda" or self.cudnn_attention:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def check(self, req: VerifyRequest) -> None:
         check_request(req, self.vocab_size, self.max_depth, self.max_positions)
@@ -135,8 +149,9 @@ class BatchVerifier:
             ids[b, : len(q)] = torch.tensor(q, dtype=torch.long)
             mask[b, width - n :] = 1  # padded query tokens come after the real ones, which causally never see them
         positions = torch.tensor(past_len)[:, None] + torch.arange(n_q)[None, :]  # (B, N) per-row positions
-        logits = self.target(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
-                             past_key_values=cache, use_cache=True).logits  # (B, N, V)
+        with self._attention_kernels():
+            logits = self.target(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
+                                 past_key_values=cache, use_cache=True).logits  # (B, N, V)
         keep = []
         # greedy rows: one argmax and one device-to-host copy for the whole batch (a copy per row
         # is a synchronisation per row on CUDA)

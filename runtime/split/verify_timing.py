@@ -3,7 +3,7 @@ produces, to tell what a verification batch costs on a device and whether new sh
 
     python -m runtime.split.verify_timing --pair PATH --device cuda --dtype float16 --out DIR
 
-For each batch size ``B`` and shape bucket (``1``: every past length is its own shape; ``64``:
+For each setting of cuDNN attention (``--cudnn-attention``), batch size ``B`` and shape bucket (``1``: every past length is its own shape; ``64``:
 past widths rounded up to multiples of 64, as the verifier does on CUDA) it runs three schedules
 of ``verify`` calls, each row carrying ``depth`` drafts over a past of synthetic KV:
 
@@ -68,25 +68,30 @@ def time_calls(verifier: BatchVerifier, batch: int, pasts: list[int], depth: int
     return times
 
 
-def run(target, batches: list[int], buckets: list[int], depth: int, start: int, stop: int, step: int, repeats: int) -> pd.DataFrame:
+def run(target, batches: list[int], buckets: list[int], depth: int, start: int, stop: int, step: int, repeats: int,
+        cudnn: tuple[bool, ...] = (False,)) -> pd.DataFrame:
+    """Every (cuDNN attention on/off, bucket, batch) in turn; with cuDNN on, the growing schedule
+    starts ``step / 2`` later, so its shapes are new to it too (no plan left from the other setting)."""
     rows = []
-    growing = list(range(start, stop, step))
-    for bucket in buckets:
-        for batch in batches:
-            verifier = BatchVerifier(target, max_depth=max(depth, 1), bucket=bucket)
-            time_calls(verifier, batch, [start] * 3, depth)  # warm-up at the first shape
-            schedules = {"repeat": [start] * repeats, "growing": growing, "revisit": growing}
-            for name in SCHEDULES:
-                for past, ms in zip(schedules[name], time_calls(verifier, batch, schedules[name], depth), strict=True):
-                    rows.append({"schedule": name, "bucket": bucket, "batch": batch, "past": past, "ms": ms})
+    for use_cudnn in cudnn:
+        first = start + (step // 2 if use_cudnn and len(cudnn) > 1 else 0)
+        growing = list(range(first, stop, step))
+        for bucket in buckets:
+            for batch in batches:
+                verifier = BatchVerifier(target, max_depth=max(depth, 1), bucket=bucket, cudnn_attention=use_cudnn)
+                time_calls(verifier, batch, [first] * 3, depth)  # warm-up at the first shape
+                schedules = {"repeat": [first] * repeats, "growing": growing, "revisit": growing}
+                for name in SCHEDULES:
+                    for past, ms in zip(schedules[name], time_calls(verifier, batch, schedules[name], depth), strict=True):
+                        rows.append({"cudnn_attention": use_cudnn, "schedule": name, "bucket": bucket, "batch": batch, "past": past, "ms": ms})
     return pd.DataFrame(rows)
 
 
 def summarise(df: pd.DataFrame) -> list[dict]:
     out = []
-    for (bucket, batch, schedule), g in df.groupby(["bucket", "batch", "schedule"], sort=True):
+    for (cudnn, bucket, batch, schedule), g in df.groupby(["cudnn_attention", "bucket", "batch", "schedule"], sort=True):
         ms = g.ms.tolist()
-        out.append({"bucket": int(bucket), "batch": int(batch), "schedule": schedule, "calls": len(ms), "median_ms": statistics.median(ms),
+        out.append({"cudnn_attention": bool(cudnn), "bucket": int(bucket), "batch": int(batch), "schedule": schedule, "calls": len(ms), "median_ms": statistics.median(ms),
                     "mean_ms": statistics.fmean(ms), "max_ms": max(ms)})
     return out
 
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stop", type=int, default=560, help="growing schedule stops below this past length")
     ap.add_argument("--step", type=int, default=8, help="past growth per call, tokens (>= 1)")
     ap.add_argument("--repeats", type=int, default=30, help="calls of the repeat schedule (>= 1)")
+    ap.add_argument("--cudnn-attention", default="off", help="comma list of on/off: let attention use cuDNN's kernel (CUDA only)")
     ap.add_argument("--out", type=Path, required=True, help="folder for verify_timing.csv and verify_timing.json")
     args = ap.parse_args(argv)
     try:
@@ -108,13 +114,16 @@ def main(argv: list[str] | None = None) -> None:
         buckets = [int(x) for x in args.buckets.split(",") if x]
     except ValueError:
         raise SystemExit(f"--batches and --buckets take comma lists of integers, got {args.batches!r} and {args.buckets!r}") from None
+    cudnn = tuple(x == "on" for x in args.cudnn_attention.split(",") if x)
+    if not cudnn or not set(args.cudnn_attention.split(",")) <= {"on", "off"}:
+        raise SystemExit(f"--cudnn-attention takes a comma list of on/off, got {args.cudnn_attention!r}")
     if not batches or min(batches) < 1 or not buckets or min(buckets) < 1:
         raise SystemExit("--batches and --buckets need integers >= 1")
     if args.depth < 0 or args.start < 1 or args.step < 1 or args.stop <= args.start or args.repeats < 1:
         raise SystemExit("--depth must be >= 0, --start and --step >= 1, --stop > --start and --repeats >= 1")
     pair = load_pair_from_args(args)
     t0 = time.perf_counter()
-    df = run(pair.target, batches, buckets, args.depth, args.start, args.stop, args.step, args.repeats)
+    df = run(pair.target, batches, buckets, args.depth, args.start, args.stop, args.step, args.repeats, cudnn)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(df, args.out / "verify_timing.csv", index=False)
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device
