@@ -1,6 +1,7 @@
 """Hyperparameter search for MaskablePPO with Optuna, on the validation stream (issue 15 §2).
 
     python -m agents.tune                                  # conf/tune/search.yaml: 20 trials of 40k timesteps at K = 20
+    python -m agents.tune trials=40 fresh=false            # continued to 40 trials: the shipped study (results/tune)
     python -m agents.tune trials=2 setting.total_timesteps=2048 experiment_name=null output=/tmp/t work_dir=/tmp/t/runs
 
 Every trial trains with the project's training function (:func:`agents.train.train`, the same
@@ -51,9 +52,9 @@ last_step, every parameter, the reported intermediate values), ``importances.csv
 with ``python -m agents.train experiment=EXPERIMENT_NAME``.
 
 Why not ``hydra-optuna-sweeper`` (checked 2026-11-30 with pip 26 against requirements.lock):
-versions 1.3.0 and 1.2.0 require ``optuna<3.0.0``: pip resolves them only by installing optuna
-2.10.1 (2021) plus cliff/cmd2/stevedore; with ``optuna==5.0.0`` in the constraints pip backtracks
-to 1.1.2 (written for Hydra 1.1), which requires ``alembic<1.7.0`` (the lock has 1.20.1) and builds
+the newest, 1.3.0, requires ``optuna>=2.10.0,<3.0.0``: pip resolves it only by installing
+optuna 2.10.1 (2021) plus cliff/cmd2/stevedore; with ``optuna==5.0.0`` in the constraints pip
+backtracks past 1.3.0 and 1.2.0 to 1.1.2 (written for Hydra 1.1), which requires ``alembic<1.7.0`` (the lock has 1.20.1) and builds
 its space from distribution classes optuna deprecated in 3.0. And no version has a pruner: each
 trial is an opaque Hydra job that returns one number, so intermediate values cannot be reported.
 """
