@@ -161,10 +161,12 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
 def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) -> np.ndarray:
     """(K + 1, obs_size) float32: row ``t`` holds the parts of step ``t``'s observation that depend
     on ``t`` alone -- the current user's features (zeros at ``t = K``) and, from column ``tail`` on,
-    the next ``K_max`` users' (zero-padded past the round's end); the rest is zero."""
+    the next ``K_max`` users' (zero-padded past the round's end). Columns ``USER_FEATURES:tail``
+    (the head and the mask) are left unset: the env writes them into its copy of the row every step."""
     k = feats.shape[0]
-    rows = np.zeros((k + 1, obs_size), dtype=np.float32)
+    rows = np.empty((k + 1, obs_size), dtype=np.float32)
     rows[:k, :USER_FEATURES] = feats
+    rows[k, :USER_FEATURES] = 0.0
     width = k_max * USER_FEATURES
     pad = np.zeros((k + 1 + k_max) * USER_FEATURES, dtype=np.float32)
     pad[: k * USER_FEATURES] = feats.reshape(-1)
