@@ -9,7 +9,7 @@ answered at once and the AD / SD batches run on the engines (:mod:`runtime.execu
 swept: a request that can no longer make its deadline is rejected at once with that reason,
 instead of being rejected (or served late) after its deadline when its round is finally planned.
 "Can no longer" is: its earliest start -- not before its round's window closes, the running round
-(or a due speed probe: it runs before a round's batch leaves the queue) is expected to end (its
+(or a due speed probe: it runs while a round's window collects requests) is expected to end (its
 calibrated plan; the last probe's time) and the full rounds queued ahead of it have run (each as
 long as recent rounds took) -- plus its minimal service time (alone on the device, in its faster
 mode, calibrated), plus the time to get the answer out (one sweep interval and the learnt answer
@@ -253,17 +253,20 @@ class RoundServer:
                 self.wakeup.clear()
                 if not self.pending:
                     continue
-                # a round collects requests for window_s from its oldest one (a backlog has waited already)
-                await asyncio.sleep(max(0.0, self.cfg.window_s - (time.monotonic() - self.pending[0].arrival)))
-                if self.closing:
-                    break
                 if self.cfg.calibration_probe_s and time.monotonic() - self.calibrated_at > self.cfg.calibration_probe_s:
-                    # probed while the round's requests are still queued: the sweep keeps answering the
-                    # ones that cannot wait for it (a probe on a loaded host takes a while)
+                    # probed while the round's window collects requests (its time mostly hidden in the
+                    # window) and they are still queued: the sweep keeps answering the ones that cannot
+                    # wait for it (a probe on a loaded host takes a while)
                     self.busy_until = max(self.busy_until, time.monotonic() + self.probe_s)
                     await loop.run_in_executor(self.pool, self._probe_before_round)
                     if self.closing:
                         break
+                    if not self.pending:  # every one was answered meanwhile
+                        continue
+                # a round collects requests for window_s from its oldest one (a backlog has waited already)
+                await asyncio.sleep(max(0.0, self.cfg.window_s - (time.monotonic() - self.pending[0].arrival)))
+                if self.closing:
+                    break
                 self._expire(time.monotonic())
                 batch, self.pending = self.pending[: self.cfg.max_round], self.pending[self.cfg.max_round :]
                 self.metrics.queue.set(len(self.pending))
@@ -319,7 +322,7 @@ class RoundServer:
     def probe(self, learn: bool = True) -> None:
         """A short AD and an SD run of one fixed prompt, timed against the profile: the calibration's
         sample when the last one is older than ``calibration_probe_s`` (the host may have changed
-        while the server was idle), taken before the next round's batch leaves the queue. ``learn=False``: a warm-up (first calls of a model are slow)."""
+        while the server was idle), taken while the next round's window collects requests. ``learn=False``: a warm-up (first calls of a model are slow)."""
         tok = self.pair.tokenizer
         prompt = tok.encode(PROBE_PROMPT) or [0]
         g = self.cfg.draft_depth
