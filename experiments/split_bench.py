@@ -128,7 +128,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--depth", default="auto")
     ap.add_argument("--jitter-ms", type=float, default=1.0)
     ap.add_argument("--bandwidth-mbps", type=float, default=100.0)
-    ap.add_argument("--window-ms", type=float, default=5.0)
+    ap.add_argument("--window-ms", type=float, default=5.0, help="how long a verification batch waits for the rest of its cohort")
+    ap.add_argument("--shared-device", choices=["on", "off"], default="on",
+                    help="runtime.edge --shared-device: on, the edge's clients draft one after another on its one device (staggered "
+                         "arrivals); off, they draft concurrently (interleaved on one thread, arriving together)")
+    ap.add_argument("--baseline", type=Path, default=None, help="reuse this baseline.csv (from an earlier run on the same settings) instead of sweeping")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per split run")
     ap.add_argument("--throughput", choices=list(THROUGHPUT), default=None,
                     help="which server throughput throughput_ratio uses (default: cpu on a CPU server, busy on CUDA; see the definitions above)")
@@ -170,7 +174,7 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, folder: Path) -> d
         edge_cmd = [sys.executable, "-m", "runtime.edge", *_pair_flags(args, edge=True), "--server", addr, "--threads", "1", "--clients", str(args.clients),
                     "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), "--rtt-ms", str(rtt),
                     "--jitter-ms", str(args.jitter_ms), "--bandwidth-mbps", str(args.bandwidth_mbps), "--proactive", proactive,
-                    "--depth", str(args.depth), "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
+                    "--depth", str(args.depth), "--shared-device", args.shared_device, "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
         edge = subprocess.run(edge_cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=args.timeout_s)
         if edge.returncode != 0:
             raise RuntimeError(f"the edge failed ({edge.returncode}): {edge.stderr[-1500:]}")
@@ -189,6 +193,7 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, folder: Path) -> d
     # serving CPU: the server process's CPU (verification, gRPC, batching, idle polling) from the
     # first request's send to the last reply -- not the model loading nor the idle exit
     stats["cpu_s"] = sampler.between(min(x["sent_at"] for x in logs), max(x["reply_at"] for x in logs)) if logs else None
+    stats["cohort_alternation"] = cohort_alternation(logs)
     return {"edge": json.loads((folder / "edge.json").read_text()), "server": stats}
 
 
@@ -217,6 +222,15 @@ def baseline_sweep(args, pair) -> pd.DataFrame:
                      "itl_ms": sum(itls) / len(itls) if itls else float("nan")})
         print(f"[split_bench] server-only SD batch {batch} gamma {gamma}: {rows[-1]['tokens_per_s']:.1f} tok/s, ITL {rows[-1]['itl_ms']:.2f} ms", flush=True)
     return pd.DataFrame(rows)
+
+
+def cohort_alternation(logs: list[dict]) -> float | None:
+    """Of consecutive verification batches (rebuilt from the edge's iteration log: a batch is the
+    iterations with one cohort and one server start time), the fraction that switch cohort: ~1
+    when two cohorts take turns (one verifies while the other drafts and travels), 0 with one."""
+    starts = sorted({(round(x["arrived_at"] + x["queue_wait_ms"] / 1e3, 4), x["cohort"]) for x in logs})
+    cohorts = [c for _, c in starts]
+    return sum(a != b for a, b in zip(cohorts[:-1], cohorts[1:], strict=True)) / (len(cohorts) - 1) if len(cohorts) > 1 else None
 
 
 def best_baseline(base: pd.DataFrame, itl_ms: float, column: str = "tokens_per_s") -> tuple[pd.Series, bool]:
@@ -254,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     from runtime.pair import build_pair, load_pair
 
     pair = load_pair(args.pair or build_pair(recipe=args.preset, progress=False), device=args.device, dtype=args.dtype)
-    base = baseline_sweep(args, pair)
+    base = pd.read_csv(args.baseline) if args.baseline else baseline_sweep(args, pair)
     write_csv_atomic(base, args.out / "baseline.csv", index=False)
     rows = []
     grid = list(itertools.product(args.rtt_ms, args.proactive, args.cohorts))
@@ -275,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         ref, within = best_baseline(base, edge["itl_ms"], base_col)
         rows.append({"rtt_ms": rtt, "proactive": proactive, "cohorts": cohorts, "clients": args.clients, "depth": args.depth, **rates,
                      "server_cpu_s": cpu, "server_busy_s": busy, "itl_ms": edge["itl_ms"], "server_utilisation": server["utilisation"],
-                     "mean_batch": server["mean_batch"], "mean_depth": edge["mean_depth"], "accepted_per_iteration": edge["accepted_per_iteration"],
+                     "mean_batch": server["mean_batch"], "cohort_alternation": server["cohort_alternation"], "mean_depth": edge["mean_depth"], "accepted_per_iteration": edge["accepted_per_iteration"],
                      "proactive_hit_rate": edge["proactive_hit_rate"], "network_ms": edge["network_ms"], "queue_wait_ms": edge["queue_wait_ms"],
                      "server_compute_ms": edge["server_compute_ms"], "outcomes": json.dumps(edge["outcomes"]),
                      "baseline_tokens_per_s": ref.tokens_per_s, "baseline_tokens_per_cpu_s": ref.tokens_per_cpu_s, "baseline_itl_ms": ref.itl_ms,
@@ -289,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     md = ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
           f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {args.clients} edge clients x {args.requests} requests x {args.max_new_tokens} tokens; "
+          f"batching window {args.window_ms:g} ms, edge clients {'one after another' if args.shared_device == 'on' else 'concurrently'} on one draft device; "
           f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process.", "",
           f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "
           "ratio_wall give the split/server-only ratio under each definition (the module docstring defines them).", "",

@@ -90,3 +90,15 @@ def test_verify_timing_times_every_schedule(tmp_path):
     assert set(df.schedule) == set(SCHEDULES) and set(df.bucket) == {1, 16} and set(df.batch) == {1, 3}
     assert len(df) == 2 * 2 * (2 + 4 + 4) and (df.ms > 0).all()
     assert {(s["bucket"], s["batch"], s["schedule"]) for s in summarise(df)} == {(b, n, s) for b in (1, 16) for n in (1, 3) for s in SCHEDULES}
+
+
+def test_cohort_alternation_counts_cohort_switches_between_batches():
+    from experiments.split_bench import cohort_alternation
+
+    def it(start, cohort):
+        return {"arrived_at": start, "queue_wait_ms": 0.0, "cohort": cohort}
+
+    taking_turns = [it(0.0, 0), it(0.0, 0), it(0.1, 1), it(0.2, 0), it(0.3, 1)]  # two rows in the first batch
+    assert cohort_alternation(taking_turns) == 1.0
+    assert cohort_alternation([it(0.0, 0), it(0.1, 0), it(0.2, 1)]) == 0.5
+    assert cohort_alternation([it(0.0, 0)]) is None
