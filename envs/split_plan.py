@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from envs.cost_model import sd_iterations
 from envs.feasibility import EPS, check_plans
 from envs.outcome import Outcome, evaluate_plan
 from envs.plan import AD, ED, REJECT, SD, Plan
@@ -268,17 +269,25 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     if split is None or plan.ed_depth is None:
         raise ValueError("a plan with ED users needs a SplitCostModel and plan.ed_depth")
     modes = plan.modes
-    is_ad, is_sd = modes == AD, modes == SD
-    # an empty AD or SD batch is not evaluated: it has no latency to report, its batch time is 0 and
-    # (no SD user) it draws nothing from ``rng`` -- exactly what evaluate_plan returns for it
     latency = np.full(rnd.num_users, np.inf)
     ad_batch_s = sd_batch_s = 0.0
-    if is_ad.any():
-        a = evaluate_plan(cost, rnd, Plan(np.where(is_ad, AD, REJECT), gamma=plan.gamma, z=plan.z), rng=rng, simulate_acceptance=simulate_acceptance)
-        latency[is_ad], ad_batch_s = a.latency_s[is_ad], a.ad_batch_s
-    if is_sd.any():  # SD: 1 - z - ed_share
-        s = evaluate_plan(cost, rnd, Plan(np.where(is_sd, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share), rng=rng, simulate_acceptance=simulate_acceptance)
-        latency[is_sd], sd_batch_s = s.latency_s[is_sd], s.sd_batch_s
+    # AD and SD at fixed shares (AD z, SD 1 - z - ed_share), each finishing at its batch's end: what
+    # evaluate_plan computes for an AD-only and an SD-only plan (completion "batch", sharing "fixed"),
+    # here in Python floats per batch (the scalar env's end-of-episode hot path; ad_time1 / sd_time1 are
+    # the array forms' operations in their order). An empty batch reports nothing and its time is 0.
+    ad_idx = np.flatnonzero(modes == AD)
+    if ad_idx.size:
+        total = cost.ad_time1(ad_idx.size, int(rnd.input_tokens[ad_idx].max()), int(rnd.realized_output_tokens[ad_idx].max()))
+        ad_batch_s = _fixed_share_finish(latency, rnd, ad_idx, total, float(plan.z))
+    sd_idx = np.flatnonzero(modes == SD)
+    if sd_idx.size and simulate_acceptance:  # acceptance drawn token by token from rng: evaluate_plan's own draws
+        s = evaluate_plan(cost, rnd, Plan(np.where(modes == SD, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share), rng=rng, simulate_acceptance=True)
+        latency[sd_idx], sd_batch_s = s.latency_s[sd_idx], s.sd_batch_s
+    elif sd_idx.size:
+        gamma = int(plan.gamma)
+        j = sd_iterations(rnd.realized_output_tokens[sd_idx], rnd.realized_alpha[sd_idx], gamma)
+        total = cost.sd_time1(sd_idx.size, int(rnd.input_tokens[sd_idx].max()), int(rnd.realized_output_tokens[sd_idx].max()), int(j.max()), gamma)
+        sd_batch_s = _fixed_share_finish(latency, rnd, sd_idx, total, 1.0 - float(plan.z + plan.ed_share))
     depth = plan.ed_depth[ed_idx]
     d_max = int(depth.max())
     if users is None or users.tokens.shape[1] < d_max or not (np.array_equal(rnd.realized_output_tokens, rnd.output_tokens) and np.array_equal(rnd.realized_alpha, rnd.alpha)):
@@ -294,3 +303,11 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     latency[ed_idx] = float(rnd.uplink_s[ed_idx].max()) + end + float(users.prefill_s[ed_idx].max()) + j_max * float(users.edge_s[ed_idx, col].max())
     served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
     return Outcome(latency, served, ad_batch_s, sd_batch_s)
+
+
+def _fixed_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, total_s: float, share: float) -> float:
+    """Write the realised latency of batch ``idx`` (``total_s`` of work at ``share`` of the GPU, all
+    finishing at its end) into ``latency``; return the batch's end (inf without a share)."""
+    end = total_s / share if share > 0 else np.inf
+    latency[idx] = rnd.uplink_s[idx].max() + end + rnd.realized_downlink_s[idx]
+    return float(end)
