@@ -359,8 +359,8 @@ def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.Da
         "By mode (requests that ran in that mode in both). Compute = latency - wait - planning (real), latency - window (simulated); "
         "prefill = time to the first token - wait - planning (real), the batch's first engine step on the whole device (simulated: AD its prefill, SD both prefills and one iteration; the executor runs a step whole); decode = compute - prefill:", "",
         modes.to_markdown(index=False, floatfmt=".3g"), "",
-        f"Reproduce: `{cmd}`" + ("" if args.from_csv is not None else f" (the profile it planned with is saved as `{stem}_profile.yaml`; "
-                                  f"re-simulate this run with `--from-csv {stem}.csv --profile {stem}_profile.yaml`)"), "",
+        f"Reproduce: `{cmd}`" + ("" if args.from_csv is not None else f" (the profile it planned with is saved as `{stem}_profile.yaml`"
+                                  + (")" if args.cpu_hog else f"; re-simulate this run with `--from-csv {stem}.csv --profile {stem}_profile.yaml`)")), "",
     ])
     write_text_atomic(args.out / f"{stem}.md", text)
     print(text)
