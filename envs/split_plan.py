@@ -97,8 +97,12 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     g, g1, net_row, depth_idx, prefix = _depth_grid(g_max, float(net.request_overhead_bytes), float(net.bytes_per_draft_token),
                                                     float(net.bytes_per_reply_token), float(net.bandwidth_bytes_per_s))
     c = inp + out / 2.0
-    # edge passes: the i-th (0-based) at context c + i + 1 (split_cost.edge_pass_s for a chain)
-    step = split.tau_e.tau(1.0, 1.0, c[:, None] + g)
+    first = np.maximum(inp, 1.0)
+    # edge passes: the i-th (0-based) at context c + i + 1 (split_cost.edge_pass_s for a chain), and
+    # the edge's prompt prefill tau_E(1, I, I), priced in one element-wise tau_E call (K * G + K points)
+    kg = k * g_max
+    both = split.tau_e.tau(1.0, np.concatenate([np.ones(kg), first]), np.concatenate([(c[:, None] + g).ravel(), first]))
+    step, prefill = both[:kg].reshape(k, g_max), both[kg:]
     cum = np.cumsum(step, axis=1)
     near = alpha > 1.0 - 1e-9
     safe = np.where(near, 0.5, alpha)[:, None]
@@ -120,10 +124,6 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     prof = split.profile
     room = prof.edge.device.memory_bytes - prof.edge.device.reserve_bytes - prof.slm.weight_bytes
     fits_edge = (inp + out)[:, None] + g + 1.0 <= room / split.kv_s
-    first = np.maximum(inp, 1.0)
-    prefill = split.tau_e.tau(1.0, first, first)
-    if np.shape(prefill) != (k,):
-        prefill = prefill * np.ones(k)
     return EdUsers(tokens, iterations, edge, has[:, None] & fits_edge, prefill)
 
 
