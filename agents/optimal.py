@@ -24,6 +24,7 @@ import numpy as np
 from agents.balance import grid, split_search
 from agents.cost_envelope import CostEnvelope
 from agents.dominance import dominance, forced
+from agents.local_search import improve
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.plan_repair import repair
 from agents.round_milp import RoundMILP
@@ -279,7 +280,8 @@ class Optimal(Scheduler):
 
     Anytime search (:func:`certify`), each stage only while the bound exceeds the best plan:
 
-    1. incumbents: BALANCE (grid step ``incumbent_step``) and any ``warm`` plans (:meth:`solve`);
+    1. incumbents: BALANCE (grid step ``incumbent_step``) and any ``warm`` plans (:meth:`solve`),
+       the best improved by exchange moves (:mod:`agents.local_search`, at most 2 s);
     2. the split bound (:func:`split_upper_bound`, grid ``bound_step``; only where the round's
        costs are monotone, which it assumes);
     3. for ``exhaustive_share`` of the time left (default all of it), a descent on the target:
@@ -352,6 +354,8 @@ def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: 
     for p in warm:  # a warm plan counts only if feasible at this depth (AD-only plans are at any)
         offer(p.modes)
     offer(None, "warm start")
+    if not done() and state["lower"] > 0:  # exchange moves on the best warm plan: cheap, sometimes +1
+        offer(improve(cost, rnd, state["best"], gamma, min(2.0, 0.05 * left())), "local search")
     if not done() and monotone:
         offer(None, "split bound", split_upper_bound(cost, rnd, gamma, bound_step, incumbent=state["lower"]))
     if not done() and exhaustive_share > 0:

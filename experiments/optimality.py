@@ -13,6 +13,12 @@ certified and otherwise a proven *lower* bound on the share (``served / upper_bo
 
 Writes ``<out>.csv`` (one row per round), ``<out>.md`` (per-K summary) and ``<out>.png``, and
 ``<out>_traces.json`` (each round's anytime trace: best plan and bound over time).
+
+``--policies`` (default: the shipped ``policies/paper_k50`` and ``policies/noisy_k50``) at the Ks
+of ``--policy-ks`` (default 200): each learned policy plans the round too, its plan warm-starts
+``optimal``, and its served users are reported over the same proven bound. The bound is over plans
+with draft depth 4; a policy that picks another depth is bounded by it only where its plan has no
+SD user, so ``<policy>_bounded`` gives the share of rounds where the comparison is proven.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from agents.optimal import Optimal
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.feasibility import check_plan
+from envs.plan import SD
 from envs.workload import make_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +65,14 @@ def _floats(text: str, name: str) -> list[float]:
     return vals
 
 
-def run(ks: list[int], rounds: list[int], limits: list[float], bound_steps: list[float], progress: bool = True) -> tuple[pd.DataFrame, dict]:
+def _policies(paths: list[Path], cost: CostModel, max_gamma: int) -> list[tuple[str, object]]:
+    """(label, scheduler) for each learned policy folder (label: the folder's name)."""
+    from agents.policy import PolicyScheduler  # torch only when policies are asked for
+
+    return [(p.name, PolicyScheduler(cost, max_gamma, path=str(p))) for p in paths]
+
+
+def run(ks: list[int], rounds: list[int], limits: list[float], bound_steps: list[float], progress: bool = True, policies: list[Path] = (), policy_ks: tuple[int, ...] = ()) -> tuple[pd.DataFrame, dict]:
     """One row per (K, round); traces keyed ``"K/round"``."""
     rows, traces = [], {}
     for k, n, limit, step in zip(ks, rounds, limits, bound_steps, strict=True):
@@ -66,11 +80,21 @@ def run(ks: list[int], rounds: list[int], limits: list[float], bound_steps: list
         cost = CostModel.from_config(cfg)
         bal = Balance(cost, cfg.max_gamma)
         opt = Optimal(cost, cfg.max_gamma, time_limit_s=limit, bound_step=step)
+        pols = _policies(list(policies), cost, cfg.max_gamma) if k in policy_ks else []
         for r, rnd in enumerate(make_rounds(cfg, n, SEED, split="test")):
             b_plan = bal.plan(rnd)
             row = {"K": k, "round": r, "balance": b_plan.admitted, "balance_s": b_plan.decision_s}
+            warm = []
+            for label, sched in pols:
+                p_plan = sched.plan(rnd)
+                if not check_plan(cost, rnd, p_plan).feasible:
+                    raise AssertionError(f"policy {label} returned an infeasible plan at K={k}, round {r}")
+                row[label] = p_plan.admitted
+                # the bound (draft depth 4) covers the policy's plan if it runs at 4 or has no SD user
+                row[f"{label}_bounded"] = bool(p_plan.gamma == opt.gamma or not (p_plan.modes == SD).any())
+                warm.append(p_plan)
             start = time.perf_counter()
-            o_plan = opt.solve(rnd)
+            o_plan = opt.solve(rnd, warm=warm)
             solver_s = time.perf_counter() - start
             if not check_plan(cost, rnd, o_plan).feasible:
                 raise AssertionError(f"optimal returned an infeasible plan at K={k}, round {r}")
@@ -113,6 +137,12 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             "balance_of_best": g["balance"].sum() / g["best"].sum(),
             "rounds_best_beats_balance": (g["best"] > g["balance"]).mean(),
         }
+        for col in [c for c in df.columns if c.endswith("_bounded")]:
+            label = col[: -len("_bounded")]
+            if g[label].notna().any():
+                row[f"{label}_of_bound"] = g[label].sum() / g["upper_bound"].sum()
+                row[f"{label}_of_best"] = g[label].sum() / g["best"].sum()
+                row[col] = g[col].astype(float).mean()
         out.append(row)
     return pd.DataFrame(out)
 
@@ -147,6 +177,9 @@ def _figure(summary: pd.DataFrame) -> bytes:
 
 
 def _markdown(df: pd.DataFrame, summary: pd.DataFrame, command: str) -> str:
+    labels = [c[: -len("_bounded")] for c in summary.columns if c.endswith("_bounded")]
+    pol_cols = [f"{lab}{suffix}" for lab in labels for suffix in ("_of_bound", "_of_best", "_bounded")]
+    main_cols = [c for c in summary.columns if c not in pol_cols]
     lines = [
         "# BALANCE against the certified optimum",
         "",
@@ -155,8 +188,20 @@ def _markdown(df: pd.DataFrame, summary: pd.DataFrame, command: str) -> str:
         "`balance_of_opt_at_least`: BALANCE's served users over the proven bounds (a lower bound on its "
         "share of the optimum, exact where certified); `balance_of_best`: over the best plans found.",
         "",
-        summary.to_markdown(index=False, floatfmt=".4g"),
+        summary[main_cols].to_markdown(index=False, floatfmt=".4g"),
         "",
+    ]
+    if pol_cols:
+        lines += [
+            "Learned policies (the K = 50 policies of `policies/`, planning the same rounds; their plans also warm-start "
+            "`optimal`): served over the proven bounds (`_of_bound`, a lower bound on the share of the optimum) and "
+            "over the best plans found (`_of_best`); the bound is over draft depth 4, so it covers a policy's plan only "
+            "where it runs at depth 4 or serves nobody in SD (`_bounded`: share of such rounds).",
+            "",
+            summary[["K", *pol_cols]].dropna(subset=pol_cols[:1]).to_markdown(index=False, floatfmt=".4g"),
+            "",
+        ]
+    lines += [
         f"Reproduce: `{command}` (2 shared CPU cores).",
         "",
     ]
@@ -169,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", default="20,20,20,8,5", help="rounds per K")
     ap.add_argument("--time-limits", default="60,60,60,45,60", help="seconds per round, per K")
     ap.add_argument("--bound-steps", default="0.02,0.02,0.02,0.05,0.05", help="split-bound grid step per K (coarser is faster)")
+    ap.add_argument("--policies", default="policies/paper_k50,policies/noisy_k50", help="learned policy folders (relative to the repo); missing ones are skipped, '' for none")
+    ap.add_argument("--policy-ks", default="200", help="Ks at which the policies plan and warm-start the optimum")
     ap.add_argument("--out", default=str(ROOT / "results" / "optimality"), help="output path without extension")
     args = ap.parse_args(argv)
     ks, rounds = _ints(args.ks, "ks"), _ints(args.rounds, "rounds")
@@ -177,7 +224,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--ks, --rounds, --time-limits and --bound-steps must have the same length")
     if max(steps) > 1:
         raise SystemExit(f"--bound-steps must be in (0, 1], got {args.bound_steps!r}")
-    df, traces = run(ks, rounds, limits, steps)
+    policies = [ROOT / p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = [p for p in policies if (p / "model.zip").is_file()]
+    policy_ks = tuple(_ints(args.policy_ks, "policy-ks")) if policies else ()
+    df, traces = run(ks, rounds, limits, steps, policies=policies, policy_ks=policy_ks)
     summary = summarize(df)
     out = Path(args.out)
     command = "python -m experiments.optimality " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
