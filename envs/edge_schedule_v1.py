@@ -171,8 +171,8 @@ def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) ->
     pad = np.zeros((k + 1 + k_max) * USER_FEATURES, dtype=np.float32)
     pad[: k * USER_FEATURES] = feats.reshape(-1)
     # row t's look-ahead is pad[(t + 1) * F : (t + 1) * F + width]: a strided view, copied once
-    ahead = np.lib.stride_tricks.as_strided(pad[USER_FEATURES:], shape=(k + 1, width), strides=(USER_FEATURES * pad.itemsize, pad.itemsize), writeable=False)
-    rows[:, tail : tail + width] = ahead
+    size = pad.itemsize
+    rows[:, tail : tail + width] = np.ndarray((k + 1, width), dtype=np.float32, buffer=pad, offset=USER_FEATURES * size, strides=(USER_FEATURES * size, size))
     return rows
 
 
