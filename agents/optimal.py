@@ -5,7 +5,9 @@
   infeasible partial plan has no feasible extension (feasible sets are downward closed), and a
   node is dropped when :func:`_node_bound` -- the users that still fit it, and how many of them
   the compute and KV memory left could take (lower bounds from ``agents.cost_envelope``) --
-  cannot beat the incumbent.
+  cannot beat the incumbent. With monotone costs it also breaks symmetry: a user may not be
+  rejected while a user dominating it (:mod:`agents.dominance`) is served in the matching mode --
+  some largest plan always obeys this -- which cut the proof times at K = 70 several-fold.
 * :class:`Exhaustive` (K <= 16): that search, run to completion.
 * :class:`Optimal` (any K): anytime certification (:func:`certify`) -- BALANCE and given plans as
   incumbents, the split bound, a descent on the target with the exhaustive search (each complete
