@@ -100,7 +100,7 @@ SECTIONS = {
     "pair": lambda: pair_summary(),
     "profile_fit": lambda: profile_fit(),
     "fidelity": lambda: fidelity_summary(),
-    "optimality": lambda: _table_with(RESULTS / "optimality.md", "Reproduce"),
+    "optimality": lambda: _body(RESULTS / "optimality.md"),  # both tables (BALANCE; learned policies)
     "train_speed": lambda: _table_with(RESULTS / "train_speed.md", "Target", "Reproduce"),
     "mutation": lambda: _table_with(RESULTS / "mutation.md", "Produced by"),
     "coverage": lambda: _table_with(RESULTS / "coverage.md", "Produced by", "pytest exit"),
