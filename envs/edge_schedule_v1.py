@@ -230,16 +230,18 @@ class EdgeScheduleV1Env(gym.Env):
         r = rnd if cfg.user_order == "arrival" else rnd.subset(order)
         has_ed = self.split is not None and rnd.has_edge is not None and bool(rnd.has_edge.any())
         self._ed = users = ed_users(self.split, rnd, cfg.max_gamma) if has_ed else None  # the round's original order
-        base = zip(r.input_tokens.tolist(), r.output_tokens.tolist(), r.alpha.tolist(), r.uplink_s.tolist(), r.slack_s.tolist(), r.deadline_s.tolist(), strict=True)
         if users is None:
-            self._users = [(*u, None) for u in base]
+            ed_rows: list = [None] * k
         else:  # per user: (J row, X row, allowed row, prefill) over depths 1..G, or None without an edge
             rows: list[tuple | None] = [None] * k
             sel = np.flatnonzero(users.allowed.any(axis=1))  # only these users' rows become Python lists
             for i, j, x, ok, pre in zip(sel.tolist(), users.iterations[sel].tolist(), users.edge_s[sel].tolist(), users.allowed[sel].tolist(),
                                         users.prefill_s[sel].tolist(), strict=True):
                 rows[i] = (j, x, ok, pre)
-            self._users = [(*u, rows[i]) for u, i in zip(base, order.tolist(), strict=True)]
+            ed_rows = rows if r is rnd else [rows[i] for i in order.tolist()]  # the round's order -> presentation order
+        # one tuple per user, in presentation order, of SplitScalarPlan.prepare's arguments as Python scalars
+        self._users = list(zip(r.input_tokens.tolist(), r.output_tokens.tolist(), r.alpha.tolist(), r.uplink_s.tolist(), r.slack_s.tolist(),
+                               r.deadline_s.tolist(), ed_rows, strict=True))
         self._plan.reset()
         self._t = 0
         self._modes = np.zeros(k, dtype=np.int8)
