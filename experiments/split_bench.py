@@ -122,13 +122,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rtt-ms", type=_floats, default=[5.0, 10.0, 20.0, 40.0])
     ap.add_argument("--proactive", default="on,off")
     ap.add_argument("--cohorts", type=_ints, default=[1, 2])
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=6, help="requests per client")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    # 8 clients: with 4 the verification batches held ~2 rows, too few to amortise a forward's fixed cost
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--depth", default="auto")
     ap.add_argument("--jitter-ms", type=float, default=1.0)
     ap.add_argument("--bandwidth-mbps", type=float, default=100.0)
-    ap.add_argument("--window-ms", type=float, default=5.0, help="how long a verification batch waits for the rest of its cohort")
+    # 20 ms: the edge's clients draft one after another, so their requests arrive spread over ~clients x depth x draft time;
+    # a 5 ms window cut one cohort of 8 into batches of ~3.5 (which then stay apart: one cohort interleaving as two)
+    ap.add_argument("--window-ms", type=float, default=20.0, help="how long a verification batch waits for the rest of its cohort")
     ap.add_argument("--shared-device", choices=["on", "off"], default="on",
                     help="runtime.edge --shared-device: on, the edge's clients draft one after another on its one device (staggered "
                          "arrivals); off, they draft concurrently (interleaved on one thread, arriving together)")
@@ -290,7 +293,9 @@ def main(argv: list[str] | None = None) -> None:
         rows.append({"rtt_ms": rtt, "proactive": proactive, "cohorts": cohorts, "clients": args.clients, "depth": args.depth, **rates,
                      "server_cpu_s": cpu, "server_busy_s": busy, "itl_ms": edge["itl_ms"], "server_utilisation": server["utilisation"],
                      "mean_batch": server["mean_batch"], "cohort_alternation": server["cohort_alternation"], "mean_depth": edge["mean_depth"], "accepted_per_iteration": edge["accepted_per_iteration"],
-                     "proactive_hit_rate": edge["proactive_hit_rate"], "network_ms": edge["network_ms"], "queue_wait_ms": edge["queue_wait_ms"],
+                     "proactive_hit_rate": edge["proactive_hit_rate"], "network_ms": edge["network_ms"],
+                     # what the round trip took beyond the emulated WAN (mean RTT + mean jitter both ways): gRPC, serialisation, threads
+                     "transport_overhead_ms": edge["network_ms"] - rtt - args.jitter_ms, "queue_wait_ms": edge["queue_wait_ms"],
                      "server_compute_ms": edge["server_compute_ms"], "outcomes": json.dumps(edge["outcomes"]),
                      "baseline_tokens_per_s": ref.tokens_per_s, "baseline_tokens_per_cpu_s": ref.tokens_per_cpu_s, "baseline_itl_ms": ref.itl_ms,
                      "baseline_batch": int(ref.batch), "baseline_gamma": int(ref.gamma), "baseline_within_itl": within,
