@@ -111,6 +111,7 @@ SECTIONS = {
     "learned_v1_150k": lambda: _between(RESULTS / "learned_v1" / "learned_v1.md", "**Target", "## All"),
     "v1_speed": lambda: _table(RESULTS / "v1_speed.md"),
     "split_bench": lambda: _body(RESULTS / "split_bench" / "split_bench.md"),
+    "gpu_check": lambda: gpu_check_summary(),
     "split_sim_vs_real": lambda: _body(RESULTS / "split_sim_vs_real" / "summary.md"),
     "tune": lambda: _body(RESULTS / "tune" / "summary.md"),
     "tune_compare": lambda: "\n\n".join(_body(p) for p in sorted((RESULTS / "tune").glob("compare*.md"))),
@@ -121,6 +122,14 @@ def _table_with(path: Path, *prefixes: str) -> str:
     """The first markdown table of a generated file, followed by its lines that start with ``prefixes``."""
     extra = [line for line in path.read_text().splitlines() if line.startswith(prefixes)]
     return "\n\n".join([_table(path), *extra])
+
+
+def gpu_check_summary() -> str:
+    """The H200 check after the cuDNN fix: the verifier's per-shape timing table and the split's throughput line."""
+    folder = RESULTS / "gpu_check" / "cudnn_off"
+    target = [line for line in (folder / "split_bench.md").read_text().splitlines() if line.startswith("- split vs")]
+    return "\n\n".join([(folder / "verify_timing.md").read_text().strip(), *target,
+                        "Both runs, their commands and what changed between them: `results/gpu_check/README.md`."])
 
 
 def fidelity_summary() -> str:
