@@ -95,6 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.users < 1 or args.num_envs < 1 or args.seconds <= 0 or not 0 <= args.edge_fraction <= 1 or args.repeats < 1:
         ap.error("--users, --num-envs and --repeats must be >= 1, --seconds > 0, --edge-fraction in [0, 1]")
+    load_start = os.getloadavg()[0]
     runs = []
     for r in range(args.repeats):
         if args.repeats > 1:
@@ -114,6 +115,8 @@ def main() -> None:
         text += f"\n\nMedians over {args.repeats} repeats; a step's cost (x CartPole) in each repeat:\n"
         for name in names[1:4]:
             text += f"\n- {name}: " + ", ".join(f"{run['CartPole-v1'] / run[name]:.2f}" for run in runs)
+    # the host's load is part of the measurement: ratios taken on a busy machine drift (see --repeats)
+    text += f"\n\nHost: {os.cpu_count()} CPUs, 1-minute load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end."
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
