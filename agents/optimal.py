@@ -283,7 +283,7 @@ class Optimal(Scheduler):
     Anytime search (:func:`certify`), each stage only while the bound exceeds the best plan:
 
     1. incumbents: BALANCE (grid step ``incumbent_step``) and any ``warm`` plans (:meth:`solve`),
-       the best improved by exchange moves (:mod:`agents.local_search`, at most 2 s);
+       the best improved by exchange moves (:mod:`agents.local_search`, at most ``local_search_s``);
     2. the split bound (:func:`split_upper_bound`, grid ``bound_step``; only where the round's
        costs are monotone, which it assumes);
     3. for ``exhaustive_share`` of the time left (default all of it), a descent on the target:
@@ -302,7 +302,7 @@ class Optimal(Scheduler):
 
     name = "optimal"
 
-    def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05, exhaustive_share: float = 1.0):
+    def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, time_limit_s: float = 10.0, bound_step: float = 0.02, incumbent_step: float = 0.05, exhaustive_share: float = 1.0, local_search_s: float = 2.0):
         super().__init__(cost, max_gamma, draft_depth, seed)
         if not time_limit_s > 0:
             raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
@@ -312,6 +312,9 @@ class Optimal(Scheduler):
         self.bound_step = bound_step
         self.incumbent_step = incumbent_step
         self.exhaustive_share = exhaustive_share
+        if not local_search_s >= 0:
+            raise ValueError(f"local_search_s must be >= 0, got {local_search_s}")
+        self.local_search_s = float(local_search_s)
 
     def decide(self, rnd: Round) -> Plan:
         return self.solve(rnd)
@@ -321,11 +324,14 @@ class Optimal(Scheduler):
         start = time.perf_counter()
         g = grid(self.incumbent_step)
         plans = [split_search(self.cost, rnd, self.gamma, g, g), *warm]
-        return certify(self.cost, rnd, self.gamma, self.time_limit_s, plans, start, self.bound_step, self.exhaustive_share)
+        return certify(self.cost, rnd, self.gamma, self.time_limit_s, plans, start, self.bound_step, self.exhaustive_share, self.local_search_s)
 
 
-def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: Sequence[Plan] = (), start: float | None = None, bound_step: float = 0.02, exhaustive_share: float = 1.0) -> Plan:
+def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: Sequence[Plan] = (), start: float | None = None, bound_step: float = 0.02, exhaustive_share: float = 1.0, local_search_s: float = 0.0) -> Plan:
     """Best plan with draft depth ``gamma`` and a proven upper bound (see :class:`Optimal`).
+
+    ``local_search_s``: at most this many seconds (and 5 % of the time left) of exchange moves on
+    the best warm plan (:mod:`agents.local_search`); 0 (the default here) skips the stage.
 
     Why the bound is valid: it is the minimum of proven bounds -- the split bound; ``T - 1`` for
     every target ``T`` a complete exhaustive search found no plan for; and the value (or HiGHS's dual bound) of the MILP
@@ -356,8 +362,9 @@ def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: 
     for p in warm:  # a warm plan counts only if feasible at this depth (AD-only plans are at any)
         offer(p.modes)
     offer(None, "warm start")
-    if not done() and state["lower"] > 0:  # exchange moves on the best warm plan: cheap, sometimes +1
-        offer(improve(cost, rnd, state["best"], gamma, min(2.0, 0.05 * left())), "local search")
+    if not done() and state["lower"] > 0 and local_search_s > 0:  # exchange moves on the best warm plan: cheap, sometimes +1
+        better = improve(cost, rnd, state["best"], gamma, min(local_search_s, 0.05 * left()))
+        offer(better, "local search" if np.count_nonzero(better) > state["lower"] else None)  # traced when it helps
     if not done() and monotone:
         offer(None, "split bound", split_upper_bound(cost, rnd, gamma, bound_step, incumbent=state["lower"]))
     if not done() and exhaustive_share > 0:

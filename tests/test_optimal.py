@@ -177,7 +177,7 @@ def test_repair_always_feasible(seed, fill):
         assert np.all(fixed[modes != 0] == modes[modes != 0])
 
 
-@pytest.mark.parametrize("field,value", [("time_limit_s", 0.0), ("exhaustive_share", 1.5)])
+@pytest.mark.parametrize("field,value", [("time_limit_s", 0.0), ("exhaustive_share", 1.5), ("local_search_s", -1.0)])
 def test_bad_options_named(field, value):
     cfg = EnvConfig(num_users=5)
     with pytest.raises(ValueError, match=field):
