@@ -184,3 +184,11 @@ def test_bad_edge_arguments_fail_fast(args):
     with pytest.raises(SystemExit) as exc:
         parse_args(["--server", "127.0.0.1:1", *args])
     assert args[0] in str(exc.value)
+
+
+def test_transport_timing_measures_both_links():
+    from runtime.split.transport_timing import measure
+
+    rows = measure(requests=10, depth=3)
+    assert [r["link"] for r in rows] == ["in-process", "grpc"]
+    assert all(r["median_ms"] > 0 and r["cpu_ms_per_round_trip"] >= 0 and r["requests"] == 10 for r in rows)
