@@ -27,6 +27,19 @@ sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
   the fastest-ITL one is used); ``ratio_cpu``, ``ratio_busy`` and ``ratio_wall`` give all three.
 - **server_utilisation**: the server's time in target forwards / its span.
 
+Where the split loses on one CPU box (what the columns show): verification on a CPU is
+compute-bound -- a target forward costs about the same per query token at any batch size beyond a
+fixed per-forward cost -- so batching only amortises that fixed cost, and per server CPU second the
+split saves only the draft passes server-only SD makes (``server_compute_ms``, ``mean_batch``). The
+edge's clients share one draft thread and draft one after another (``--shared-device on``), so
+their requests reach the server spread over about clients x depth x draft time: a batching
+window shorter than that splits one cohort into batches that then stay apart (one cohort
+interleaving as two: ``mean_batch`` well below the cohort's size); ``cohort_alternation`` shows
+whether two cohorts take turns. On that shared thread proactive drafting competes with the other
+clients' on-demand drafting. ``transport_overhead_ms`` is the round trip beyond the emulated WAN
+(gRPC, serialisation, threads; ``runtime.split.transport_timing`` measures gRPC against the
+in-process link alone).
+
 Timings need an idle machine; every number comes with the command line in the markdown.
 """
 
