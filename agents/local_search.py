@@ -1,10 +1,12 @@
-"""Improve a feasible plan by exchange moves: one served user out, two rejected users in.
+"""Improve a feasible plan by exchange moves: one served user out, two rejected users in; or one
+or two served users to the other mode, one rejected user in.
 
 A plan that is maximal (no rejected user can be added) may still be one user short of the
 optimum; the exact search finds such plans only after long dives. One sweep here tries every
 move "drop served user j (or nobody), add rejected users i1 < i2 in modes (m1, m2)" -- for K = 70
 some 10^4..10^5 candidate plans -- with the exact check on all of them at once
-(``envs.feasibility.check_plans``), takes the first feasible one and repeats. Every plan returned
+(``envs.feasibility.check_plans``), then the mode flips "move served users j1 (and j2) to the other
+mode, add rejected user i in mode m", takes the first feasible plan and repeats. Every plan returned
 passes the exact check, so it is a valid incumbent.
 """
 
@@ -46,6 +48,29 @@ def _moves(modes: np.ndarray, max_plans: int) -> np.ndarray:
     return out
 
 
+def _flip_moves(modes: np.ndarray, max_plans: int) -> np.ndarray:
+    """Candidate plans that move one or two served users to the other mode and add one rejected
+    user (in either mode): ``(P, K)`` int8, at most ``max_plans``."""
+    served = np.flatnonzero(modes)
+    rejected = np.flatnonzero(modes == 0)
+    k = len(modes)
+    if len(rejected) == 0 or len(served) == 0:
+        return np.zeros((0, k), dtype=np.int8)
+    i1, i2 = np.triu_indices(len(served), 1)
+    flips = np.zeros((len(served) + len(i1), k), dtype=bool)  # which served users change mode
+    flips[np.arange(len(served)), served] = True
+    flips[len(served) + np.arange(len(i1)), served[i1]] = True
+    flips[len(served) + np.arange(len(i1)), served[i2]] = True
+    n = len(flips) * len(rejected) * 2
+    pick = np.arange(n) if n <= max_plans else np.sort(np.random.default_rng(len(served)).choice(n, size=max_plans, replace=False))
+    f, rest = np.divmod(pick, len(rejected) * 2)
+    r, m = np.divmod(rest, 2)
+    out = np.repeat(modes[None, :], len(pick), axis=0)
+    out = np.where(flips[f], np.where(out == AD, SD, AD), out).astype(np.int8)  # AD <-> SD
+    out[np.arange(len(pick)), rejected[r]] = np.where(m == 0, AD, SD)
+    return out
+
+
 def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, time_limit_s: float, max_plans: int = 60_000, batch: int = 20_000) -> np.ndarray:
     """A feasible plan serving at least as many users as ``modes`` (which must be feasible).
 
@@ -56,7 +81,7 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, time_lim
         raise ValueError("improve needs a feasible plan to start from")
     stop = time.perf_counter() + time_limit_s
     while time.perf_counter() < stop:
-        cands = _moves(modes, max_plans)
+        cands = np.concatenate([_moves(modes, max_plans), _flip_moves(modes, max_plans)])
         found = None
         for lo in range(0, len(cands), batch):
             chunk = cands[lo : lo + batch]

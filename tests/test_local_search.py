@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from test_optimal import SETTINGS, _random_modes, _setup
 
 from agents.balance import grid, split_search
-from agents.local_search import _moves, improve
+from agents.local_search import _flip_moves, _moves, improve
 from agents.plan_repair import repair
 from envs import CostModel, EnvConfig
 from envs.feasibility import check_plans
@@ -55,3 +55,17 @@ def test_improve_rejects_an_infeasible_start():
     cfg, cost, rnd = _setup("paper", 12, 0, tight=True)
     with pytest.raises(ValueError, match="feasible"):
         improve(cost, rnd, np.full(12, SD, dtype=np.int8), 4, time_limit_s=1.0)
+
+
+def test_flip_moves_change_modes_and_add_one_user():
+    modes = np.array([AD, 0, SD, 0, SD], dtype=np.int8)
+    cands = _flip_moves(modes, 10_000)
+    # (3 single + 3 pair flips) x 2 rejected x 2 modes
+    assert cands.shape == (6 * 2 * 2, 5)
+    assert (np.count_nonzero(cands, axis=1) == 4).all()
+    changed = (cands[:, [0, 2, 4]] != modes[[0, 2, 4]]).sum(axis=1)
+    assert sorted(set(changed.tolist())) == [1, 2] and (changed == 1).sum() == 3 * 4
+    assert (cands[:, [0, 2, 4]] != 0).all()  # a flip never rejects a served user
+    assert len({c.tobytes() for c in cands}) == len(cands)
+    assert len(_flip_moves(modes, 5)) == 5
+    assert _flip_moves(np.zeros(3, dtype=np.int8), 10).shape == (0, 3)
