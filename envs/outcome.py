@@ -12,7 +12,10 @@ latency is at most its deadline. ``F_k``, the compute finish time, has two switc
 * ``sharing``: ``"fixed"`` (the paper; default) -- each batch runs at its share for its whole
   life, so work ``w`` is done at ``w / share``; ``"work_conserving"`` -- weighted time-slicing as
   ``runtime.serve`` does it: once the first batch ends at ``T_1``, the other has the device alone,
-  so its work ``w > share * T_1`` is done at ``T_1 + (w - share * T_1)``.
+  so its work ``w > share * T_1`` is done at ``T_1 + (w - share * T_1)``; ``"steps"`` (opt-in) --
+  the executor's actual rule, whole engine steps (it cannot split a forward pass, so a batch's
+  first step, e.g. AD's whole prefill, makes the other batch wait instead of sharing):
+  :mod:`envs.step_sharing`. Both fluid models stay the default.
 
 Memory is fixed at admission from the predictions; a realised output longer than predicted is
 not modelled as an out-of-memory event (a paged KV allocator would absorb or preempt it).
@@ -26,6 +29,7 @@ import numpy as np
 
 from envs.cost_model import CostModel, sd_iterations
 from envs.plan import AD, SD, Plan
+from envs.step_sharing import step_finish_times
 from envs.workload import Round
 
 
@@ -80,13 +84,14 @@ def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Genera
     """
     if completion not in ("batch", "own"):
         raise ValueError(f"completion must be 'batch' or 'own', got {completion!r}")
-    if sharing not in ("fixed", "work_conserving"):
-        raise ValueError(f"sharing must be 'fixed' or 'work_conserving', got {sharing!r}")
+    if sharing not in ("fixed", "work_conserving", "steps"):
+        raise ValueError(f"sharing must be 'fixed', 'work_conserving' or 'steps', got {sharing!r}")
     k = rnd.num_users
     latency = np.full(k, np.inf)
     gamma = int(plan.gamma)
     share = {AD: float(plan.z), SD: 1.0 - float(plan.z)}
     members, total, work = {}, {}, {}
+    sd_iters = None  #: per SD member, its realised iterations (the whole-step model needs them)
     for mode in (AD, SD):
         idx = np.flatnonzero(plan.modes == mode)
         if idx.size == 0:
@@ -105,12 +110,17 @@ def evaluate_plan(cost: CostModel, rnd: Round, plan: Plan, rng: np.random.Genera
                 j = simulate_sd_iterations(rng, out, rnd.realized_alpha[idx], gamma)
             else:
                 j = sd_iterations(out, rnd.realized_alpha[idx], gamma)
+            sd_iters = j
             total[mode] = float(cost.sd_time(b, s_max, n_max, int(j.max()), gamma))
             own = cost.sd_time(np.full(b, b), s_max, n_max, j, gamma) if completion == "own" else None
         members[mode] = idx
         work[mode] = np.full(b, total[mode]) if own is None else np.asarray(own, dtype=float)
-    finish = _finish_times(share, total, work, sharing)
-    ends = _finish_times(share, total, {m: np.array([t]) for m, t in total.items()}, sharing)
+    if sharing == "steps":
+        finish, batch_end_s = step_finish_times(cost, rnd, plan, sd_iters, completion)
+        ends = {m: np.array([t]) for m, t in batch_end_s.items()}
+    else:
+        finish = _finish_times(share, total, work, sharing)
+        ends = _finish_times(share, total, {m: np.array([t]) for m, t in total.items()}, sharing)
     batch_s = {AD: 0.0, SD: 0.0}
     for mode, idx in members.items():
         batch_s[mode] = float(ends[mode][0])

@@ -14,8 +14,9 @@ prefill -- up to the first token -- and decoding, so the source of a gap shows).
 
 **Sharing model.** ``--sharing work_conserving`` (default) is the environment's fluid model: both
 batches progress at their shares at once. ``--sharing steps`` costs the same plan with the
-executor's actual rule (``experiments.sim_vs_real_steps``): whole engine steps, so a batch's first
-step (AD: its whole prefill) makes the other batch wait instead of sharing. Planning uses the
+executor's actual rule (``envs.outcome`` ``sharing="steps"``, :mod:`envs.step_sharing`): whole
+engine steps, so a batch's first step (AD: its whole prefill) makes the other batch wait instead of
+sharing. Planning uses the
 environment's model either way. Re-simulating the last idle run's rounds (``--from-csv
 results/sim_vs_real.csv --profile results/sim_vs_real_profile.yaml --sharing steps``: no server)
 moved BALANCE from served +5.6 % / p50 -11.0 % to +3.7 % / -9.6 %; ``ad_only`` and ``sd_only`` run
@@ -69,7 +70,6 @@ from envs.outcome import evaluate_plan
 from envs.plan import AD, SD
 from envs.profile import load_profile
 from envs.workload import Round
-from experiments.sim_vs_real_steps import steps_outcome
 from runtime.calibration import CalibratedCostModel, StepCalibration
 from runtime.loadgen import run as loadgen
 from runtime.machine_profile import AUTO, PlanningProfile, resolve_profile
@@ -143,7 +143,7 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
     ``factors``: the server's online calibration (real / predicted step time per mode); planning
     and costing both scale the profile's AD and SD batch times by them, as the server's planner does.
     """
-    cost = raw = CostModel(load_profile(profile))
+    cost = CostModel(load_profile(profile))
     if factors is not None:
         calibration = StepCalibration()
         for mode, f in factors.items():
@@ -160,10 +160,8 @@ def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, co
                                   uplink_s=0.0, downlink_s=0.0)
         plan = sched.plan(rnd)
         measured = dataclasses.replace(rnd, realized_alpha=measured_alpha(g, rnd.alpha))
-        if sharing == "steps":  # the executor's whole-step time-slicing on the (uncalibrated) profile's steps, scaled per mode
-            out, out_m = (steps_outcome(raw, x, plan, factors, completion) for x in (rnd, measured))
-        else:
-            out, out_m = (evaluate_plan(cost, x, plan, completion=completion, sharing=sharing) for x in (rnd, measured))
+        # sharing "steps": the profile's engine steps, each scaled by its mode's calibration factor as the batch times are
+        out, out_m = (evaluate_plan(cost, x, plan, completion=completion, sharing=sharing) for x in (rnd, measured))
         prefill = prefill_s(cost.profile, rnd, plan, factors)
         for k, (_, row) in enumerate(g.iterrows()):
             lat = out.latency_s[k] + window_s if np.isfinite(out.latency_s[k]) else np.nan
@@ -210,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--completion", default="own", choices=["own", "batch"], help="the simulator's completion model (the server answers each request at its own last token)")
     ap.add_argument("--sharing", default="work_conserving", choices=["work_conserving", "fixed", "steps"],
                     help="the simulator's sharing model: the environment's fluid ones (the server's time-slicing is work-conserving), or steps: "
-                         "the executor's rule on whole engine steps (experiments.sim_vs_real_steps; planning still uses the environment's model)")
+                         "the executor's rule on whole engine steps (envs.step_sharing; planning still uses the environment's model)")
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens to the load generator")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads (the profile is measured with as many)")
     ap.add_argument("--profile", default=AUTO, help="the profile both the server and the simulator plan with: auto (measured on this machine, cached) or a NAME / .yaml PATH used as it is")

@@ -6,9 +6,9 @@ Reads the rounds of a ``experiments.sim_vs_real`` run (its CSV) and plans every 
 simulator does, on the same planning profile (``--profile auto``: this machine's cached one). Then:
 
 1. **Granularity** (pure model, no clock): each user's compute finish time under the simulator's
-   fluid sharing (``envs.outcome``, ``work_conserving``) against an emulation of the executor's rule
-   (``runtime.executor.run_shared``: whole engine steps, the job with the least ``used / share``
-   next), both from the *same* cost-model step times. Their difference is what granularity alone
+   fluid sharing (``envs.outcome``, ``work_conserving``) against its whole-step sharing
+   (``sharing="steps"``, :mod:`envs.step_sharing`: the executor's rule, ``runtime.executor.run_shared``:
+   whole engine steps, the job with the least ``used / share`` next), both from the *same* cost model. Their difference is what granularity alone
    does: a batch's first step (AD: its whole prefill; SD: both prefills and one iteration) is
    indivisible, so the other batch waits for it instead of progressing at its share.
 2. **Per-step cost, alone vs time-sliced** (measured): for the AD batches of the first ``--rounds``
@@ -33,10 +33,11 @@ import pandas as pd
 from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
-from envs.cost_model import CostModel, sd_iterations
-from envs.outcome import Outcome, evaluate_plan
+from envs.cost_model import CostModel
+from envs.outcome import evaluate_plan
 from envs.plan import AD, SD
 from envs.profile import load_profile
+from envs.step_sharing import job_order
 from envs.workload import Round
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,74 +57,20 @@ def plan_rounds(df: pd.DataFrame, cost: CostModel, window_s: float, alpha: float
     return out
 
 
-def step_times(cost: CostModel, rnd: Round, plan, mode: int) -> tuple[list[float], list[int], np.ndarray]:
-    """A batch's engine steps in the cost model (seconds each) and, per member, the step that ends it
-    (the round's realised outputs and acceptance, as ``envs.outcome.evaluate_plan`` uses them)."""
-    idx = np.flatnonzero(plan.modes == mode)
-    b, s = len(idx), int(rnd.input_tokens[idx].max())
-    outs = rnd.realized_output_tokens[idx].astype(int)
-    prefill = float(cost.tau_l.tau1(b, s, s))
-    if mode == AD:  # the first step is the prefill (and the first token), then one step per token
-        engine = float(cost.engine.ad(b)) if cost.engine is not None else 0.0
-        steps = [prefill] + [float(cost.tau_l.tau1(b, 1, s + i)) + engine for i in range(1, int(outs.max()))]
-        return steps, [int(o) - 1 for o in outs], idx
-    j = sd_iterations(outs, rnd.realized_alpha[idx], plan.gamma)
-    iteration = float(cost.sd_iteration_time(b, s + outs.max() / 2.0, plan.gamma))  # as CostModel.sd_time
-    steps = [prefill + float(cost.tau_s.tau1(b, s, s)) + iteration] + [iteration] * (int(j.max()) - 1)
-    return steps, [int(x) - 1 for x in j], idx
-
-
-def emulate_run_shared(jobs: dict[str, tuple[list[float], float]]) -> dict[str, np.ndarray]:
-    """When each step of each job ends under ``runtime.executor.run_shared``'s rule (ties: dict order)."""
-    used, pos, now = dict.fromkeys(jobs, 0.0), dict.fromkeys(jobs, 0), 0.0
-    ends: dict[str, list[float]] = {k: [] for k in jobs}
-    live = list(jobs)
-    while live:
-        k = min(live, key=lambda n: used[n] / max(jobs[n][1], 1e-9))
-        d = jobs[k][0][pos[k]]
-        now, used[k], pos[k] = now + d, used[k] + d, pos[k] + 1
-        ends[k].append(now)
-        if pos[k] == len(jobs[k][0]):
-            live.remove(k)
-    return {k: np.asarray(v) for k, v in ends.items()}
-
-
-def steps_outcome(cost: CostModel, rnd: Round, plan, factors: dict[str, float] | None = None, completion: str = "own") -> Outcome:
-    """:func:`envs.outcome.evaluate_plan`'s outcome with the executor's step-granular sharing in place
-    of the fluid one (``experiments.sim_vs_real --sharing steps``): each batch's cost-model steps,
-    scaled by ``factors`` (per mode, the server's calibration), run under ``run_shared``'s rule;
-    ``completion`` ``own`` ends a user at its own last step, ``batch`` at its batch's last."""
-    if completion not in ("own", "batch"):
-        raise ValueError(f"completion must be 'own' or 'batch', got {completion!r}")
-    latency = np.full(rnd.num_users, np.inf)
-    order = [m for m in dict.fromkeys(int(x) for x in plan.modes) if m in (AD, SD)]  # the executor's job order
-    batches = {m: step_times(cost, rnd, plan, m) for m in order}
-    f = factors or {}
-    ends = emulate_run_shared({m: ([d * f.get("ad" if m == AD else "sd", 1.0) for d in steps], plan.z if m == AD else 1.0 - plan.z)
-                               for m, (steps, _, _) in batches.items()})
-    batch_s = {AD: 0.0, SD: 0.0}
-    for m, (_, last, idx) in batches.items():
-        batch_s[m] = float(ends[m][-1])
-        done = ends[m][np.asarray(last)] if completion == "own" else np.full(len(idx), ends[m][-1])
-        latency[idx] = rnd.uplink_s[idx].max() + done + rnd.realized_downlink_s[idx]
-    served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
-    return Outcome(latency, served, batch_s[AD], batch_s[SD])
-
-
 def granularity(planned, cost: CostModel) -> pd.DataFrame:
-    """Per admitted user: fluid vs step-granular compute finish time (s) and its deadline, and the real compute time."""
+    """Per admitted user: fluid vs step-granular compute finish time (s) and its deadline, and the real compute time.
+
+    The rounds have no link time, so an outcome's latency is the compute finish time."""
     rows = []
     for r, g, rnd, plan in planned:
         fluid = evaluate_plan(cost, rnd, plan, completion="own", sharing="work_conserving")
-        # the executor's job order is the order in which the modes first appear in the round
-        order = [m for m in dict.fromkeys(int(x) for x in plan.modes) if m in (AD, SD)]
-        batches = {m: step_times(cost, rnd, plan, m) for m in order}
-        ends = emulate_run_shared({m: (steps, plan.z if m == AD else 1.0 - plan.z) for m, (steps, _, _) in batches.items()})
-        for m, (_, last, idx) in batches.items():
-            for k, step in zip(idx, last, strict=True):
+        steps = evaluate_plan(cost, rnd, plan, completion="own", sharing="steps")
+        order = job_order(plan.modes)  # rows in the executor's job order, batch by batch
+        for m in order:
+            for k in np.flatnonzero(plan.modes == m):
                 real = g.iloc[k]
-                rows.append({"round": r, "mode": "ad" if m == AD else "sd", "mixed": len(batches) == 2, "z": float(plan.z), "deadline_s": float(rnd.deadline_s[k]),
-                             "fluid_s": float(fluid.latency_s[k]), "steps_s": float(ends[m][step]),
+                rows.append({"round": r, "mode": "ad" if m == AD else "sd", "mixed": len(order) == 2, "z": float(plan.z), "deadline_s": float(rnd.deadline_s[k]),
+                             "fluid_s": float(fluid.latency_s[k]), "steps_s": float(steps.latency_s[k]),
                              "real_s": float(real.latency_s - real.wait_s - real.plan_s) if real.get("mode") in ("ad", "sd") else np.nan})
     return pd.DataFrame(rows)
 

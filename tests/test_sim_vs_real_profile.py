@@ -81,10 +81,10 @@ def test_cpu_hog_run_end_to_end(pair, profile, tmp_path):
 
 
 def test_step_emulation_is_the_executors_rule(monkeypatch):
-    """experiments.sim_vs_real_steps emulates runtime.executor.run_shared: the same step order and end
-    times, checked against the executor itself on generators that advance a fake clock."""
+    """envs.step_sharing emulates runtime.executor.run_shared: the same step order and end times,
+    checked against the executor itself on generators that advance a fake clock."""
     import runtime.executor
-    from experiments.sim_vs_real_steps import emulate_run_shared
+    from envs.step_sharing import run_whole_steps
 
     jobs = {"ad": ([0.4, 0.05, 0.05, 0.05], 0.3), "sd": ([0.1, 0.08, 0.08, 0.08, 0.08], 0.7)}
     clock = {"now": 0.0}
@@ -101,7 +101,7 @@ def test_step_emulation_is_the_executors_rule(monkeypatch):
     monkeypatch.setattr(runtime.executor.time, "perf_counter", lambda: clock["now"])
     runs = runtime.executor.run_shared({name: (steps(name), share) for name, (_, share) in jobs.items()})
     assert runs["ad"].device_s == pytest.approx(0.55)
-    emulated = emulate_run_shared(jobs)
+    emulated = run_whole_steps(jobs)
     for name in jobs:
         assert emulated[name] == pytest.approx(ends[name])
     assert emulated["ad"][0] == pytest.approx(0.4) and emulated["sd"][0] == pytest.approx(0.5)  # the AD prefill is whole: SD waits for it
@@ -132,14 +132,17 @@ def _round(inputs, outputs):
 def test_steps_sharing_is_the_environment_outcome_for_one_batch(mode):
     """With one batch there is nothing to share: the step emulation ends every user exactly when envs.outcome does."""
     from envs.outcome import evaluate_plan
-    from experiments.sim_vs_real_steps import steps_outcome
+    from runtime.calibration import CalibratedCostModel, StepCalibration
 
     cost = CostModel(load_profile("cpu1_specsched-pair"))
     rnd = _round([100, 150, 80], [10, 40, 25])
     plan = Plan(modes=np.array([mode, mode, mode]), gamma=4, z=1.0 if mode == AD else 0.0, lam=0.5)
-    steps, fluid = steps_outcome(cost, rnd, plan), evaluate_plan(cost, rnd, plan, completion="own", sharing="work_conserving")
+    steps, fluid = evaluate_plan(cost, rnd, plan, completion="own", sharing="steps"), evaluate_plan(cost, rnd, plan, completion="own", sharing="work_conserving")
     assert steps.latency_s == pytest.approx(fluid.latency_s) and (steps.served == fluid.served).all()
-    doubled = steps_outcome(cost, rnd, plan, {"ad": 2.0, "sd": 2.0})
+    calibration = StepCalibration()
+    for key in ("ad", "sd"):
+        calibration.update(key, 2.0, 1.0)  # a calibrated cost model doubles the batch times: the steps follow
+    doubled = evaluate_plan(CalibratedCostModel(cost, calibration), rnd, plan, completion="own", sharing="steps")
     assert doubled.latency_s - rnd.uplink_s.max() - rnd.downlink_s == pytest.approx(2 * (steps.latency_s - rnd.uplink_s.max() - rnd.downlink_s))
 
 
@@ -147,16 +150,15 @@ def test_steps_sharing_conserves_work_but_not_the_order():
     """Two batches: the round ends at the same time as in the fluid model (work-conserving), but the
     batch that runs behind a whole prefill step ends its first users later than at its fluid share."""
     from envs.outcome import evaluate_plan
-    from experiments.sim_vs_real_steps import steps_outcome
 
     cost = CostModel(load_profile("cpu1_specsched-pair"))
     rnd = _round([160, 150, 20, 30], [5, 8, 40, 60])
     plan = Plan(modes=np.array([AD, AD, SD, SD]), gamma=4, z=0.3, lam=0.5)
-    steps, fluid = steps_outcome(cost, rnd, plan), evaluate_plan(cost, rnd, plan, completion="own", sharing="work_conserving")
+    steps, fluid = evaluate_plan(cost, rnd, plan, completion="own", sharing="steps"), evaluate_plan(cost, rnd, plan, completion="own", sharing="work_conserving")
     assert max(steps.ad_batch_s, steps.sd_batch_s) == pytest.approx(max(fluid.ad_batch_s, fluid.sd_batch_s))
     assert steps.latency_s[2] > fluid.latency_s[2]  # SD's first user waits for AD's whole prefill
     with pytest.raises(ValueError, match="completion"):
-        steps_outcome(cost, rnd, plan, completion="nosuch")
+        evaluate_plan(cost, rnd, plan, completion="nosuch", sharing="steps")
 
 
 def test_from_csv_resimulates_without_a_server(tmp_path):
