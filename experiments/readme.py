@@ -109,7 +109,7 @@ SECTIONS = {
     "des_check": lambda: _between(RESULTS / "specedge" / "des_check.md", "**", "## By draft").strip(),
     "learned_v1": lambda: _between(RESULTS / "learned_v1_400k" / "learned_v1.md", "K = 20", "## All schedulers").replace("## ", "#### "),
     "learned_v1_150k": lambda: _between(RESULTS / "learned_v1" / "learned_v1.md", "**Target", "## All"),
-    "v1_speed": lambda: _table(RESULTS / "v1_speed.md"),
+    "v1_speed": lambda: _table_with(RESULTS / "v1_speed.md", "Medians over", "- EdgeSchedule", "Host:"),
     "split_bench": lambda: _body(RESULTS / "split_bench" / "split_bench.md"),
     "gpu_check": lambda: gpu_check_summary(),
     "split_sim_vs_real": lambda: _body(RESULTS / "split_sim_vs_real" / "summary.md"),
