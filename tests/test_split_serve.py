@@ -130,34 +130,54 @@ def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler
 
 
 def test_a_broken_edge_stream_ends_its_request_with_error(pair, tmp_path):
-    """An ED edge that goes away before its report: the request ends with ``error``, the server goes on."""
+    """An ED edge that goes away before its report -- after it has joined the verifier and had one
+    block verified: the request ends with ``error``, the batcher has no member left, the verifier
+    holds no session, and the server goes on."""
+    import queue
+
     import grpc
 
+    from runtime.split.messages import METHOD as VERIFY_METHOD
+    from runtime.split.messages import VerdictMsg, VerifyMsg
     from runtime.split_placement import METHOD, PlacementMsg, PlaceMsg
 
+    def until(check, what: str, timeout_s: float = 10.0) -> None:
+        for _ in range(int(timeout_s / 0.05)):
+            if check():
+                return
+            threading.Event().wait(0.05)
+        raise AssertionError(f"{what} within {timeout_s} s")
+
     tok = pair.tokenizer
+    ids = tok.encode("def f():")
     with running(pair, split_tiny_profile(pair, tmp_path), scheduler="edge_first", placement="split", window_s=0.1,
                  split={"port": 0, "cohorts": 1}, calibration_probe_s=0) as srv:
         rounds = srv.serve_app.rounds
-        for _ in range(100):
-            if rounds.split_port:
-                break
-            threading.Event().wait(0.05)
+        batcher, verifier = rounds.batcher, rounds.batcher.verifier
+        until(lambda: rounds.split_port, "the split port did not open")
         channel = grpc.insecure_channel(f"127.0.0.1:{rounds.split_port}")
         place = channel.stream_stream(METHOD, request_serializer=PlaceMsg.SerializeToString, response_deserializer=PlacementMsg.FromString)
-        call = place(iter([PlaceMsg(request_id="gone", prompt=tok.encode("def f():"), max_tokens=8, deadline_s=30.0, rtt_s=0.001)]))
+        call = place(iter([PlaceMsg(request_id="gone", prompt=ids, max_tokens=8, deadline_s=30.0, rtt_s=0.001)]))
         first = next(call)
-        assert first.kind in ("decision", "result")
+        assert first.kind == "decision" and first.mode == "ed"  # edge_first: the edge drafts
+        # the edge joins the verifier and has its prompt verified: it is a member with a session
+        outbox: queue.Queue = queue.Queue()
+        verify = channel.stream_stream(VERIFY_METHOD, request_serializer=VerifyMsg.SerializeToString, response_deserializer=VerdictMsg.FromString)
+        verdicts = verify(iter(outbox.get, None))
+        outbox.put(VerifyMsg(seq=0, prompt=ids, drafts=[], committed=len(ids)))
+        assert next(verdicts).committed == len(ids) + 1
+        assert batcher.members == 1 and len(verifier.sessions) == 1
+        verdicts.cancel()  # the edge goes away without its report
         call.cancel()
         channel.close()
-        for _ in range(200):
-            if sum(rounds.kind_counts["edge"].values()) == 1:
-                break
-            threading.Event().wait(0.05)
+        until(lambda: sum(rounds.kind_counts["edge"].values()) == 1, "the request did not end")
         counts = dict(rounds.kind_counts["edge"])
-    assert sum(counts.values()) == 1
-    if first.kind == "decision":
-        assert counts["error"] == 1
+        until(lambda: batcher.members == 0, "the broken edge did not leave the batcher")
+        until(lambda: not verifier.sessions, "the verifier did not free the broken edge's session")
+        assert not rounds.edge_active
+        again = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, "deadline_s": 30}, timeout=60)
+    assert sum(counts.values()) == 1 and counts["error"] == 1
+    assert again.status_code == 200 and again.json()["specsched"]["outcome"] == "served"
 
 
 def test_the_queue_counts_ed_as_a_way_to_serve_an_edge_user(pair, tmp_path):
