@@ -279,50 +279,67 @@ def checks(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def run_row(args, rtt: float, proactive: str, cohorts: int, run: dict) -> dict:
+    """One split run's measurements (before the comparison with the baseline)."""
+    edge, server = run["edge"], run["server"]
+    busy, cpu = server.get("busy_s"), server.get("cpu_s")
+    return {"rtt_ms": rtt, "proactive": proactive, "cohorts": cohorts, "clients": args.clients, "depth": args.depth,
+            "server_tokens_per_s": server["tokens_per_s"], "server_tokens_per_busy_s": server["tokens"] / busy if busy else float("nan"),
+            "server_tokens_per_cpu_s": server["tokens"] / cpu if cpu else float("nan"),
+            "server_cpu_s": cpu, "server_busy_s": busy, "itl_ms": edge["itl_ms"], "server_utilisation": server["utilisation"],
+            "mean_batch": server["mean_batch"], "cohort_alternation": server["cohort_alternation"], "mean_depth": edge["mean_depth"],
+            "accepted_per_iteration": edge["accepted_per_iteration"], "proactive_hit_rate": edge["proactive_hit_rate"], "network_ms": edge["network_ms"],
+            # what the round trip took beyond the emulated WAN (mean RTT + mean jitter both ways): gRPC, serialisation, threads
+            "transport_overhead_ms": edge["network_ms"] - rtt - args.jitter_ms, "queue_wait_ms": edge["queue_wait_ms"],
+            "server_compute_ms": edge["server_compute_ms"], "host_load_1min": run["load"], "outcomes": json.dumps(edge["outcomes"])}
+
+
+def compare(row: dict, base: pd.DataFrame, throughput: str) -> dict:
+    """``row`` with the best baseline at its ITL and the split/server-only ratios under every definition."""
+    ratios = {}
+    for name, (split_col, base_col) in THROUGHPUT.items():
+        best, _ = best_baseline(base, row["itl_ms"], base_col)
+        ratios[f"ratio_{name}"] = row[split_col] / best[base_col]
+    ref, within = best_baseline(base, row["itl_ms"], THROUGHPUT[throughput][1])
+    return {**row, "baseline_tokens_per_s": ref.tokens_per_s, "baseline_tokens_per_cpu_s": ref.tokens_per_cpu_s, "baseline_itl_ms": ref.itl_ms,
+            "baseline_batch": int(ref.batch), "baseline_gamma": int(ref.gamma), "baseline_within_itl": within,
+            "throughput": throughput, "throughput_ratio": ratios[f"ratio_{throughput}"], **ratios}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from runtime.pair import build_pair, load_pair
 
     pair = load_pair(args.pair or build_pair(recipe=args.preset, progress=False), device=args.device, dtype=args.dtype)
-    base = pd.read_csv(args.baseline) if args.baseline else baseline_sweep(args, pair)
-    write_csv_atomic(base, args.out / "baseline.csv", index=False)
-    rows = []
+    load0 = os.getloadavg()[0]
+    # the baseline is swept before and after the split runs and averaged: on a shared machine the
+    # load drifts over the minutes the grid takes, and both sides should see the same drift
+    sweeps = [pd.read_csv(args.baseline)] if args.baseline else [baseline_sweep(args, pair)]
+    raw = []
     grid = list(itertools.product(args.rtt_ms, args.proactive, args.cohorts))
     for k, (rtt, proactive, cohorts) in enumerate(grid, 1):
         folder = args.out / "runs" / f"rtt{rtt:g}_proactive-{proactive}_cohorts{cohorts}"
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
+        load = os.getloadavg()[0]
         run = split_run(args, rtt, proactive, cohorts, folder)
-        edge, server = run["edge"], run["server"]
-        busy, cpu = server.get("busy_s"), server.get("cpu_s")
-        rates = {"server_tokens_per_s": server["tokens_per_s"], "server_tokens_per_busy_s": server["tokens"] / busy if busy else float("nan"),
-                 "server_tokens_per_cpu_s": server["tokens"] / cpu if cpu else float("nan")}
-        ratios = {}
-        for name, (split_col, base_col) in THROUGHPUT.items():
-            best, _ = best_baseline(base, edge["itl_ms"], base_col)
-            ratios[f"ratio_{name}"] = rates[split_col] / best[base_col]
-        split_col, base_col = THROUGHPUT[args.throughput]
-        ref, within = best_baseline(base, edge["itl_ms"], base_col)
-        rows.append({"rtt_ms": rtt, "proactive": proactive, "cohorts": cohorts, "clients": args.clients, "depth": args.depth, **rates,
-                     "server_cpu_s": cpu, "server_busy_s": busy, "itl_ms": edge["itl_ms"], "server_utilisation": server["utilisation"],
-                     "mean_batch": server["mean_batch"], "cohort_alternation": server["cohort_alternation"], "mean_depth": edge["mean_depth"], "accepted_per_iteration": edge["accepted_per_iteration"],
-                     "proactive_hit_rate": edge["proactive_hit_rate"], "network_ms": edge["network_ms"],
-                     # what the round trip took beyond the emulated WAN (mean RTT + mean jitter both ways): gRPC, serialisation, threads
-                     "transport_overhead_ms": edge["network_ms"] - rtt - args.jitter_ms, "queue_wait_ms": edge["queue_wait_ms"],
-                     "server_compute_ms": edge["server_compute_ms"], "outcomes": json.dumps(edge["outcomes"]),
-                     "baseline_tokens_per_s": ref.tokens_per_s, "baseline_tokens_per_cpu_s": ref.tokens_per_cpu_s, "baseline_itl_ms": ref.itl_ms,
-                     "baseline_batch": int(ref.batch), "baseline_gamma": int(ref.gamma), "baseline_within_itl": within,
-                     "throughput": args.throughput, "throughput_ratio": ratios[f"ratio_{args.throughput}"], **ratios})
-        print(f"[split_bench] {k}/{len(grid)} rtt {rtt:g} ms, proactive {proactive}, cohorts {cohorts}: {rates[split_col]:.1f} tok/s ({args.throughput}), "
-              f"ITL {edge['itl_ms']:.2f} ms, utilisation {server['utilisation']:.2f}, ratio {rows[-1]['throughput_ratio']:.2f} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    df = pd.DataFrame(rows)
+        raw.append(run_row(args, rtt, proactive, cohorts, {**run, "load": load}))
+        split_col = THROUGHPUT[args.throughput][0]
+        print(f"[split_bench] {k}/{len(grid)} rtt {rtt:g} ms, proactive {proactive}, cohorts {cohorts}: {raw[-1][split_col]:.1f} tok/s ({args.throughput}), "
+              f"ITL {raw[-1]['itl_ms']:.2f} ms, utilisation {raw[-1]['server_utilisation']:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    if not args.baseline:
+        sweeps.append(baseline_sweep(args, pair))
+    base = pd.concat(sweeps).groupby(["batch", "gamma"], as_index=False).mean()
+    write_csv_atomic(base, args.out / "baseline.csv", index=False)
+    df = pd.DataFrame([compare(row, base, args.throughput) for row in raw])
     write_csv_atomic(df, args.out / "split_bench.csv", index=False)
     cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     md = ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
           f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {args.clients} edge clients x {args.requests} requests x {args.max_new_tokens} tokens; "
           f"batching window {args.window_ms:g} ms, edge clients {'one after another' if args.shared_device == 'on' else 'concurrently'} on one draft device; "
           f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process.", "",
+          f"Host: {os.cpu_count()} CPUs, load average (1 min) {load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end "
+          f"(per run: host_load_1min); server-only SD swept {len(sweeps)} time(s) (before and after the split runs) and averaged.", "",
           f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "
           "ratio_wall give the split/server-only ratio under each definition (the module docstring defines them).", "",
           "## Targets", "", *checks(df), "",
