@@ -24,6 +24,7 @@ Writes ``results/general.md``, ``general.csv`` (per seed), ``general_seeds.csv``
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import time
 from pathlib import Path
@@ -137,6 +138,7 @@ def plot(seeds: pd.DataFrame, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for setting, g in seeds.groupby("setting", sort=False):
@@ -146,6 +148,7 @@ def plot(seeds: pd.DataFrame, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xticks(sorted(seeds.K.unique()))
     ax.set_xticklabels([str(k) for k in sorted(seeds.K.unique())])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("users per round K")
     ax.set_ylabel("users served / BALANCE's")
     ax.set_title("One set policy (cloned from BALANCE) for every K, test rounds")
@@ -160,10 +163,15 @@ def plot(seeds: pd.DataFrame, path: Path) -> None:
 COLS = ["setting", "K", "scheduler", "rounds", "served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "decision_ms_median"]
 
 
-def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shipped: int, command: str) -> str:
+def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shipped: int, command: str, load: str) -> str:
     lines = ["# One policy for every K: the set policy vs BALANCE (issue 15 §1)", "",
-             f"Policies: `agents.set_policy` cloned from BALANCE (gamma = 2) by `agents.imitation`, {int(seeds.seeds.max())} training seeds; "
-             f"shipped: seed {shipped} (best validation score) in `policies/general/`. Test stream, seed {SEED}; BALANCE at its fixed gamma = 4.", "",
+             f"Policies: `agents.set_policy` cloned by `agents.imitation` (no PPO) from an expert that is, per training round, the best of "
+             f"BALANCE at draft depth 2 and two greedy admissions; {int(seeds.seeds.max())} training seeds (seeds change the initialisation, "
+             f"batch order and the DART perturbations; the expert plans are one set, train stream seed 0); shipped: seed {shipped} "
+             f"(best validation score) in `policies/general/`. Test stream, seed {SEED}; BALANCE at the paper's fixed gamma = 4.", "",
+             "Caveat: part of any gain comes from the draft depth -- the policies admit SD users at gamma = 2, BALANCE at 4 -- most of all "
+             "under prediction error, where BALANCE with the best gamma per round (`balance_gamma`) is itself 1.20x BALANCE at K = 50 "
+             "(`results/learned.md`).", "",
              "## Across seeds", "",
              "`ratio_to_balance`: users served / BALANCE's on the same rounds, mean over seeds with its Student-t 95 % CI half-width; "
              "`seeds_above/below_balance`: seeds whose paired bootstrap 95 % CI of the per-round difference lies above / below 0.", "",
@@ -171,7 +179,7 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
              "## Per seed", "", per_seed[COLS].to_markdown(index=False, floatfmt=".4g"), "",
              "## Decision time per round (one process, one thread)", "",
              "Policy: the shipped policy through `PolicyScheduler` (cached user encodings, numpy; env stepping and masks included).", "",
-             times.to_markdown(index=False, floatfmt=".4g"), "", f"Reproduce: `{command}`", ""]
+             times.to_markdown(index=False, floatfmt=".4g"), "", f"{load}.", "", f"Reproduce: `{command}`", ""]
     return "\n".join(lines)
 
 
@@ -212,14 +220,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[general] {setting} K={k}: {seeds[-1]} ({time.perf_counter() - start:.0f} s)", flush=True)
     per_seed_df, seeds_df = pd.concat(per_seed, ignore_index=True), pd.DataFrame(seeds)
     bal = dict(kv.split(":") for kv in args.balance_timing_rounds.split(",")) if args.balance_timing_rounds else {}
+    load_before = os.getloadavg()[0]
     times = timing(args.policies, [int(k) for k in args.timing_ks.split(",")], args.timing_rounds, {int(k): int(v) for k, v in bal.items()})
+    load = f"1-minute load average {load_before:.1f} before the timing, {os.getloadavg()[0]:.1f} after ({os.cpu_count()} CPUs)"
     out = args.results
     write_csv_atomic(per_seed_df[COLS], out / "general.csv")
     write_csv_atomic(seeds_df, out / "general_seeds.csv")
     write_csv_atomic(times, out / "general_timing.csv")
     plot(seeds_df, out / "general.png")
     command = "python -m experiments.general " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-    write_text_atomic(out / "general.md", report(per_seed_df, seeds_df, times, shipped, command.strip()))
+    write_text_atomic(out / "general.md", report(per_seed_df, seeds_df, times, shipped, command.strip(), load))
     print(f"[general] wrote {out / 'general.md'}", flush=True)
 
 
