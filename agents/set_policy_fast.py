@@ -83,6 +83,8 @@ class CachedSetActor:
         if self.pool == "attention":
             self.query, self.key, self.value, self.out = (_mlp(m) for m in (ex.query, ex.key, ex.value, ex.out))
             self.null_key, self.null_value = _np(ex.null_key), _np(ex.null_value)
+            d = self.null_key.shape[0]
+            self._rows_d, self._cols_h = np.arange(d), np.arange(d) // (d // self.heads)  # the block-diagonal query's entries
         self.actor = _mlp(model.policy.mlp_extractor.policy_net) + _mlp(model.policy.action_net)
         self.reset()
 
@@ -112,7 +114,10 @@ class CachedSetActor:
         """The extractor's features for one observation ``(obs_dim,)``, from the cache where it holds."""
         obs = np.asarray(obs, dtype=np.float32)
         users = obs[self.head :]
-        n = int(np.count_nonzero(users[PRESENCE::USER_FEATURES] > 0.5))
+        n = self._n_prev - 1
+        # users are packed from slot 0: one user fewer than last time is slot n - 1 present and slot n empty (O(1))
+        if not (0 <= n < self._rows and (n == 0 or users[(n - 1) * USER_FEATURES + PRESENCE] > 0.5) and users[n * USER_FEATURES + PRESENCE] <= 0.5):
+            n = int(np.count_nonzero(users[PRESENCE::USER_FEATURES] > 0.5))
         if not (0 < self._n_prev < self.k_max and n == self._n_prev - 1 and n <= self._rows):
             self._encode(users[: n * USER_FEATURES].reshape(n, USER_FEATURES))
         self._n_prev = n
@@ -130,7 +135,7 @@ class CachedSetActor:
         q = _run(self.query, ctx) / math.sqrt(dh)
         # one matmul for every head's scores: q laid out block-diagonally, (d, h)
         q_blocks = np.zeros((d, h), dtype=np.float32)
-        q_blocks[np.arange(d), np.arange(d) // dh] = q
+        q_blocks[self._rows_d, self._cols_h] = q
         scores = np.empty((n + 1, h), dtype=np.float32)
         scores[0] = self.null_key @ q_blocks
         scores[1:] = self._keys[start:] @ q_blocks
