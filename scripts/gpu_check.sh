@@ -43,7 +43,7 @@ step() {  # step NAME COMMAND...: run one step, note a failure, go on
   echo "== $name"
   "$@" || { echo "!! $name failed (exit $?)"; FAILED="$FAILED $name"; }
 }
-step verify_timing "$PY" -m runtime.split.verify_timing --pair "$PAIR" "${DEV[@]}" --batches 1,4,8 --buckets 1,64 --out "$DIR"
+step verify_timing "$PY" -m runtime.split.verify_timing --pair "$PAIR" "${DEV[@]}" --batches 1,4,8 --buckets 1,64 --cudnn-attention on,off --out "$DIR"
 # the edge drafts on the CPU: with the edge process on the same GPU, the first H200 run saw 50-67 ms per verification batch (time-sharing)
 step split_bench "$PY" -m experiments.split_bench --pair "$PAIR" "${DEV[@]}" --edge-device cpu --edge-dtype float32 --out "$DIR/split_bench" --rtt-ms 5 \
   --proactive on,off --cohorts 1,2 --clients "${GPU_CHECK_CLIENTS:-8}" --requests 2 --max-new-tokens 48 --window-ms "${GPU_CHECK_WINDOW_MS:-5}" --timeout-s 120
@@ -64,7 +64,7 @@ GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.
   echo
   echo "## Verifier forward (ms per verify call; runtime.split.verify_timing)"
   echo
-  echo "repeat: one shape every call; growing: the past grows 8 tokens a call (new shapes); revisit: the growing shapes again."
+  echo "repeat: one shape every call; growing: the past grows 8 tokens a call (new shapes); revisit: the growing shapes again; cudnn_attention: whether attention may use cuDNN (the verifier keeps it off on CUDA)."
   echo
   cat "$DIR/verify_timing.md" 2>/dev/null || true
   echo
