@@ -96,6 +96,7 @@ SECTIONS = {
     "balance_speed": lambda: _table(RESULTS / "balance_speed.md"),
     "sim_vs_real": lambda: _body(RESULTS / "sim_vs_real.md"),
     "sim_vs_real_cpu_hog": lambda: _body(RESULTS / "sim_vs_real_cpu_hog.md"),
+    "sim_vs_real_fluid": lambda: _body(RESULTS / "sim_vs_real_sharing_work_conserving.md"),
     "overload": lambda: _body(RESULTS / "overload.md"),
     "pair": lambda: pair_summary(),
     "profile_fit": lambda: profile_fit(),

@@ -12,17 +12,20 @@ own last token; time-slicing hands a finished batch's share to the other). Repor
 and p50 latency, real vs simulated, per scheduler and per mode (with the compute time split into
 prefill -- up to the first token -- and decoding, so the source of a gap shows).
 
-**Sharing model.** ``--sharing work_conserving`` (default) is the environment's fluid model: both
-batches progress at their shares at once. ``--sharing steps`` costs the same plan with the
-executor's actual rule (``envs.outcome`` ``sharing="steps"``, :mod:`envs.step_sharing`): whole
-engine steps, so a batch's first step (AD: its whole prefill) makes the other batch wait instead of
-sharing. Planning uses the
-environment's model either way. Re-simulating the last idle run's rounds (``--from-csv
-results/sim_vs_real.csv --profile results/sim_vs_real_profile.yaml --sharing steps``: no server)
-moved BALANCE from served +5.6 % / p50 -11.0 % to +3.7 % / -9.6 %; ``ad_only`` and ``sd_only`` run
-one batch per round and are unchanged. Its report goes to
-``results/sim_vs_real[_cpu_hog]_sharing_steps.{csv,md}``; every run saves the profile it planned
-with beside its CSV (``*_profile.yaml``) so that ``--from-csv`` can re-simulate it later.
+**Sharing model.** ``--sharing steps`` (default) costs the plan with the executor's actual rule
+(``envs.outcome`` ``sharing="steps"``, :mod:`envs.step_sharing`): whole engine steps, so a batch's
+first step (AD: its whole prefill) makes the other batch wait instead of sharing -- the server's
+semantics, which is what this experiment compares against. ``--sharing work_conserving`` is the
+environment's default fluid model (both batches progress at their shares at once; what
+EdgeSchedule-v0 rewards), ``fixed`` the paper's. Planning uses the environment's model either way;
+``ad_only`` and ``sd_only`` run one batch per round, where all three agree. The choice of default
+was made from an analysis of an earlier idle run (``experiments.sim_vs_real_steps``: BALANCE's
+served +5.6 % / p50 -11.0 % under the fluid model came from whole-step time-slicing), before the
+run published with it. A non-default model's report goes beside the default's, to
+``results/sim_vs_real[_cpu_hog]_sharing_<model>.{csv,md}``; every run saves the profile it planned
+with beside its CSV (``*_profile.yaml``) so that ``--from-csv`` can re-simulate it under another
+model (e.g. ``--from-csv results/sim_vs_real.csv --profile results/sim_vs_real_profile.yaml
+--sharing work_conserving``: no server).
 
 **Which profile.** By default (``--profile auto``) a profile measured on *this* machine: the
 shipped table for the server's thread count plus a quick calibration measured here on first use
@@ -77,6 +80,8 @@ from runtime.pair import build_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
+#: the simulator's default sharing model: the executor's whole-step rule (see the module docstring)
+DEFAULT_SHARING = "steps"
 
 
 def free_port() -> int:
@@ -206,9 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window-s", type=float, default=0.3)
     ap.add_argument("--alpha", type=float, default=0.9, help="the server's initial acceptance estimate (and the simulator's)")
     ap.add_argument("--completion", default="own", choices=["own", "batch"], help="the simulator's completion model (the server answers each request at its own last token)")
-    ap.add_argument("--sharing", default="work_conserving", choices=["work_conserving", "fixed", "steps"],
-                    help="the simulator's sharing model: the environment's fluid ones (the server's time-slicing is work-conserving), or steps: "
-                         "the executor's rule on whole engine steps (envs.step_sharing; planning still uses the environment's model)")
+    ap.add_argument("--sharing", default=DEFAULT_SHARING, choices=["work_conserving", "fixed", "steps"],
+                    help="the simulator's sharing model: steps (default): the executor's rule on whole engine steps (envs.step_sharing); "
+                         "or the environment's fluid ones (work_conserving: the environment's default; fixed); planning always uses the environment's model")
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens to the load generator")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads (the profile is measured with as many)")
     ap.add_argument("--profile", default=AUTO, help="the profile both the server and the simulator plan with: auto (measured on this machine, cached) or a NAME / .yaml PATH used as it is")
@@ -330,7 +335,7 @@ def profile_lines(planning: PlanningProfile) -> list[str]:
 
 def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.DataFrame, modes: pd.DataFrame) -> None:
     # another simulator sharing model than the default writes beside the default's report, not over it
-    stem = ("sim_vs_real_cpu_hog" if args.cpu_hog else "sim_vs_real") + ("" if args.sharing == "work_conserving" else f"_sharing_{args.sharing}")
+    stem = ("sim_vs_real_cpu_hog" if args.cpu_hog else "sim_vs_real") + ("" if args.sharing == DEFAULT_SHARING else f"_sharing_{args.sharing}")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(df, args.out / f"{stem}.csv")  # a reader never sees half a table
     if args.from_csv is None:  # the profile both sides planned with, beside the CSV: --from-csv can re-simulate it later
@@ -338,7 +343,7 @@ def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.Da
     cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
     cmd += (f" --profile {args.profile}" if args.profile != AUTO else "") + ("" if args.auto_profile else " --no-auto-profile")
     cmd += (" --cpu-hog" if args.cpu_hog else "") + (" --pair PATH" if args.pair else "")
-    cmd += ("" if args.sharing == "work_conserving" else f" --sharing {args.sharing}") + ("" if args.completion == "own" else f" --completion {args.completion}")
+    cmd += ("" if args.sharing == DEFAULT_SHARING else f" --sharing {args.sharing}") + ("" if args.completion == "own" else f" --completion {args.completion}")
     if args.from_csv is not None:
         cmd += f" --from-csv {args.from_csv}"
     setting = ("one CPU-bound process (a busy loop) ran beside the server throughout; each scheduler ran with the server's online calibration on "

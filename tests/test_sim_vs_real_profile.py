@@ -169,10 +169,10 @@ def test_from_csv_resimulates_without_a_server(tmp_path):
                          "sim_served": True, "scheduler": "balance"})
     csv = tmp_path / "old.csv"
     real.to_csv(csv, index=False)
-    svr.main(["--from-csv", str(csv), "--profile", "cpu1_specsched-pair", "--sharing", "steps", "--schedulers", "balance", "--out", str(tmp_path)])
-    text = (tmp_path / "sim_vs_real_sharing_steps.md").read_text()
-    assert "Re-simulated from the real rows" in text and "sharing `steps`" in text and "--from-csv" in text
-    out = pd.read_csv(tmp_path / "sim_vs_real_sharing_steps.csv")
+    svr.main(["--from-csv", str(csv), "--profile", "cpu1_specsched-pair", "--sharing", "work_conserving", "--schedulers", "balance", "--out", str(tmp_path)])
+    text = (tmp_path / "sim_vs_real_sharing_work_conserving.md").read_text()
+    assert "Re-simulated from the real rows" in text and "sharing `work_conserving`" in text and "--sharing work_conserving --from-csv" in text
+    out = pd.read_csv(tmp_path / "sim_vs_real_sharing_work_conserving.csv")
     assert len(out) == 5 and out.sim_latency_s.notna().any() and not (tmp_path / "sim_vs_real.md").exists()
     with pytest.raises(SystemExit):
         svr.main(["--from-csv", str(csv), "--cpu-hog"])
