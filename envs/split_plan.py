@@ -277,7 +277,7 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     # the array forms' operations in their order). An empty batch reports nothing and its time is 0.
     ad_idx = np.flatnonzero(modes == AD)
     if ad_idx.size:
-        total = cost.ad_time1(ad_idx.size, int(rnd.input_tokens[ad_idx].max()), int(rnd.realized_output_tokens[ad_idx].max()))
+        total = cost.ad_time1(ad_idx.size, _max(rnd.input_tokens, ad_idx), _max(rnd.realized_output_tokens, ad_idx))
         ad_batch_s = _fixed_share_finish(latency, rnd, ad_idx, total, float(plan.z))
     sd_idx = np.flatnonzero(modes == SD)
     if sd_idx.size and simulate_acceptance:  # acceptance drawn token by token from rng: evaluate_plan's own draws
@@ -286,21 +286,21 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     elif sd_idx.size:
         gamma = int(plan.gamma)
         j = sd_iterations(rnd.realized_output_tokens[sd_idx], rnd.realized_alpha[sd_idx], gamma)
-        total = cost.sd_time1(sd_idx.size, int(rnd.input_tokens[sd_idx].max()), int(rnd.realized_output_tokens[sd_idx].max()), int(j.max()), gamma)
+        total = cost.sd_time1(sd_idx.size, _max(rnd.input_tokens, sd_idx), _max(rnd.realized_output_tokens, sd_idx), max(j.tolist()), gamma)
         sd_batch_s = _fixed_share_finish(latency, rnd, sd_idx, total, 1.0 - float(plan.z + plan.ed_share))
     depth = plan.ed_depth[ed_idx]
-    d_max = int(depth.max())
-    if users is None or users.tokens.shape[1] < d_max or not (np.array_equal(rnd.realized_output_tokens, rnd.output_tokens) and np.array_equal(rnd.realized_alpha, rnd.alpha)):
+    d_max = max(depth.tolist())
+    if users is None or users.tokens.shape[1] < d_max or not (_same(rnd.realized_output_tokens, rnd.output_tokens) and _same(rnd.realized_alpha, rnd.alpha)):
         users = ed_users(split, rnd, d_max, realised=True)
     col = depth - 1
     b = ed_idx.size
-    s_max = int(rnd.input_tokens[ed_idx].max())
-    n_max = int(rnd.realized_output_tokens[ed_idx].max())
-    j_max = int(users.iterations[ed_idx, col].max())
+    s_max = _max(rnd.input_tokens, ed_idx)
+    n_max = _max(rnd.realized_output_tokens, ed_idx)
+    j_max = max(users.iterations[ed_idx, col].tolist())
     c_e = ed_time1(cost, b, s_max, n_max, j_max, d_max + 1)  # ed_time's operations in Python floats
     share = plan.ed_share
     end = c_e / share if share > 0 else np.inf
-    latency[ed_idx] = float(rnd.uplink_s[ed_idx].max()) + end + float(users.prefill_s[ed_idx].max()) + j_max * float(users.edge_s[ed_idx, col].max())
+    latency[ed_idx] = _max(rnd.uplink_s, ed_idx) + end + _max(users.prefill_s, ed_idx) + j_max * max(users.edge_s[ed_idx, col].tolist())
     served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
     return Outcome(latency, served, ad_batch_s, sd_batch_s)
 
@@ -309,5 +309,18 @@ def _fixed_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, total_
     """Write the realised latency of batch ``idx`` (``total_s`` of work at ``share`` of the GPU, all
     finishing at its end) into ``latency``; return the batch's end (inf without a share)."""
     end = total_s / share if share > 0 else np.inf
-    latency[idx] = rnd.uplink_s[idx].max() + end + rnd.realized_downlink_s[idx]
+    latency[idx] = _max(rnd.uplink_s, idx) + end + rnd.realized_downlink_s[idx]
     return float(end)
+
+
+# The end-of-episode hot path (issue #13) takes a few small maxima per batch: Python's max over a
+# gathered list is about half numpy's reduction call there, and gives the same value (exact, no NaN
+# in these arrays) as a Python int or float -- what the callers converted numpy's result to anyway.
+def _max(a: np.ndarray, idx: np.ndarray):
+    """``a[idx].max()`` as a Python number (``idx`` non-empty)."""
+    return max(a[idx].tolist())
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """``np.array_equal(a, b)`` for two of a round's arrays, without its argument checks."""
+    return a.shape == b.shape and bool((a == b).all())
