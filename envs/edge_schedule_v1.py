@@ -93,8 +93,8 @@ from gymnasium import spaces
 
 from envs.actions import action_index
 from envs.config import ConfigError, EnvConfig
-from envs.cost_model import CostModel
-from envs.edge_schedule import user_features
+from envs.cost_model import CostModel, expected_tokens_per_iteration
+from envs.edge_schedule import UPLINK_SCALE_S
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan
 from envs.split_cost import SplitCostModel, SplitOptions
@@ -130,9 +130,26 @@ def observation_size(cfg: EnvConfig) -> int:
 
 
 def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
-    """(K, 10) user features in presentation order: v0's eight, has-an-edge, RTT / 0.1 s."""
-    f = np.empty((rnd.num_users, USER_FEATURES), dtype=np.float32)  # filled column block by block (float32 casts as astype does)
-    f[:, :8] = user_features(rnd, order, cfg)
+    """(K, 10) user features in presentation order: v0's eight, has-an-edge, RTT / 0.1 s.
+
+    The first eight are ``envs.edge_schedule.user_features`` (a reset's hot path: its operations
+    element by element, written into one (8, K) block instead of stacked, clipped in place; float32
+    casts as astype does). ``tests/test_env_v1_fast_paths.py`` compares the two.
+    """
+    k = rnd.num_users
+    v0 = np.empty((8, k))
+    alpha = rnd.alpha[order]
+    v0[0] = rnd.input_tokens[order] / cfg.input_tokens[1]
+    v0[1] = rnd.output_tokens[order] / cfg.output_tokens[1]
+    v0[2] = rnd.deadline_s[order] / cfg.deadline_s[1]
+    v0[3] = alpha
+    v0[4] = (rnd.deadline_s - rnd.downlink_s)[order] / cfg.deadline_s[1]  # slack_s
+    v0[5] = rnd.uplink_s[order] / UPLINK_SCALE_S
+    v0[6] = expected_tokens_per_iteration(alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
+    v0[7] = 1.0
+    np.clip(v0, 0.0, 1.0, out=v0)
+    f = np.empty((k, USER_FEATURES), dtype=np.float32)  # filled column block by block (float32 casts as astype does)
+    f[:, :8] = v0.T
     f[:, 8] = 0.0 if rnd.has_edge is None else rnd.has_edge[order]
     f[:, 9] = 0.0 if rnd.rtt_s is None else np.clip(rnd.rtt_s[order] / RTT_SCALE_S, 0.0, 1.0)
     return f

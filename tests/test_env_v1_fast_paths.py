@@ -3,7 +3,8 @@
 * vector twin: the look-ahead is copied as one slice when the sub-envs are in step and gathered per
   sub-env otherwise; both equal the per-element gather with a presence mask (the original encoding);
 * scalar env: a plain ``int`` action skips ``action_index``; ints, numpy ints, integral floats and
-  invalid actions give the same trajectory as the same actions passed through ``action_index``.
+  invalid actions give the same trajectory as the same actions passed through ``action_index``;
+* ``round_features`` (a reset's v0 features without ``np.stack``) equals ``user_features``.
 """
 
 import numpy as np
@@ -44,3 +45,21 @@ def test_scalar_int_fast_path_same_trajectory():
             ob, rb, done_b, _, ib = b_env.step(idx if idx >= 0 else n + 7)  # an out-of-range int: invalid as well
             assert np.array_equal(oa, ob) and ra == rb and done == done_b and ia["invalid_action"] == ib["invalid_action"]
         assert ia["served"] == ib["served"] and np.array_equal(ia["modes"], ib["modes"]) and np.array_equal(ia["ed_depth"], ib["ed_depth"])
+
+
+@pytest.mark.parametrize("user_order", ["arrival", "slack", "output"])
+def test_round_features_equal_v0_user_features(user_order):
+    """round_features writes v0's eight features without stacking: the same float32 values."""
+    from envs.config import EnvConfig
+    from envs.edge_schedule import user_features
+    from envs.edge_schedule_v1 import round_features
+    from envs.workload import sample_round
+
+    cfg = EnvConfig.from_kwargs(num_users=30, user_order=user_order, alpha=(0.3, 1.0), deadline_s=(0.5, 20.0))
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        rnd = sample_round(rng, cfg)
+        order = rnd.order(cfg.user_order)
+        f = round_features(rnd, order, cfg)
+        assert f.dtype == np.float32 and f.shape == (30, USER_FEATURES)
+        assert np.array_equal(f[:, :8], user_features(rnd, order, cfg))
