@@ -4,7 +4,8 @@
   sub-env otherwise; both equal the per-element gather with a presence mask (the original encoding);
 * scalar env: a plain ``int`` action skips ``action_index``; ints, numpy ints, integral floats and
   invalid actions give the same trajectory as the same actions passed through ``action_index``;
-* ``round_features`` (a reset's v0 features without ``np.stack``) equals ``user_features``.
+* ``round_features`` (a reset's v0 features without ``np.stack``) equals ``user_features``;
+* ``ed_users``' popcount count of the proactive prefix (G a multiple of 8) equals the plain sum.
 """
 
 import numpy as np
@@ -63,3 +64,19 @@ def test_round_features_equal_v0_user_features(user_order):
         f = round_features(rnd, order, cfg)
         assert f.dtype == np.float32 and f.shape == (30, USER_FEATURES)
         assert np.array_equal(f[:, :8], user_features(rnd, order, cfg))
+
+
+def test_ed_users_popcount_path_equals_sum_path():
+    """ed_users counts the proactive prefix by popcount when G is a multiple of 8 and by a sum
+    otherwise; depth j's values do not depend on G, so G = 8, 16 (popcount) and 9 (sum) agree."""
+    from envs.split_plan import ed_users
+    from envs.workload import sample_round
+
+    env = EdgeScheduleV1Env(num_users=40, edge_fraction=1.0)
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        rnd = sample_round(rng, env.cfg)
+        by_g = {g: ed_users(env.split, rnd, g) for g in (8, 9, 16)}
+        for g in (9, 16):
+            for name in ("edge_s", "iterations", "tokens", "allowed"):
+                assert np.array_equal(getattr(by_g[g], name)[:, :8], getattr(by_g[8], name)), (g, name)
