@@ -163,7 +163,8 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
     modes[order], depth[order] = modes_presented, depth_presented
     z, ed_share, lam = shares
     # each mode counted once (Plan's admitted_* properties recount on every access)
-    n_ad, n_sd, n_ed = (int(np.count_nonzero(modes == m)) for m in (AD, SD, ED))
+    counts = np.bincount(modes, minlength=4).tolist()  # modes are REJECT, AD, SD, ED = 0..3
+    n_ad, n_sd, n_ed = counts[AD], counts[SD], counts[ED]
     admitted = n_ad + n_sd + n_ed
     plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if n_ed else None, ed_share=ed_share)
     outcome = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing,

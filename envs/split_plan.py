@@ -101,7 +101,11 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     # edge passes: the i-th (0-based) at context c + i + 1 (split_cost.edge_pass_s for a chain), and
     # the edge's prompt prefill tau_E(1, I, I), priced in one element-wise tau_E call (K * G + K points)
     kg = k * g_max
-    both = split.tau_e.tau(1.0, np.concatenate([np.ones(kg), first]), np.concatenate([(c[:, None] + g).ravel(), first]))
+    q_all, c_all = np.ones(kg + k), np.empty(kg + k)  # [chain passes (K * G, row-major), prefills (K)]: filled in place, no concatenate
+    q_all[kg:] = first
+    np.add(c[:, None], g, out=c_all[:kg].reshape(k, g_max))
+    c_all[kg:] = first
+    both = split.tau_e.tau(1.0, q_all, c_all)
     step, prefill = both[:kg].reshape(k, g_max), both[kg:]
     cum = np.cumsum(step, axis=1)
     near = alpha > 1.0 - 1e-9
