@@ -18,7 +18,7 @@ import numpy as np
 
 from envs.actions import action_indices
 from envs.cost_model import sd_iterations1
-from envs.feasibility import EPS, share_needed1
+from envs.feasibility import EPS
 from envs.split_plan import ed_budget, ed_memory, ed_share, ed_time
 
 if TYPE_CHECKING:
@@ -91,8 +91,11 @@ class SplitScalarPlan:
         t_a = self._ad_memo.get(key)
         if t_a is None:
             t_a = self._ad_memo[key] = c.ad_time1(b_a, s_a, n_a)
-        share_a = share_needed1(t_a, b_a, u_a, sl_a)
-        mem_a = c.ad_memory1(b_a, s_a, n_a, sum_out[0] + out)
+        # share_needed1 and CostModel.ad_memory1 / sd_memory1 inlined (their operations in their order; b_a, b_s >= 1)
+        budget_a = sl_a - u_a
+        share_a = t_a / budget_a if budget_a > 0 else math.inf
+        per_user = c.kv_memory == "per_user"
+        mem_a = (float(b_a) * s_a + (sum_out[0] + out)) * c.kv_l if per_user else float(b_a) * (float(s_a) + n_a) * c.kv_l
         ok_a = share_a + sh[1] + sh[2] <= lim and mem_a + mm[1] + mm[2] <= mem_lim
         masks = [True, ok_a] + [False] * (2 * g_max)
         b_s = b[1] + 1
@@ -108,6 +111,8 @@ class SplitScalarPlan:
         sum_s = sum_out[1] + out
         sd = {}
         sd_memo, j_max = self._sd_memo, self.j_max
+        budget_s = sl_s - u_s
+        fb_s, fs_s, kv_sd, sd_user = float(b_s), float(s_s), c.kv_sd, c.sd_user_bytes
         for g in ((self.gamma,) if self.gamma > 0 else range(1, g_max + 1)):
             j_s = sd_iterations1(out, alpha, g)
             j_s = j_s if j_s > j_max else j_max
@@ -115,8 +120,9 @@ class SplitScalarPlan:
             t_s = sd_memo.get(key)
             if t_s is None:
                 t_s = sd_memo[key] = c.sd_time1(b_s, s_s, n_s, j_s, g)
-            share_s = share_needed1(t_s, b_s, u_s, sl_s)
-            mem_s = c.sd_memory1(b_s, s_s, n_s, sum_s, g)
+            share_s = t_s / budget_s if budget_s > 0 else math.inf
+            kv = (fb_s * (fs_s + g) + sum_s) * kv_sd if per_user else fb_s * (fs_s + n_s + g) * kv_sd
+            mem_s = kv + fb_s * sd_user if sd_user else kv
             sd[g] = (j_s, share_s, mem_s)
             masks[1 + g] = sh[0] + share_s + sh[2] <= lim and mm[0] + mem_s + mm[2] <= budget_sd
         eds = {}
@@ -141,7 +147,6 @@ class SplitScalarPlan:
             base = t_e - u_e - p_e
             fb, fs, kv = float(b_e), float(s_e), c.kv_l
             fsn = fs + n_e
-            per_user = c.kv_memory == "per_user"
             sh01, mm01 = sh[0] + sh[1], mm[0] + mm[1]
             j_b, q_b, x_b = self.ed[0], self.ed[1], self.ed[3]
             tau1 = c.tau_l.tau1
