@@ -50,6 +50,7 @@ from envs.feasibility import EPS, check_plans
 from envs.outcome import Outcome, evaluate_plan
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_cost import SplitCostModel
+from envs.split_outcome import check_ed_completion, ed_own_latency
 from envs.workload import Round
 
 if TYPE_CHECKING:  # the CostModel's module is being renamed (envs.feasibility -> envs.cost_model)
@@ -260,7 +261,8 @@ def shares_split(r_a: float, r_s: float, r_e: float, m_a: float, m_s: float, m_e
 
 
 def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Round, plan: Plan, rng: np.random.Generator | None = None,
-                        simulate_acceptance: bool = False, completion: str = "batch", sharing: str = "fixed", users: EdUsers | None = None) -> Outcome:
+                        simulate_acceptance: bool = False, completion: str = "batch", sharing: str = "fixed", users: EdUsers | None = None,
+                        ed_completion: str = "batch") -> Outcome:
     """Realised latency and served flags of a plan with AD, SD and ED users.
 
     Without ED users this *is* ``envs.outcome.evaluate_plan`` (v0's outcome). With them (choice):
@@ -269,8 +271,11 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     such rounds. ED users' realised latency is ``U_E + C_E / zeta_E + P_E + J X_E`` with their
     realised outputs and acceptance (expected tokens per iteration: ``simulate_acceptance`` applies
     to SD only). ``users``: the round's predicted :class:`EdUsers` (at least ``max ed_depth``
-    depths), reused when realised equals predicted (saves recomputing them).
+    depths), reused when realised equals predicted (saves recomputing them). ``ed_completion``:
+    ``"batch"`` (default, the formula above) or ``"own"`` (each ED user ends at its own last token:
+    ``envs.split_outcome``).
     """
+    check_ed_completion(ed_completion)
     ed_idx = np.flatnonzero(plan.modes == ED)
     if ed_idx.size == 0:
         return evaluate_plan(cost, rnd, plan, rng=rng, simulate_acceptance=simulate_acceptance, completion=completion, sharing=sharing)
@@ -308,7 +313,11 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     c_e = ed_time1(cost, b, s_max, n_max, j_max, d_max + 1)  # ed_time's operations in Python floats
     share = plan.ed_share
     end = c_e / share if share > 0 else np.inf
-    latency[ed_idx] = _max(rnd.uplink_s, ed_idx) + end + _max(users.prefill_s, ed_idx) + j_max * max(users.edge_s[ed_idx, col].tolist())
+    if ed_completion == "own":
+        latency[ed_idx] = ed_own_latency(cost, b, s_max, n_max, d_max + 1, users.iterations[ed_idx, col], _max(rnd.uplink_s, ed_idx),
+                                         users.prefill_s[ed_idx], users.edge_s[ed_idx, col], share)
+    else:
+        latency[ed_idx] = _max(rnd.uplink_s, ed_idx) + end + _max(users.prefill_s, ed_idx) + j_max * max(users.edge_s[ed_idx, col].tolist())
     served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
     return Outcome(latency, served, ad_batch_s, sd_batch_s)
 
