@@ -169,6 +169,12 @@ class CostModel:
     def sd_time1(self, b: int, s_max: int, n_max: int, j_max: int, gamma: int) -> float:
         if b <= 0:
             return 0.0
+        prefill, iteration = self.sd_parts1(b, s_max, n_max, gamma)
+        return prefill + float(j_max) * iteration
+
+    def sd_parts1(self, b: int, s_max: int, n_max: int, gamma: int) -> tuple[float, float]:
+        """:meth:`sd_time1`'s prefill and per-iteration seconds (``b >= 1``): ``sd_time1 = prefill +
+        float(j_max) * iteration``, so a caller can memoise them without ``j_max`` (envs.split_builder)."""
         s = max(float(s_max), 1.0)
         g = float(gamma)
         c = s + float(n_max) / 2.0
@@ -178,7 +184,7 @@ class CostModel:
             iteration = iteration + float(self.profile.llm.flops(float(b), g + 1.0, c + g)) * self.verify_s_per_flop
         if self.engine is not None:
             iteration = iteration + float(self.engine.sd(b, g))
-        return prefill + float(j_max) * iteration
+        return prefill, iteration
 
     def ad_memory1(self, b: int, s_max: int, n_max: int, sum_out: int) -> float:
         if self.kv_memory == "per_user":
