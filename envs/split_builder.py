@@ -12,30 +12,27 @@ user they take exactly v0's decisions (``envs.plan_builder``; AD/SD arithmetic i
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from envs.actions import action_indices
-from envs.cost_model import sd_iterations1
+from envs.cost_model import CostModel, sd_iterations1
 from envs.feasibility import EPS
 from envs.split_plan import ed_budget, ed_memory, ed_share, ed_time
-
-if TYPE_CHECKING:
-    from envs.cost_model import CostModel
 
 
 class SplitScalarPlan:
     """One round's plan with three batches, in Python floats. ED rows come from ``split_plan.EdUsers``.
 
     Speed (the scalar env's hot path, issue #13): the closed-form times are memoised by their exact
-    arguments (``CostModel.ad_time1`` / ``sd_time1``, the ED batch's prefill and verify passes
+    arguments (``CostModel.ad_time1``, ``sd_parts1`` -- SD's prefill and per-iteration time, which
+    do not depend on the user's ``J`` -- the ED batch's prefill and verify passes
     ``tau_L.tau1``), so a user that leaves a batch's aggregates unchanged re-prices nothing; the
     same calls with the same arguments give the same floats, so every decision is unchanged. The
     memos live as long as the plan (its cost model is fixed) and are emptied past ``MEMO_MAX`` entries.
-    Under random play the AD and SD memos hit about one call in five (the key holds the user's own
-    ``J`` and the batch maxima); the ED memo pays most: one batch's verify passes serve all depths
-    and every later user that leaves the ED batch's ``(b, S, N)`` unchanged.
+    Under random play the AD memo hits about one call in five (its key holds the batch maxima with
+    the user's own); the SD memo, keyed without ``J``, serves every user that leaves the SD batch's
+    ``(b, S, N)`` unchanged, and so does the ED memo (one batch's verify passes serve all depths).
     """
 
     MEMO_MAX = 1 << 14  #: entries per memo before it is emptied (bounds memory on long runs)
@@ -44,7 +41,8 @@ class SplitScalarPlan:
         self.cost = cost
         self.g_max = max_gamma
         self._ad_memo: dict[tuple[int, int, int], float] = {}
-        self._sd_memo: dict[tuple[int, int, int, int, int], float] = {}
+        self._sd_memo: dict[tuple, object] = {}  # (b, S, N, g) -> (prefill, iteration) seconds; (b, S, N, J, g) -> seconds for an overridden sd_time1
+        self._sd_parts = type(cost).sd_time1 is CostModel.sd_time1 and hasattr(cost, "sd_parts1")
         self._ed_memo: dict[tuple[int, int, int], dict[int, float]] = {}  # (b, S, N) -> {q: tau_L verify pass; 0: the prefill pass}
         self._depths = range(1, max_gamma + 1)
         self.reset()
@@ -116,10 +114,17 @@ class SplitScalarPlan:
         for g in ((self.gamma,) if self.gamma > 0 else range(1, g_max + 1)):
             j_s = sd_iterations1(out, alpha, g)
             j_s = j_s if j_s > j_max else j_max
-            key = (b_s, s_s, n_s, j_s, g)
-            t_s = sd_memo.get(key)
-            if t_s is None:
-                t_s = sd_memo[key] = c.sd_time1(b_s, s_s, n_s, j_s, g)
+            if self._sd_parts:  # sd_time1 = prefill + J * iteration: the parts do not depend on the user's J, so they are memoised without it
+                key = (b_s, s_s, n_s, g)
+                parts = sd_memo.get(key)
+                if parts is None:
+                    parts = sd_memo[key] = c.sd_parts1(b_s, s_s, n_s, g)
+                t_s = parts[0] + float(j_s) * parts[1]
+            else:  # a cost model that overrides sd_time1 (e.g. runtime.calibration's): its own time, memoised with J
+                key = (b_s, s_s, n_s, j_s, g)
+                t_s = sd_memo.get(key)
+                if t_s is None:
+                    t_s = sd_memo[key] = c.sd_time1(b_s, s_s, n_s, j_s, g)
             share_s = t_s / budget_s if budget_s > 0 else math.inf
             kv = (fb_s * (fs_s + g) + sum_s) * kv_sd if per_user else fb_s * (fs_s + n_s + g) * kv_sd
             mem_s = kv + fb_s * sd_user if sd_user else kv
