@@ -22,7 +22,10 @@ seeded generator (``--tokens``, ``--deadline-s``), RTTs from ``--rtt-ms``. Then 
 again by the same scheduler as the server saw it -- prompt tokens, ``max_tokens`` as the output
 prediction, the deadline less the round window, ``has_edge`` and ``rtt_s`` -- on the same profile,
 with the acceptance estimate the server had, and costed with ``envs.split_plan.evaluate_split_plan``
-(each user's realised output length). *sim* realises the estimate; *sim, measured acceptance*
+(each user's realised output length). ED users end at their own last token (``ed_completion="own"``,
+the server's semantics, as ``experiments.sim_vs_real`` uses v0's ``completion="own"``; ``--completion
+batch`` for v1's default, every ED user ending at its ED batch's end); the batch-completion figure
+with the estimate realised is always reported beside it (*sim, batch completion*). *sim* realises the estimate; *sim, measured acceptance*
 realises each ED user's measured acceptance (accepted / (accepted + rejecting iterations), from the
 edge's iteration log) and each SD user's. Latency: the request's arrival at the server to its end
 (ED: the edge's report of its last token reaching the server), the simulated one plus the round
@@ -55,6 +58,7 @@ from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.plan import AD, ED, SD
 from envs.profile import load_profile
+from envs.split_outcome import ED_COMPLETIONS
 from envs.split_plan import evaluate_split_plan
 from envs.workload import Round
 from experiments.sim_vs_real import free_port
@@ -63,6 +67,8 @@ from runtime.split_loadgen import check_ranges, draw_round, run_round
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "split_sim_vs_real"
 MODES = {AD: "ad", SD: "sd", ED: "ed"}
+#: (report label, column prefix) of the simulated figures compared with the live ones
+SIMS = (("sim", "sim"), ("sim, measured acceptance", "sim_measured"), ("sim, batch completion", "sim_batch"))
 SETTINGS = ("ed", "mix")
 
 
@@ -92,8 +98,11 @@ def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alph
     raise RuntimeError("server did not start within 180 s")
 
 
-def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, policy: str | None) -> pd.DataFrame:
-    """Plan each round as the server saw it and cost it with the v1 model (see the module docstring)."""
+def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, policy: str | None, completion: str = "own") -> pd.DataFrame:
+    """Plan each round as the server saw it and cost it with the v1 model (see the module docstring).
+
+    ``completion``: when ED users end in *sim* and *sim, measured acceptance* (``envs.split_outcome``);
+    *sim_batch* (the estimate realised, ED users ending at their batch's end) is always added."""
     cost = CostModel(load_profile(profile))
     split = split_model(cost.profile)
     sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0) if scheduler != "policy" else _policy(cost, policy)
@@ -111,9 +120,10 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
         with np.errstate(invalid="ignore", divide="ignore"):
             measured = np.clip(acc / (acc + rej), 0.0, 0.999)
         outs = {}
-        for label, alpha in (("sim", rnd.alpha), ("sim_measured", np.where(np.isfinite(measured), measured, rnd.alpha))):
+        for label, alpha, ed_completion in (("sim", rnd.alpha, completion), ("sim_measured", np.where(np.isfinite(measured), measured, rnd.alpha), completion),
+                                            ("sim_batch", rnd.alpha, "batch")):
             rr = dataclasses.replace(rnd, realized_output_tokens=realised.astype(np.int64), realized_alpha=np.asarray(alpha, dtype=float))
-            outs[label] = evaluate_split_plan(cost, split, rr, plan)
+            outs[label] = evaluate_split_plan(cost, split, rr, plan, ed_completion=ed_completion)
         for k, idx in enumerate(g.index):
             row = {"index": idx, "sim_mode": MODES.get(int(plan.modes[k]), "-"), "sim_depth": int(plan.ed_depth[k]) if plan.ed_depth is not None and plan.modes[k] == ED else 0}
             for label, out in outs.items():
@@ -144,12 +154,12 @@ def compare(df: pd.DataFrame) -> pd.DataFrame:
             done = m.outcome.isin(["served", "late"])
             real_served, real_p50 = int((m.outcome == "served").sum()), m.latency_s[done].median()
             row = {"scheduler": scheduler, "setting": setting, "users": who, "requests": len(m), "served (real)": real_served}
-            for label, col in (("sim", "sim"), ("sim, measured acceptance", "sim_measured")):
+            for label, col in SIMS:
                 served = int(m[f"{col}_served"].sum())
                 row[f"served ({label})"] = served
                 row[f"served error % ({label})"] = (served - real_served) / max(real_served, 1) * 100
             row["p50 latency real (s)"] = real_p50
-            for label, col in (("sim", "sim"), ("sim, measured acceptance", "sim_measured")):
+            for label, col in SIMS:
                 p50 = m[f"{col}_latency_s"].dropna().median()
                 row[f"p50 ({label}) (s)"] = p50
                 row[f"p50 error % ({label})"] = _err(p50, real_p50)
@@ -176,6 +186,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile", default="split_cpu1_specsched-pair")
     ap.add_argument("--pair", type=Path, default=None, help="a built pair folder (default: the project's full pair, built and cached)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
+                    help="when simulated ED users end: own (at their own last token, as the server answers) or batch (at their ED batch's end, v1's default)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     known = {"balance_ed", "edge_first", "policy"}
@@ -229,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
             proc.wait(timeout=60)
     wall = time.perf_counter() - t_start
     load.append(os.getloadavg()[0])
-    sims = [simulate(df, s, args.profile, args.window_s, args.policy) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
+    sims = [simulate(df, s, args.profile, args.window_s, args.policy, args.completion) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
     both = pd.concat(sims)
     write_report(args, both, compare(both), wall, load)
 
@@ -241,7 +253,8 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, l
     cmd = (f"python -m experiments.split_sim_vs_real --schedulers {args.schedulers} --settings {args.settings} --rounds {args.rounds} "
            f"--edge-users {args.edge_users} --http-users {args.http_users} --tokens {args.tokens[0]} {args.tokens[1]} "
            f"--deadline-s {args.deadline_s[0]:g} {args.deadline_s[1]:g} --rtt-ms {args.rtt_ms[0]:g} {args.rtt_ms[1]:g} --window-s {args.window_s:g} "
-           f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else ""))
+           f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else "")
+           + ("" if args.completion == "own" else f" --completion {args.completion}"))
     text = "\n".join([
         "# Simulated (v1) vs real: edge users", "",
         f"`runtime.serve placement=split` on loopback, the project's pair on this CPU ({args.threads} torch thread(s) in the server and in the edges' process), "
@@ -251,7 +264,9 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, l
         f"round window {args.window_s} s. ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
         "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
         "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device). "
-        "In the v1 model a round's ED users all end when its ED batch ends (its most iterations x its slowest edge iteration); live, each ends at its own last token.", "",
+        f"Simulated ED users end at {'their own last token (its own iterations x its own edge iteration, verify passes at the batch occupancy; as live)' if args.completion == 'own' else 'their ED batch end (its most iterations x its slowest edge iteration)'} "
+        "(`--completion " + args.completion + "`); *sim, batch completion*: the estimate realised and every ED user ending at its ED batch's end "
+        "(the v1 environment's default outcome).", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
         f"Wall time of the live part: {wall_s:.0f} s; the host's 1-minute load average {load[0]:.1f} before it and {load[1]:.1f} after, "
         f"on {os.cpu_count()} CPU(s) (above the CPU count the host was loaded, and real times are slower than the profile's).", "",

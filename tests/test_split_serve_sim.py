@@ -31,6 +31,24 @@ def test_simulate_plans_edge_users_in_ed_and_costs_them():
     assert not np.allclose(ed.sim_measured_latency_s, ed.sim_latency_s)
 
 
+def test_simulated_ed_users_end_at_their_own_last_token_by_default():
+    rows = live_rows()
+    rows["max_tokens"] = [60, 10, 20]  # very different iteration counts: the short ED user ends well before the batch
+    rows["tokens"] = [60, 10, 20]
+    own = simulate(rows, "edge_first", PROFILE, 0.3, None)
+    ed = own[own.sim_mode == "ed"]
+    assert len(ed) == 2
+    assert (ed.sim_latency_s <= ed.sim_batch_latency_s).all()
+    assert ed.sim_latency_s.iloc[1] < ed.sim_batch_latency_s.iloc[1]
+    assert ed.sim_batch_latency_s.nunique() == 1  # batch completion: both end together
+    batch = simulate(rows, "edge_first", PROFILE, 0.3, None, completion="batch")
+    np.testing.assert_array_equal(batch.sim_latency_s, batch.sim_batch_latency_s)
+    np.testing.assert_array_equal(batch.sim_batch_latency_s, own.sim_batch_latency_s)
+    table = compare(own)
+    assert "p50 (sim, batch completion) (s)" in table.columns and "served (sim, batch completion)" in table.columns
+    assert parse_args([]).completion == "own" and parse_args(["--completion", "batch"]).completion == "batch"
+
+
 def test_tight_deadlines_are_rejected_in_the_simulator_too():
     rows = live_rows(outcome="rejected")
     rows["deadline_s"] = 0.31  # 10 ms left after the round window
@@ -57,6 +75,7 @@ def test_compare_reports_the_errors():
     (["--rounds", "0"], "--rounds"),
     (["--tokens", "10", "5"], "--tokens"),
     (["--alpha", "1.5"], "--alpha"),
+    (["--completion", "token"], "--completion"),
 ])
 def test_bad_experiment_arguments_fail_first(argv, words, capsys):
     with pytest.raises(SystemExit):
