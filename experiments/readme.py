@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from agents.artefacts import write_text_atomic
 from experiments.paper import STUDIES, gain_cells
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,19 +188,24 @@ def profile_fit() -> str:
     return text
 
 
-def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    for name, make in SECTIONS.items():
-        pattern = re.compile(rf"(<!-- BEGIN:{name} -->\n).*?(\n<!-- END:{name} -->)", re.S)
+def fill_sections(text: str, sections: dict) -> str:
+    """``text`` with every ``<!-- BEGIN:name -->`` ... ``<!-- END:name -->`` body replaced by ``sections[name]()``."""
+    for name, make in sections.items():
+        # the body between the markers may be empty (a fresh section: BEGIN on the line before END)
+        pattern = re.compile(rf"(<!-- BEGIN:{name} -->\n)(?:.*?\n)?(<!-- END:{name} -->)", re.S)
         if not pattern.search(text):
             continue
         try:
             body = make()
         except (FileNotFoundError, StopIteration, KeyError, IndexError) as err:
             body = f"(not generated yet: {err})"
-        text = pattern.sub(lambda m, b=body: m.group(1) + b + m.group(2), text)
-    readme.write_text(text)
+        text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)
+    return text
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    write_text_atomic(readme, fill_sections(readme.read_text(), SECTIONS))  # a reader never sees half a README
     print(f"updated {readme}")
 
 
