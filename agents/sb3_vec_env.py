@@ -29,7 +29,7 @@ FINAL_KEYS = ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma
 class EdgeScheduleSB3VecEnv(VecEnv):
     def __init__(self, num_envs: int, env_kwargs: dict[str, Any], stage: int = 0, start_step: int = 0):
         """``stage`` (curriculum stage) and ``start_step`` (timestep a resumed run starts at) select fresh train rounds."""
-        self.venv = EdgeScheduleVectorEnv(num_envs=num_envs, autoreset_mode="same_step", **env_kwargs)
+        self.venv = self.make_vector_env(num_envs, env_kwargs)
         super().__init__(num_envs, self.venv.single_observation_space, self.venv.single_action_space)
         self.stage = stage
         self.start_step = start_step
@@ -38,6 +38,11 @@ class EdgeScheduleSB3VecEnv(VecEnv):
         self._returns = np.zeros(num_envs)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._t0 = time.time()
+
+    @staticmethod
+    def make_vector_env(num_envs: int, env_kwargs: dict[str, Any]):
+        """The native vector env this adapter drives (subclasses drive another)."""
+        return EdgeScheduleVectorEnv(num_envs=num_envs, autoreset_mode="same_step", **env_kwargs)
 
     @property
     def cfg(self):

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import numpy as np
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvStepReturn
+from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 
 from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
 from envs.edge_schedule_v1_vector import INFO_KEYS, EdgeScheduleV1VectorEnv
@@ -24,16 +24,9 @@ from envs.edge_schedule_v1_vector import INFO_KEYS, EdgeScheduleV1VectorEnv
 class EdgeScheduleV1SB3VecEnv(EdgeScheduleSB3VecEnv):
     """``num_envs`` EdgeSchedule-v1 rounds for SB3; ``env_kwargs`` are v1's keyword arguments."""
 
-    def __init__(self, num_envs: int, env_kwargs: dict[str, Any], stage: int = 0, start_step: int = 0):
-        self.venv = EdgeScheduleV1VectorEnv(num_envs=num_envs, **env_kwargs)
-        VecEnv.__init__(self, num_envs, self.venv.single_observation_space, self.venv.single_action_space)
-        self.stage = stage
-        self.start_step = start_step
-        self.seed(None)
-        self._actions = np.zeros(num_envs, dtype=np.int64)
-        self._returns = np.zeros(num_envs)
-        self._lengths = np.zeros(num_envs, dtype=np.int64)
-        self._t0 = time.time()
+    @staticmethod
+    def make_vector_env(num_envs: int, env_kwargs: dict[str, Any]):
+        return EdgeScheduleV1VectorEnv(num_envs=num_envs, **env_kwargs)
 
     def step_wait(self) -> VecEnvStepReturn:
         obs, rewards, term, trunc, info = self.venv.step(self._actions)

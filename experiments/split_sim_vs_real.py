@@ -62,7 +62,7 @@ from envs.split_outcome import ED_COMPLETIONS
 from envs.split_plan import evaluate_split_plan
 from envs.workload import Round
 from experiments.sim_vs_real import free_port
-from runtime.split_loadgen import check_ranges, draw_round, run_round
+from runtime.split_loadgen import add_round_args, check_ranges, draw_round, run_round
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "split_sim_vs_real"
@@ -174,11 +174,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--policy", default="policies/split_k20", help="the v1 policy for scheduler policy")
     ap.add_argument("--settings", default="ed,mix", help="comma-separated: ed (edge users only), mix (edge + HTTP users)")
     ap.add_argument("--rounds", type=int, default=8, help="rounds per setting")
-    ap.add_argument("--edge-users", type=int, default=2)
-    ap.add_argument("--http-users", type=int, default=2)
-    ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
-    ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.8, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
-    ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
+    add_round_args(ap)
     ap.add_argument("--window-s", type=float, default=0.3)
     ap.add_argument("--alpha", type=float, default=0.8, help="the server's initial acceptance estimate")
     ap.add_argument("--cohorts", type=int, default=2)

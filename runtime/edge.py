@@ -41,6 +41,16 @@ from runtime.split.pair_args import add_pair_args, load_pair_from_args
 from runtime.split.transport import DelayedLink, GrpcLink
 
 
+def run_clients(client, n: int, name: str) -> float:
+    """Run ``client(i)`` for i < n, each on its own thread, and return the wall time until all end (s)."""
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,), name=f"{name}-{i}") for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(ap)
@@ -137,16 +147,11 @@ def run_placed(args: argparse.Namespace, pair, prompts: list[list[int]]) -> None
         finally:
             user.close()
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,), name=f"edge-user-{i}") for i in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    wall_s = run_clients(client, args.clients, "edge-user")
     counts: dict[str, int] = {}
     for r in results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    summary = {"requests": len(results), "outcomes": counts, "modes": sorted({r["mode"] for r in results}), "wall_s": time.perf_counter() - t0}
+    summary = {"requests": len(results), "outcomes": counts, "modes": sorted({r["mode"] for r in results}), "wall_s": wall_s}
     if args.summary is not None:
         write_text_atomic(args.summary, json.dumps({**summary, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                                                     "requests_detail": results}, indent=2))
@@ -196,13 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         if edge is not None:
             edge.link.close()
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,), name=f"edge-client-{i}") for i in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    summary = summarise(outcomes, time.perf_counter() - t0)
+    wall_s = run_clients(client, args.clients, "edge-client")
+    summary = summarise(outcomes, wall_s)
     summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     if args.log is not None:
         lines = [json.dumps(dataclasses.asdict(log)) for o in outcomes for log in o.iterations]

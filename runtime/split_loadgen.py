@@ -79,16 +79,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--url", required=True, help="the server's HTTP address, e.g. http://127.0.0.1:8011")
     ap.add_argument("--split", required=True, help="the server's split.port as HOST:PORT")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--edge-users", type=int, default=2)
-    ap.add_argument("--http-users", type=int, default=2)
-    ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
-    ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.8, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
-    ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
+    add_round_args(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="per-request CSV")
     args = ap.parse_args(argv)
     check_ranges(ap, args)
     return args
+
+
+def add_round_args(ap: argparse.ArgumentParser) -> None:
+    """The shape of a round (users of each kind, tokens, deadlines, RTTs), shared with experiments.split_sim_vs_real."""
+    ap.add_argument("--edge-users", type=int, default=2)
+    ap.add_argument("--http-users", type=int, default=2)
+    ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
+    ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.8, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
+    ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
 
 
 def check_ranges(ap: argparse.ArgumentParser, args) -> None:

@@ -31,10 +31,11 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2
 
 from runtime.split.depth import DepthController
 from runtime.split.edge_client import EdgeClient, RequestOutcome
+from runtime.split.messages import build_messages
 from runtime.split.transport import DelayedLink, GrpcLink
 
 PACKAGE = "specsched.placement"
@@ -55,18 +56,7 @@ _FIELDS = {
 }
 
 
-def _build():
-    fd = descriptor_pb2.FileDescriptorProto(name="specsched_placement.proto", package=PACKAGE, syntax="proto3")
-    for name, fields in _FIELDS.items():
-        msg = fd.message_type.add(name=name)
-        for number, (fname, ftype, repeated) in enumerate(fields, start=1):
-            msg.field.add(name=fname, number=number, type=ftype, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fd)
-    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{n}")) for n in _FIELDS)
-
-
-PlaceMsg, PlacementMsg = _build()
+PlaceMsg, PlacementMsg = build_messages("specsched_placement.proto", PACKAGE, _FIELDS)
 
 
 @dataclass

@@ -29,18 +29,20 @@ _FIELDS = {
 }
 
 
-def _build():
-    fd = descriptor_pb2.FileDescriptorProto(name="specsched_split.proto", package=PACKAGE, syntax="proto3")
-    for name, fields in _FIELDS.items():
+def build_messages(file_name: str, package: str, fields: dict[str, list[tuple[str, int, bool]]]) -> tuple:
+    """Message classes for ``fields`` (name -> [(field, proto type, repeated)], numbered in order),
+    built at import from a descriptor, so no generated ``_pb2`` module or protoc step is needed."""
+    fd = descriptor_pb2.FileDescriptorProto(name=file_name, package=package, syntax="proto3")
+    for name, msg_fields in fields.items():
         msg = fd.message_type.add(name=name)
-        for number, (fname, ftype, repeated) in enumerate(fields, start=1):
+        for number, (fname, ftype, repeated) in enumerate(msg_fields, start=1):
             msg.field.add(name=fname, number=number, type=ftype, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
-    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{n}")) for n in _FIELDS)
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{n}")) for n in fields)
 
 
-VerifyMsg, VerdictMsg = _build()
+VerifyMsg, VerdictMsg = build_messages("specsched_split.proto", PACKAGE, _FIELDS)
 
 
 @dataclass(frozen=True)
