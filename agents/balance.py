@@ -22,6 +22,8 @@ half the optimum.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
@@ -38,8 +40,26 @@ def grid(step: float) -> np.ndarray:
     return np.unique(np.concatenate([np.linspace(0.0, 1.0, n + 1), [0.0, 1.0]]))
 
 
-def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values) -> Plan:
-    """Best plan over the given ``z`` x ``lam`` candidates (``plan.extra["grid_points_solved"]``).
+@dataclass(frozen=True)
+class SplitChoice:
+    """The best ``(z, lam)`` point of a grid search: ``modes`` (K,) int8 in {REJECT, AD, SD}."""
+
+    modes: np.ndarray
+    z: float
+    lam: float
+    grid_points_solved: int
+
+
+def search_splits(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values, share_total: float = 1.0,
+                  memory_taken: float = 0.0) -> SplitChoice | None:
+    """BALANCE's grid search over ``z`` x ``lam`` with ``share_total`` of the GPU's compute and
+    ``memory_taken`` bytes of KV already used elsewhere (``None`` when no grid point was solved).
+
+    AD gets compute share ``z * share_total`` and KV ``lam * M_rem``, SD ``(1 - z) * share_total``
+    and ``(1 - lam) * M_rem``, where ``M_rem`` is the KV budget (with or without the SLM's weights)
+    less ``memory_taken``. At ``share_total = 1`` and ``memory_taken = 0`` this is the paper's
+    search, bit for bit; BALANCE with ED (``agents.balance_ed``) calls it on the users an ED batch
+    leaves, with the share and memory that batch does not use.
 
     Two exact shortcuts keep this fast. (1) A grid point whose upper bound (AD bound + SD bound,
     each over all users) cannot beat the incumbent is skipped. (2) For a fixed ``z``, raising
@@ -50,9 +70,9 @@ def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values) 
     k = rnd.num_users
     ad_tab, sd_tab = build_table(cost, rnd, AD, gamma), build_table(cost, rnd, SD, gamma)
     everyone = np.ones(k, dtype=bool)
-    rem_sd = float(cost.memory_budget(True))
-    rem_ad_only = float(cost.memory_budget(False))
-    best_n, best_plan, solved = -1, None, 0
+    rem_sd = float(cost.memory_budget(True)) - memory_taken
+    rem_ad_only = float(cost.memory_budget(False)) - memory_taken
+    best_n, best, solved = -1, None, 0
     zs = sorted((float(v) for v in z_values), reverse=True)
     lams = sorted(float(v) for v in lam_values)
     # visit the single-mode corners first (cheap, and a strong incumbent prunes the rest)
@@ -60,25 +80,28 @@ def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values) 
     for z, lam in corners:
         m_rem = rem_ad_only if z >= 1.0 else rem_sd
         solved += 1
-        chosen = solve_mode(ad_tab, everyone, z, lam * m_rem) if z >= 1.0 else solve_mode(sd_tab, everyone, 1.0 - z, (1.0 - lam) * m_rem)
+        if z >= 1.0:
+            chosen = solve_mode(ad_tab, everyone, z * share_total, lam * m_rem)
+        else:
+            chosen = solve_mode(sd_tab, everyone, (1.0 - z) * share_total, (1.0 - lam) * m_rem)
         if len(chosen) > best_n:
             modes = np.zeros(k, dtype=np.int8)
             modes[chosen] = AD if z >= 1.0 else SD
-            best_n, best_plan = len(chosen), Plan(modes, gamma=gamma, z=z, lam=lam)
+            best_n, best = len(chosen), (modes, z, lam)
     # every grid point's bounds at once: AD by (z, lam * M_rem), SD by (1 - z, (1 - lam) * M_rem)
     z_arr, lam_arr = np.array(zs), np.array(lams)
     ad_ub = np.where(
         (z_arr >= 1.0)[:, None],
-        upper_bound_grid(ad_tab, z_arr, lam_arr * rem_ad_only),
-        upper_bound_grid(ad_tab, z_arr, lam_arr * rem_sd),
+        upper_bound_grid(ad_tab, z_arr * share_total, lam_arr * rem_ad_only),
+        upper_bound_grid(ad_tab, z_arr * share_total, lam_arr * rem_sd),
     )
-    sd_ub = np.where((z_arr >= 1.0)[:, None], 0, upper_bound_grid(sd_tab, 1.0 - z_arr, (1.0 - lam_arr) * rem_sd))
+    sd_ub = np.where((z_arr >= 1.0)[:, None], 0, upper_bound_grid(sd_tab, (1.0 - z_arr) * share_total, (1.0 - lam_arr) * rem_sd))
     for iz, z in enumerate(zs):
         prev_ad = None
         for il, lam in enumerate(lams):
             m_rem = rem_ad_only if z >= 1.0 else rem_sd
-            ad_share, ad_mem = z, lam * m_rem
-            sd_share, sd_mem = (0.0, 0.0) if z >= 1.0 else (1.0 - z, (1.0 - lam) * m_rem)
+            ad_share, ad_mem = z * share_total, lam * m_rem
+            sd_share, sd_mem = (0.0, 0.0) if z >= 1.0 else ((1.0 - z) * share_total, (1.0 - lam) * m_rem)
             if prev_ad is not None and ad_ub[iz, il] <= len(prev_ad):
                 continue  # AD set unchanged, SD has less memory: dominated
             if ad_ub[iz, il] + sd_ub[iz, il] <= best_n:
@@ -96,9 +119,22 @@ def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values) 
                 modes = np.zeros(k, dtype=np.int8)
                 modes[ad] = AD
                 modes[sd] = SD
-                best_n, best_plan = len(ad) + len(sd), Plan(modes, gamma=gamma, z=z, lam=lam)
-    plan = best_plan if best_plan is not None else Plan.reject_all(k, gamma)
-    plan.extra["grid_points_solved"] = solved
+                best_n, best = len(ad) + len(sd), (modes, z, lam)
+    if best is None:
+        return None
+    return SplitChoice(best[0], best[1], best[2], solved)
+
+
+def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values) -> Plan:
+    """Best plan over the given ``z`` x ``lam`` candidates on the whole GPU
+    (:func:`search_splits`; ``plan.extra["grid_points_solved"]``)."""
+    choice = search_splits(cost, rnd, gamma, z_values, lam_values)
+    if choice is None:
+        plan = Plan.reject_all(rnd.num_users, gamma)
+        plan.extra["grid_points_solved"] = 0
+        return plan
+    plan = Plan(choice.modes, gamma=gamma, z=choice.z, lam=choice.lam)
+    plan.extra["grid_points_solved"] = choice.grid_points_solved
     return plan
 
 

@@ -31,10 +31,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from agents.balance import Balance, grid, split_search
+from agents.balance import Balance, grid, search_splits, split_search
 from agents.ed_batch import EdOption, cheapest_option, ed_options, round_ed_users, split_model
-from agents.mode_solver import build_table, solve_mode, upper_bound_grid
-from envs.plan import AD, ED, REJECT, SD, Plan
+from envs.plan import ED, REJECT, Plan
 from envs.split_plan import EdUsers, check_plan_split
 from envs.workload import Round
 
@@ -43,58 +42,19 @@ def split_search_within(cost, rnd: Round, gamma: int, z_values, lam_values, shar
     """BALANCE's ``(z, lam)`` search over ``rnd``'s users with ``share_total`` of the GPU and
     ``memory_taken`` bytes of KV already used elsewhere: ``(modes, z, lam)`` of the best plan.
 
-    The same search as ``agents.balance.split_search`` (corners first, per-point bounds, the
-    ``lam``-domination skip) on a scaled budget: AD gets ``z * share_total``, SD
+    ``agents.balance.search_splits`` on a scaled budget: AD gets ``z * share_total``, SD
     ``(1 - z) * share_total``, the KV budgets are reduced by ``memory_taken``. At ``share_total = 1``
-    and ``memory_taken = 0`` it chooses the same users. Callers pass the sub-round of the users
-    left (``Round.subset``), so the per-mode tables and bounds are the sub-round's own.
+    and ``memory_taken = 0`` it chooses the same users as ``split_search``. Callers pass the
+    sub-round of the users left (``Round.subset``), so the per-mode tables and bounds are the
+    sub-round's own.
     """
-    k = rnd.num_users
-    modes = np.zeros(k, dtype=np.int8)
-    rem_sd = float(cost.memory_budget(True)) - memory_taken
-    rem_ad_only = float(cost.memory_budget(False)) - memory_taken
-    if share_total <= 0 or k == 0:
+    modes = np.zeros(rnd.num_users, dtype=np.int8)
+    if share_total <= 0 or rnd.num_users == 0:
         return modes, 1.0, 1.0
-    everyone = np.ones(k, dtype=bool)
-    ad_tab, sd_tab = build_table(cost, rnd, AD, gamma), build_table(cost, rnd, SD, gamma)
-    best_n, best = -1, (modes, 1.0, 1.0)
-    zs = sorted((float(v) for v in z_values), reverse=True)
-    lams = sorted(float(v) for v in lam_values)
-    for z, lam in ((z, lam) for z, lam in ((0.0, 0.0), (1.0, 1.0)) if z in zs and lam in lams):
-        m_rem = rem_ad_only if z >= 1.0 else rem_sd
-        tab, mem = (ad_tab, lam * m_rem) if z >= 1.0 else (sd_tab, (1.0 - lam) * m_rem)
-        chosen = solve_mode(tab, everyone, share_total, mem)
-        if len(chosen) > best_n:
-            m = np.zeros(k, dtype=np.int8)
-            m[chosen] = AD if z >= 1.0 else SD
-            best_n, best = len(chosen), (m, z, lam)
-    z_arr, lam_arr = np.array(zs), np.array(lams)
-    ad_ub = np.where((z_arr >= 1.0)[:, None], upper_bound_grid(ad_tab, z_arr * share_total, lam_arr * rem_ad_only),
-                     upper_bound_grid(ad_tab, z_arr * share_total, lam_arr * rem_sd))
-    sd_ub = np.where((z_arr >= 1.0)[:, None], 0, upper_bound_grid(sd_tab, (1.0 - z_arr) * share_total, (1.0 - lam_arr) * rem_sd))
-    for iz, z in enumerate(zs):
-        prev_ad = None
-        for il, lam in enumerate(lams):
-            m_rem = rem_ad_only if z >= 1.0 else rem_sd
-            ad_share, ad_mem = z * share_total, lam * m_rem
-            sd_share, sd_mem = (0.0, 0.0) if z >= 1.0 else ((1.0 - z) * share_total, (1.0 - lam) * m_rem)
-            if prev_ad is not None and ad_ub[iz, il] <= len(prev_ad):
-                continue  # AD set unchanged, SD has less memory: dominated
-            if ad_ub[iz, il] + sd_ub[iz, il] <= best_n:
-                continue
-            ad = solve_mode(ad_tab, everyone, ad_share, ad_mem, at_least=0 if prev_ad is None else len(prev_ad))
-            if prev_ad is not None and len(ad) <= len(prev_ad):
-                continue
-            prev_ad = ad
-            rest = everyone.copy()
-            rest[ad] = False
-            sd = solve_mode(sd_tab, rest, sd_share, sd_mem, at_least=max(best_n - len(ad), 0))
-            if len(ad) + len(sd) > best_n:
-                m = np.zeros(k, dtype=np.int8)
-                m[ad] = AD
-                m[sd] = SD
-                best_n, best = len(ad) + len(sd), (m, z, lam)
-    return best
+    choice = search_splits(cost, rnd, gamma, z_values, lam_values, share_total, memory_taken)
+    if choice is None:
+        return modes, 1.0, 1.0
+    return choice.modes, choice.z, choice.lam
 
 
 def modes_for_rest(cost, rnd: Round, gamma: int, z_values, lam_values, ed_idx: np.ndarray, option: EdOption) -> np.ndarray:
