@@ -56,6 +56,12 @@ from tqdm import tqdm
 
 from runtime.fingerprint import machine_fingerprint
 from runtime.pair import ModelPair, load_pair
+from runtime.pass_timing import (
+    device_spec,
+    model_spec,
+    time_pass,
+    time_prefill,
+)
 
 #: the quick calibration's points (see the module docstring)
 QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5), (128, 512)
@@ -67,111 +73,6 @@ QUICK_PREFILL_B = (1, 4, 8)
 #: of the serving workload (``experiments.sim_vs_real``'s rounds: prompts up to ~160 tokens, outputs up to ~80)
 QUICK_ENGINE_B, QUICK_ENGINE_TRIALS = (1, 4, 8), 3  # the residual is a small difference of two noisy times: 9 batches
 QUICK_ENGINE_PROMPTS, QUICK_ENGINE_OUTPUTS = (8, 160), (8, 80)
-
-
-def _sync(device) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def model_spec(model, name: str) -> dict:
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    return {
-        "name": name,
-        "params": int(sum(p.numel() for p in model.parameters())),
-        "layers": int(cfg.num_hidden_layers),
-        "hidden": int(cfg.hidden_size),
-        "ffn_hidden": int(getattr(cfg, "intermediate_size", 4 * cfg.hidden_size)),
-        "heads": int(heads),
-        "kv_heads": int(getattr(cfg, "num_key_value_heads", heads) or heads),
-        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
-        "vocab": int(cfg.vocab_size),
-        "dtype_bytes": int(next(model.parameters()).element_size()),
-    }
-
-
-def device_spec(device: str) -> dict:
-    """Memory, a measured matmul peak and copy bandwidth of the device."""
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(torch.device(device))
-        name, memory = props.name, float(props.total_memory)
-    else:
-        name = f"CPU ({os.cpu_count()} cores)"
-        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    n = 1024
-    a = torch.randn(n, n, device=device)
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(5):
-        a @ a
-    _sync(device)
-    flops = 5 * 2 * n**3 / (time.perf_counter() - start)
-    big = torch.empty(32 * 1024 * 1024 // 4, device=device)
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(5):
-        big.clone()
-    _sync(device)
-    bandwidth = 5 * 2 * big.numel() * 4 / (time.perf_counter() - start)
-    return {"name": name, "memory_bytes": memory, "bandwidth_bytes_per_s": float(bandwidth), "flops_per_s": float(flops), "reserve_bytes": 0.5e9 if not device.startswith("cuda") else 1.0e9}
-
-
-@torch.no_grad()
-def time_pass(model, b: int, q: int, c: int, repeats: int) -> float:
-    """Median seconds of one forward pass of ``q`` tokens per row over ``c - q`` cached tokens."""
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    past = c - q
-    cache = DynamicCache()
-    if past > 0:
-        model(input_ids=torch.randint(0, vocab, (b, past), device=device), past_key_values=cache, use_cache=True)
-    ids = torch.randint(0, vocab, (b, q), device=device)
-    pos = torch.arange(past, c, device=device)[None, :].expand(b, q)
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        _sync(device)
-        start = time.perf_counter()
-        model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-        cache.crop(-q)
-    return float(np.median(times[1:]))
-
-
-def padded_lengths(b: int, s: int) -> list[int]:
-    """Prompt lengths of a ``b``-row batch whose longest prompt is ``s``: spread evenly down to a
-    quarter of ``s`` (a serving batch pads its rows to the longest)."""
-    if b == 1:
-        return [s]
-    low = max(1, s // 4)
-    return [int(round(s - i * (s - low) / (b - 1))) for i in range(b)]
-
-
-@torch.no_grad()
-def time_prefill(model, b: int, s: int, repeats: int) -> float:
-    """Median seconds of a prefill as the engines run it (``runtime.engines.prefill``): ``b``
-    left-padded prompts of :func:`padded_lengths` with their attention mask and position ids.
-
-    ``time_pass`` times unpadded passes, which take the plain causal path; a padded serving batch
-    cannot, and on the project's pair its prefill cost ~10 % more (b 7, 134 tokens: 226 vs 206 ms).
-    """
-    from runtime.engines import prefill
-
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(s * 1000 + b)
-    vocab = model.config.vocab_size
-    prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in padded_lengths(b, s)]
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        _sync(device)
-        start = time.perf_counter()
-        prefill(model, prompts)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times[1:]))
 
 
 def measure(pair: ModelPair, b_grid, q_grid, c_grid, repeats: int, progress: bool = True) -> dict:

@@ -146,7 +146,8 @@ def _slowed(pair, seconds):
 def test_first_use_on_a_slowed_machine_plans_slower(tmp_path):
     """The auto profile, measured on an engine slowed by 20 ms a pass, predicts slower passes than
     the table it calibrates (which was measured on the same pair unslowed, here, now)."""
-    from runtime.profile import device_spec, measure, model_spec, quick_calibration
+    from runtime.pass_timing import device_spec, model_spec
+    from runtime.profile import measure, quick_calibration
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -202,7 +203,7 @@ def test_the_report_names_the_engine_section(tmp_path):
 
 
 def test_padded_prefill_rows_pad_to_the_longest():
-    from runtime.profile import padded_lengths
+    from runtime.pass_timing import padded_lengths
 
     assert padded_lengths(1, 37) == [37]
     rows = padded_lengths(8, 160)
@@ -224,7 +225,8 @@ def test_quick_engine_sees_a_slowed_engine(monkeypatch):
     """The quick profile's engine section, measured on engines whose host work per step is slowed
     by 10 ms (the forward passes unchanged), predicts more overhead per AD step than unslowed."""
     import runtime.engines
-    from runtime.profile import device_spec, measure, measure_engine, model_spec
+    from runtime.pass_timing import device_spec, model_spec
+    from runtime.profile import measure, measure_engine
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

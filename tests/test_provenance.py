@@ -187,7 +187,8 @@ POINTS = dict(b=(1, 2), q=(1, 5), c=(16, 32), prefill=(32,))
 @pytest.fixture(scope="module")
 def measured():
     """A tiny pair and a table profile measured on it, here, now."""
-    from runtime.profile import device_spec, measure, model_spec
+    from runtime.pass_timing import device_spec, model_spec
+    from runtime.profile import measure
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: no spinning against the other processes of a busy machine

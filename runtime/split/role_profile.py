@@ -19,14 +19,14 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from runtime.pass_timing import device_spec, time_pass
+
 #: sections a server-role measurement keeps from an existing profile
 SPLIT_SECTIONS = ("edge", "network")
 
 
 def edge_section(pair, device: str, dtype: str, b_grid, q_grid, c_grid, repeats: int, measured_on: dict, progress: bool = True) -> dict:
     """The ``edge`` section: this device and the draft model's measured pass times on it."""
-    from runtime.profile import device_spec, time_pass
-
     tau = np.zeros((len(b_grid), len(q_grid), len(c_grid)))  # (b, q, c) seconds
     points = [(i, j, k) for i in range(len(b_grid)) for j in range(len(q_grid)) for k in range(len(c_grid))]
     for i, j, k in tqdm(points, desc="profiling the draft on the edge", disable=not progress):
