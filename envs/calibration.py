@@ -12,7 +12,7 @@ for: ``q = 1`` are AD decode steps and draft steps, ``q = gamma + 1`` are SD ver
       llm: {q: [1, 5, 32], scale: [1.31, 1.24, 1.18]}
       slm: {q: [1, 5, 32], scale: [1.40, 1.30, 1.21]}
 
-The profile multiplies its ``tau`` by the curve (``envs.profile.CalibratedLatency``), so every user
+The profile multiplies its ``tau`` by the curve (``envs.latency.CalibratedLatency``), so every user
 of the profile -- the cost model included -- sees calibrated times. Between the ``q`` points the
 scale is interpolated linearly, beyond them it is held. This module only parses and evaluates;
 measuring is the runtime's job.
