@@ -140,6 +140,72 @@ def test_row_errors_do_not_fail_the_batch(models):
             verifier.check(bad)
 
 
+def _scripted_verdicts(target, persistent, max_excess=0.25):
+    """A fixed schedule of batches (rejections, new requests, subsets of a cohort, a client that
+    leaves) through one verifier; returns every verdict and the verifier."""
+    verifier = BatchVerifier(target, max_depth=6, persistent=persistent, max_excess=max_excess)
+    rng = random.Random(7)
+    state = {}  # client -> committed length
+    out = []
+    for step in range(40):
+        clients = ["a", "b", "c", "d"] if step % 7 else ["b", "d"]  # a subset every 7th batch
+        if step >= 30:
+            clients = ["a", "c"]  # b and d left
+        if step == 30:
+            verifier.release("b")
+            verifier.release("d")
+        reqs = []
+        for c in clients:
+            drafts = tuple(rng.randrange(1, 40) for _ in range(rng.randint(0, 6)))
+            if c not in state or rng.random() < 0.1:  # a new request: replaces the client's session
+                prompt = tuple(rng.randrange(1, 40) for _ in range(rng.randint(1, 9)))
+                reqs.append(VerifyRequest(c, drafts, prompt, len(prompt)))
+            else:
+                reqs.append(VerifyRequest(c, drafts, (), state[c]))
+        rng.shuffle(reqs)  # arrival order varies
+        for r, v in zip(reqs, verifier.verify(reqs), strict=True):
+            state[r.client] = v.committed
+            out.append((r.client, v))
+    return out, verifier
+
+
+def test_persistent_kv_gives_the_same_verdicts_as_stacking(models):
+    target, close, _ = models
+    stacked, _ = _scripted_verdicts(target, persistent=False)
+    for max_excess in (0.0, 0.25, 10.0):  # re-stack at once, sometimes, never
+        kept, verifier = _scripted_verdicts(target, persistent=True, max_excess=max_excess)
+        assert kept == stacked, max_excess
+        assert verifier.timing["reused"] > 0 and verifier.timing["stacked"] > 0
+        for c in ("a", "c"):
+            s = verifier.sessions[c]
+            assert s.batch is not None and len(s.batch.row(s.row)[0][0][0, 0]) == s.committed - 1  # its KV covers committed - 1 tokens
+        verifier.release("a")
+        verifier.release("c")
+        assert verifier._batches == {}  # nothing kept once every client is gone
+
+
+def test_a_failed_forward_leaves_the_kept_kv_intact(models):
+    target, close, _ = models
+    verifier = BatchVerifier(target, max_depth=4, persistent=True)
+    first = verifier.verify([VerifyRequest("a", (1, 2), (3, 4, 5), 3), VerifyRequest("b", (6,), (7, 8), 2)])
+    nxt = [VerifyRequest("a", (9,), (), first[0].committed), VerifyRequest("b", (9, 9), (), first[1].committed)]
+    reference = BatchVerifier(target, max_depth=4, persistent=False)
+    reference.verify([VerifyRequest("a", (1, 2), (3, 4, 5), 3), VerifyRequest("b", (6,), (7, 8), 2)])
+    forward = verifier.target.forward
+
+    def broken(*args, **kwargs):
+        kwargs["past_key_values"].layers[0].keys = kwargs["past_key_values"].layers[0].keys[:, :, :1]  # a half-done update
+        raise RuntimeError("injected")
+
+    verifier.target.forward = broken
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            verifier.verify(nxt)
+    finally:
+        verifier.target.forward = forward
+    assert verifier.verify(nxt) == reference.verify(nxt)
+
+
 def test_two_cohorts_alternate(models):
     target, close, _ = models
     jobs = [([[1 + i, 2, 3]], [24]) for i in range(4)]

@@ -8,6 +8,15 @@ length the edge believes in, as a cross-check. The query of row ``i`` is ``conte
 where the context is the prompt (first request) or the pending token; the target's token at the
 last context position and after every draft are the ``samples`` of :mod:`.acceptance`.
 
+**Persistent KV** (``persistent``, the default with shape bucket 1, i.e. off CUDA): a batch's
+padded cache stays with its clients (:class:`~runtime.split.target_kv.BatchKV`); when the same
+clients come back together (a cohort) their next forward appends to it -- no per-batch gather of
+every client's KV into a padded batch and no split back. Rows are ordered by client id so a cohort
+always maps to the same rows; a different set of clients, or a cache grown ``max_excess`` wider
+than a fresh stack would be (holes: rejected drafts, shorter queries, a row's finished request),
+re-stacks from the rows' own KV. On CUDA (bucket 64) the stack-and-split path stays: a growing
+cache is a new shape every batch, which is what bucketing avoids there.
+
 State-dependent checks (no session, a stale committed length) fail only their own row; static
 checks (:func:`check_request`) run when a message arrives, before it is queued.
 """
@@ -21,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.split.acceptance import emitted
-from runtime.split.target_kv import ClientKV, bucketed, kv_length, split_rows, stack_past
+from runtime.split.target_kv import BatchKV, ClientKV, bucketed, kv_length, split_rows, stack_past, stacked_valid
 
 
 class InvalidRequest(ValueError):
@@ -52,6 +61,13 @@ class Session:
     committed: int
     temperature: float
     generator: torch.Generator = field(repr=False)
+    #: persistent KV: the batch whose cache holds this client's KV, and its row there (``kv`` is then None)
+    batch: BatchKV | None = field(default=None, repr=False)
+    row: int = -1
+
+    def past(self) -> ClientKV | None:
+        """This client's KV as a client KV of its own (a copy when it lives in a batch)."""
+        return self.batch.row(self.row) if self.batch is not None else self.kv
 
 
 def check_request(req: VerifyRequest, vocab_size: int, max_depth: int, max_positions: int) -> None:
@@ -77,7 +93,8 @@ def check_request(req: VerifyRequest, vocab_size: int, max_depth: int, max_posit
 class BatchVerifier:
     """Holds every client's target state; verifies a batch of requests in one forward."""
 
-    def __init__(self, target, max_depth: int = 16, bucket: int | None = None, cudnn_attention: bool = False):
+    def __init__(self, target, max_depth: int = 16, bucket: int | None = None, cudnn_attention: bool = False,
+                 persistent: bool | None = None, max_excess: float = 0.25):
         self.target = target
         self.device = next(target.parameters()).device
         #: on CUDA, attention may use cuDNN's kernel only when this is set. Why: on an H200 (torch
@@ -94,6 +111,15 @@ class BatchVerifier:
         self.max_depth = max_depth
         self.sessions: dict[str, Session] = {}
         self.forward_seconds = 0.0  #: time in target forwards (the server's busy time)
+        #: keep each batch's cache for its clients' next batch (default: with bucket 1, i.e. off CUDA)
+        self.persistent = self.bucket == 1 if persistent is None else persistent
+        if not max_excess >= 0:
+            raise ValueError(f"max_excess must be >= 0 (a share of the longest row), got {max_excess}")
+        self.max_excess = max_excess
+        self._batches: dict[tuple[str, ...], BatchKV] = {}  #: persistent: the kept batch of each set of clients
+        #: where verification time goes (seconds; pieces synchronised only at the end on CUDA) and how
+        #: often a batch reused its clients' cache or re-stacked it
+        self.timing = {"gather_s": 0.0, "forward_s": 0.0, "sample_s": 0.0, "store_s": 0.0, "reused": 0, "stacked": 0}
 
     def _attention_kernels(self):
         """The scaled-dot-product-attention kernels the forward may use (all of them off CUDA)."""
@@ -108,7 +134,27 @@ class BatchVerifier:
 
     def release(self, client: str) -> bool:
         """Free a client's state (its request ended or its stream went away)."""
-        return self.sessions.pop(client, None) is not None
+        found = self.sessions.pop(client, None) is not None
+        for key in [k for k in self._batches if not any(c in self.sessions for c in k)]:
+            del self._batches[key]  # nobody left to reuse it
+        return found
+
+    def _gather(self, key: tuple[str, ...], fresh: list[bool], sessions: list[Session], past_len: list[int]):
+        """The batch's past: ``(cache, width, valid (B, W), kept batch or None, its tensors before the forward)``."""
+        if self.persistent:
+            kept = self._batches.get(key)
+            if kept is not None and all(f or s.batch is kept for f, s in zip(fresh, sessions, strict=True)):
+                valid = kept.valid.clone()
+                valid[[b for b, f in enumerate(fresh) if f]] = 0  # a new request: the row's old KV is dead
+                if kept.width - max(past_len) <= self.max_excess * max(*past_len, 32):
+                    self.timing["reused"] += 1
+                    return kept.cache, kept.width, valid, kept, kept.snapshot()
+        pasts = [None if f else s.past() for f, s in zip(fresh, sessions, strict=True)]
+        if [kv_length(p) for p in pasts] != past_len:
+            raise RuntimeError(f"target KV lengths {[kv_length(p) for p in pasts]} do not match the sessions' {past_len}")
+        cache, width = stack_past(pasts, self.bucket)
+        self.timing["stacked"] += 1
+        return cache, width, stacked_valid(past_len, width), None, None
 
     def _row_error(self, req: VerifyRequest) -> InvalidRequest | None:
         if req.prompt:
@@ -134,24 +180,36 @@ class BatchVerifier:
             if r.prompt:
                 gen = torch.Generator(device=self.device).manual_seed(r.seed)
                 self.sessions[r.client] = Session(None, -1, r.committed, r.temperature, gen)
+        if self.persistent:
+            rows.sort(key=lambda i: requests[i].client)  # a set of clients always gets the same rows
         sessions = [self.sessions[requests[i].client] for i in rows]
+        fresh = [bool(requests[i].prompt) for i in rows]
         contexts = [list(requests[i].prompt) if requests[i].prompt else [s.pending] for i, s in zip(rows, sessions, strict=True)]
         queries = [c + list(requests[i].drafts) for i, c in zip(rows, contexts, strict=True)]
-        pasts = [s.kv for s in sessions]
-        past_len = [kv_length(p) for p in pasts]
+        # a continuing client's KV covers its committed text minus the pending token
+        past_len = [0 if f else s.committed - 1 for f, s in zip(fresh, sessions, strict=True)]
+        key = tuple(requests[i].client for i in rows)
 
         t0 = time.perf_counter()
-        cache, width = stack_past(pasts, self.bucket)
+        cache, width, valid, kept, before = self._gather(key, fresh, sessions, past_len)
         n_q = bucketed(max(len(q) for q in queries), min(self.bucket, 8))
         ids = torch.zeros((len(rows), n_q), dtype=torch.long)  # (B, N) queries, right-padded with token 0
-        mask = torch.zeros((len(rows), width + n_q), dtype=torch.long)  # (B, P + N) left-padded past, all query columns
-        for b, (q, n) in enumerate(zip(queries, past_len, strict=True)):
+        for b, q in enumerate(queries):
             ids[b, : len(q)] = torch.tensor(q, dtype=torch.long)
-            mask[b, width - n :] = 1  # padded query tokens come after the real ones, which causally never see them
+        # (B, P + N): the past's valid columns, all query columns (padded query tokens come after the
+        # real ones, which causally never see them)
+        mask = torch.cat([valid, torch.ones((len(rows), n_q), dtype=torch.long)], dim=1)
         positions = torch.tensor(past_len)[:, None] + torch.arange(n_q)[None, :]  # (B, N) per-row positions
-        with self._attention_kernels():
-            logits = self.target(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
-                                 past_key_values=cache, use_cache=True).logits  # (B, N, V)
+        t1 = time.perf_counter()
+        try:
+            with self._attention_kernels():
+                logits = self.target(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=positions.to(self.device),
+                                     past_key_values=cache, use_cache=True).logits  # (B, N, V)
+        except BaseException:
+            if kept is not None:
+                kept.restore(before)  # the kept cache is the clients' only copy of their KV
+            raise
+        t2 = time.perf_counter()
         keep = []
         # greedy rows: one argmax and one device-to-host copy for the whole batch (a copy per row
         # is a synchronisation per row on CUDA)
@@ -168,8 +226,24 @@ class BatchVerifier:
             keep.append(len(ctx) + n)  # context + accepted drafts get target KV; the bonus is pending
             s.pending, s.committed = bonus, s.committed + n + 1
             results[i] = Verdict(n, bonus, s.committed)
-        for s, kv in zip(sessions, split_rows(cache, width, past_len, keep), strict=True):
-            s.kv = kv
+        t3 = time.perf_counter()
+        if self.persistent:
+            new_cols = (torch.arange(n_q)[None, :] < torch.tensor(keep)[:, None]).long()  # (B, N) the queries' kept KV
+            if kept is None:
+                kept = BatchKV(key, cache, torch.cat([valid, new_cols], dim=1))
+            else:
+                kept.valid = torch.cat([valid, new_cols], dim=1)
+            for other in [k for k in self._batches if k != key and not set(k).isdisjoint(key)]:
+                del self._batches[other]  # its clients that are here have moved on (the rest keep a reference)
+            self._batches[key] = kept
+            for b, s in enumerate(sessions):
+                s.batch, s.row, s.kv = kept, b, None
+        else:
+            for s, kv in zip(sessions, split_rows(cache, width, past_len, keep), strict=True):
+                s.kv = kv
+        t4 = time.perf_counter()
+        for name, dt in (("gather_s", t1 - t0), ("forward_s", t2 - t1), ("sample_s", t3 - t2), ("store_s", t4 - t3)):
+            self.timing[name] += dt
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.forward_seconds += time.perf_counter() - t0
