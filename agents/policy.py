@@ -80,6 +80,11 @@ class PolicyScheduler(Scheduler):
         self.fast = CachedSetActor(self.model) if self.masked and supports(self.model) else None
         self.env = EdgeScheduleEnv(**cfg.to_dict())
         self.env.set_cost_model(cost)  # same cost model (and profile/memory) as the other schedulers
+        #: policy.json's "post_step": "improve" runs agents.plan_repair.improve on the policy's plan
+        #: (inside the timed decision); absent = the policy's plan as it is
+        self.post_step = meta.get("post_step")
+        if self.post_step not in (None, "improve"):
+            raise ValueError(f"policy.json post_step must be absent or 'improve', got {self.post_step!r}")
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         """The deterministic action; unmasked algorithms (PPO, DQN) act without the mask."""
@@ -103,4 +108,9 @@ class PolicyScheduler(Scheduler):
             obs, _, term, trunc, info = env.step(self.act(obs, env.action_masks()))
             if term or trunc:
                 break
-        return Plan(info["modes"], gamma=max(int(info["gamma"]), 1), z=float(info["z"]), lam=float(info["lam"]))
+        plan = Plan(info["modes"], gamma=max(int(info["gamma"]), 1), z=float(info["z"]), lam=float(info["lam"]))
+        if self.post_step == "improve":
+            from agents.plan_repair import improve_plan
+
+            plan = improve_plan(self.cost, rnd, plan, self.max_gamma)
+        return plan
