@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.cost_model import CostModel
-from envs.feasibility import check_plans
-from envs.plan import AD, SD
+from envs.cost_model import CostModel, sd_iterations
+from envs.feasibility import EPS, check_plans, share_needed, shares_for
+from envs.plan import AD, SD, Plan
 from envs.workload import Round
 
 
@@ -47,3 +47,126 @@ def repair(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int) -> np.nda
         used = np.where(rep.feasible, rep.ad_share_min + rep.sd_share_min, np.inf)
         modes = cand[int(np.argmin(used))]
     return modes
+
+
+# --- a cheap exact post-step for any scheduler's plan (issue 15 §1) ----------------------------
+#
+# ``repair`` above prices every candidate with ``check_plans`` (O(K) plans of K users per step):
+# fine for a MILP incumbent, far too slow to follow a policy that decides a K = 200 round in ~10 ms.
+# ``improve`` scores its candidates with the feasibility formulas vectorised over the prefixes of
+# one sorted list (O(K) numpy per candidate) and checks only the winner with the exact check, so
+# every plan it returns is feasible.
+
+S_VARIANTS = 6  #: padding thresholds tried per batch: the batch's largest distinct inputs
+
+
+def _batch_use(cost: CostModel, rnd: Round, members: np.ndarray, mode: int, gamma: int) -> tuple[float, float]:
+    """(minimal compute share, KV bytes) of the batch of ``members`` in ``mode`` (0, 0 if empty)."""
+    if len(members) == 0:
+        return 0.0, 0.0
+    b, s, n = len(members), int(rnd.input_tokens[members].max()), int(rnd.output_tokens[members].max())
+    u, sl, so = float(rnd.uplink_s[members].max()), float(rnd.slack_s[members].min()), int(rnd.output_tokens[members].sum())
+    if mode == AD:
+        return float(share_needed(cost.ad_time(b, s, n), b, u, sl)), float(cost.ad_memory(b, s, n, so))
+    j = int(sd_iterations(rnd.output_tokens[members], rnd.alpha[members], gamma).max())
+    return float(share_needed(cost.sd_time(b, s, n, j, gamma), b, u, sl)), float(cost.sd_memory(b, s, n, so, gamma))
+
+
+def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple[float, float], sd_used: bool) -> np.ndarray:
+    """Per candidate row of ``eligible`` (C, K) over the users in ``order``: how many of its eligible
+    users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes).
+    The feasibility formulas on every prefix of every candidate at once (downward closed, so the
+    first prefix that does not fit ends a candidate's run)."""
+    inp, out, up, slack = (x[order] for x in (rnd.input_tokens, rnd.output_tokens, rnd.uplink_s, rnd.slack_s))
+    b = np.cumsum(eligible, axis=1)
+    s = np.maximum.accumulate(np.where(eligible, inp, 0), axis=1)
+    n = np.maximum.accumulate(np.where(eligible, out, 0), axis=1)
+    u = np.maximum.accumulate(np.where(eligible, up, 0.0), axis=1)
+    sl = np.minimum.accumulate(np.where(eligible, slack, np.inf), axis=1)
+    so = np.cumsum(np.where(eligible, out, 0), axis=1)
+    if mode == AD:
+        t, mem = cost.ad_time(b, s, n), cost.ad_memory(b, s, n, so)
+    else:
+        j = np.maximum.accumulate(np.where(eligible, sd_iterations(out, rnd.alpha[order], gamma), 0), axis=1)
+        t, mem = cost.sd_time(b, s, n, j, gamma), cost.sd_memory(b, s, n, so, gamma)
+    with np.errstate(invalid="ignore"):
+        ok = (share_needed(t, b, u, sl) + other[0] <= 1 + EPS) & (mem + other[1] <= cost.memory_budget1(sd_used) * (1 + EPS))
+    ok |= ~eligible
+    first_bad = np.where(ok.all(axis=1), eligible.shape[1], np.argmin(ok, axis=1))
+    return _count_before(b, first_bad)
+
+
+def _count_before(b: np.ndarray, first_bad: np.ndarray) -> np.ndarray:
+    """Eligible users before column ``first_bad`` of each row (``b`` is the running count)."""
+    rows = np.arange(len(b))
+    return np.where(first_bad > 0, b[rows, np.maximum(first_bad - 1, 0)], 0)
+
+
+INPUT_QUANTILES = (0.6, 0.7, 0.8, 0.9, 1.0)  #: padding caps tried besides the batch's own largest inputs
+SLACK_QUANTILES = (0.0, 0.1, 0.2, 0.3, 0.4)  #: slack floors tried besides the batch's own least slack
+
+
+def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int) -> np.ndarray:
+    """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``).
+
+    **Re-pack**: one batch (AD or SD) is emptied -- the other kept -- and refilled, in ascending
+    predicted output, with the users inside a cap on input (the padding) and a floor on slack (the
+    batch's budget), as many as fit (uplinks are priced exactly, as every prefix's slowest). The caps
+    are the batch's ``S_VARIANTS`` largest inputs and ``INPUT_QUANTILES`` of the round's; the floors
+    the batch's least slack and ``SLACK_QUANTILES`` of the round's. With the batch's own cap and
+    floor its users are all eligible, and -- when uplinks do not bind -- any ``m`` eligible users
+    with the smallest outputs need no more memory, padding or time than ``m`` of its own; the result
+    is in any case never worse than ``modes``, which wins ties. **AD only** is the
+    same over every admitted user with AD alone (no SLM weights: what wins when memory binds). The
+    candidate serving the most (``modes`` itself on ties) is returned after one exact check
+    (``envs.feasibility.check_plans``). This is BALANCE's per-threshold step (take the eligible users
+    in ascending contribution, as many as fit) on a small grid of thresholds around the scheduler's
+    own; it costs O(K log K) + O(K) numpy per candidate threshold tuple.
+    """
+    modes = np.asarray(modes, dtype=np.int8)
+    k = len(modes)
+    if k == 0:
+        return modes.copy()
+    g = int(min(max(gamma, 1), max_gamma))
+    by_output = np.lexsort((rnd.input_tokens, rnd.output_tokens))
+    inp_sorted, slack_sorted = rnd.input_tokens[by_output], rnd.slack_s[by_output]
+    best_count, best = int((modes != 0).sum()), (modes, np.zeros(0, dtype=np.int64), AD)
+    admitted = np.flatnonzero(modes)
+    jobs = [(AD, np.flatnonzero(modes == AD), np.where(modes == SD, SD, 0)), (SD, np.flatnonzero(modes == SD), np.where(modes == AD, AD, 0))]
+    if (modes == SD).any():
+        jobs.append((AD, admitted, np.zeros(k, dtype=np.int8)))
+    for mode, members, keep in jobs:
+        if len(members) == 0:
+            continue
+        kept = np.flatnonzero(keep)
+        other_mode = SD if mode == AD else AD
+        other = _batch_use(cost, rnd, kept, other_mode, g)
+        sd_used = mode == SD or (other_mode == SD and len(kept) > 0)
+        free = keep[by_output] == 0
+        caps = np.unique(np.concatenate([np.unique(rnd.input_tokens[members])[::-1][:S_VARIANTS], np.quantile(rnd.input_tokens, INPUT_QUANTILES)]))
+        floors = np.unique(np.append(np.quantile(rnd.slack_s, SLACK_QUANTILES), rnd.slack_s[members].min()))
+        eligible = (free[None, None, :] & (inp_sorted[None, None, :] <= caps[:, None, None]) & (slack_sorted[None, None, :] >= floors[None, :, None])).reshape(-1, k)
+        counts = _longest_prefixes(cost, rnd, by_output, eligible, mode, g, other, sd_used)
+        c = int(np.argmax(counts))
+        if len(kept) + int(counts[c]) > best_count:
+            idx = by_output[eligible[c]]
+            best_count, best = len(kept) + int(counts[c]), (keep, idx[: int(counts[c])], mode)
+    keep, first, mode = best
+    if len(first) == 0:
+        return modes.copy()
+    out = keep.astype(np.int8).copy()
+    out[first] = mode
+    # the candidate was scored with the same formulas; one exact check guards against any drift
+    return out if check_plans(cost, rnd, out[None], g).feasible[0] else modes.copy()
+
+
+def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int) -> Plan:
+    """:func:`improve` on a :class:`~envs.plan.Plan`: the same plan if nothing serves more, else the
+    improved modes with valid shares ``(z, lam)`` (``envs.feasibility.shares_for``)."""
+    old = np.asarray(plan.modes, dtype=np.int8)
+    modes = improve(cost, rnd, old, plan.gamma, max_gamma)
+    if (modes != 0).sum() <= (old != 0).sum():
+        return plan
+    rep = check_plans(cost, rnd, modes[None], plan.gamma)
+    z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())
+    return Plan(modes, gamma=plan.gamma, z=float(np.ravel(z)[0]), lam=float(np.ravel(lam)[0]))
