@@ -218,8 +218,10 @@ class EdgeScheduleV1Env(gym.Env):
         self._plan = SplitScalarPlan(self.cost, g)
         self._round: Round | None = None
         self._n = 2 + 2 * g
-        self._masks = [True] + [False] * (self._n - 1)
         self._done = True
+        self._mask_arrays: dict[tuple[bool, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._head = np.zeros(HEAD - USER_FEATURES, dtype=np.float32)  # the observation's head: three batch rows, then depth, AD share, progress
+        self._set_masks([True] + [False] * (self._n - 1))
         self._budget = max(self.cost.memory_budget1(True), 1.0)
         self._obs_size = observation_size(self.cfg)
         # config scalars the per-step code reads (cached: attribute chains showed in the profile)
@@ -273,13 +275,14 @@ class EdgeScheduleV1Env(gym.Env):
         self._modes = np.zeros(k, dtype=np.int8)
         self._depth = np.zeros(k, dtype=np.int64)
         self._done = False
-        self._masks = self._plan.prepare(*self._users[0])
-        self._batch_rows = self._batch_row(0) + self._batch_row(1) + self._batch_row(2)
+        self._set_masks(self._plan.prepare(*self._users[0]))
+        for m in range(3):
+            self._head[6 * m : 6 * m + 6] = self._batch_row(m)
         return self._encode(), {}
 
     def action_masks(self) -> np.ndarray:
         """Bool (2 + 2G,): which actions keep the plan feasible for the current user."""
-        return np.array(self._masks, dtype=bool)
+        return self._mask_bool.copy()
 
     def step(self, action):
         if self._done:
@@ -296,7 +299,7 @@ class EdgeScheduleV1Env(gym.Env):
         self._modes[t] = mode
         if mode != REJECT:  # only the admitting mode's batch features changed
             m = mode - 1  # AD, SD, ED -> rows 0, 1, 2
-            self._batch_rows[6 * m : 6 * m + 6] = self._batch_row(m)
+            self._head[6 * m : 6 * m + 6] = self._batch_row(m)
             if mode == ED:
                 self._depth[t] = a - 1 - g
         reward = 1.0 if (mode != REJECT and self._admission_reward) else 0.0
@@ -309,9 +312,9 @@ class EdgeScheduleV1Env(gym.Env):
             shares = shares_split(*p.share, *p.mem, *p.b)
             info.update(final_info(self.cfg, self.cost, self.split, self._round, self._order, self._modes, self._depth, p.gamma, shares, self.np_random, self._ed))
             reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
-            self._masks = [True] + [False] * (self._n - 1)
+            self._set_masks([True] + [False] * (self._n - 1))
         else:
-            self._masks = self._plan.prepare(*self._users[self._t])
+            self._set_masks(self._plan.prepare(*self._users[self._t]))
         return self._encode(), reward, terminated, False, info
 
     def _batch_row(self, m: int) -> list[float]:
@@ -322,12 +325,34 @@ class EdgeScheduleV1Env(gym.Env):
         row = (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, (sl if sl != math.inf else t_hi) / t_hi)
         return [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in row]
 
+    MASK_CACHE_MAX = 4096  #: distinct masks kept as arrays before the cache is emptied
+
+    def _set_masks(self, masks: list[bool]) -> None:
+        """Make ``masks`` the current user's, with its bool and float32 arrays: a round repeats few
+        masks, so each pattern is converted once (a list-to-array conversion every step showed in the profile)."""
+        self._masks = masks
+        key = tuple(masks)
+        arrays = self._mask_arrays.get(key)
+        if arrays is None:
+            if len(self._mask_arrays) >= self.MASK_CACHE_MAX:
+                self._mask_arrays.clear()
+            arrays = self._mask_arrays[key] = (np.array(masks, dtype=bool), np.array(masks, dtype=np.float32))
+            for a in arrays:
+                a.setflags(write=False)  # shared by every step with this mask: action_masks() hands out copies
+        self._mask_bool, self._mask_f32 = arrays
+
     def _encode(self) -> np.ndarray:
-        p, t, k = self._plan, self._t, self._k
+        p, t, k, head = self._plan, self._t, self._k, self._head
         obs = self._rows[t].copy()  # current user and look-ahead (observation_rows); head and mask below
         # the head: the three cached batch rows (_batch_row), then SD depth, AD share, progress -- clipped to [0, 1]
-        tail = (p.gamma / self._g, p.candidate_ad_share() if t < k else 1.0, t / k)
-        obs[USER_FEATURES : HEAD + self._n] = self._batch_rows + [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in tail] + self._masks
+        v = p.gamma / self._g
+        head[18] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+        v = p.candidate_ad_share() if t < k else 1.0
+        head[19] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+        v = t / k
+        head[20] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+        obs[USER_FEATURES:HEAD] = head
+        obs[HEAD : HEAD + self._n] = self._mask_f32
         return obs
 
     def render(self):

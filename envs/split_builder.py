@@ -43,6 +43,9 @@ class SplitScalarPlan:
         self._ad_memo: dict[tuple[int, int, int], float] = {}
         self._sd_memo: dict[tuple, object] = {}  # (b, S, N, g) -> (prefill, iteration) seconds; (b, S, N, J, g) -> seconds for an overridden sd_time1
         self._sd_parts = type(cost).sd_time1 is CostModel.sd_time1 and hasattr(cost, "sd_parts1")
+        # sd_parts_all1 repeats CostModel.sd_parts1's operations: only for a cost model that keeps them
+        self._sd_all = self._sd_parts and type(cost).sd_parts1 is CostModel.sd_parts1
+        self._sd_all_memo: dict[tuple[int, int, int], tuple[float, ...]] = {}  # (b, S, N) -> (prefill, iteration at depth 1, ..., G) seconds
         self._ed_memo: dict[tuple[int, int, int], dict[int, float]] = {}  # (b, S, N) -> {q: tau_L verify pass; 0: the prefill pass}
         self._depths = range(1, max_gamma + 1)
         self.reset()
@@ -64,10 +67,9 @@ class SplitScalarPlan:
         # the memory limits with and without SD's weights, as the exact check computes them
         c = self.cost
         self._mem_lim = (c.memory_budget1(False) * (1 + EPS), c.memory_budget1(True) * (1 + EPS))
-        if len(self._ad_memo) + len(self._sd_memo) + len(self._ed_memo) > self.MEMO_MAX:
-            self._ad_memo.clear()
-            self._sd_memo.clear()
-            self._ed_memo.clear()
+        if len(self._ad_memo) + len(self._sd_memo) + len(self._ed_memo) + len(self._sd_all_memo) > self.MEMO_MAX:
+            for memo in (self._ad_memo, self._sd_memo, self._ed_memo, self._sd_all_memo):
+                memo.clear()
 
     def prepare(self, inp: int, out: int, alpha: float, up: float, slack: float, deadline: float = math.inf, ed=None) -> list[bool]:
         """Masks for one user; ``ed`` = (J row, X row, allowed row, prefill) over depths 1..G, or None."""
@@ -111,10 +113,18 @@ class SplitScalarPlan:
         sd_memo, j_max = self._sd_memo, self.j_max
         budget_s = sl_s - u_s
         fb_s, fs_s, kv_sd, sd_user = float(b_s), float(s_s), c.kv_sd, c.sd_user_bytes
+        all_depths = None  # no depth fixed yet and CostModel's own parts: every depth priced in one go (shared passes once)
+        if self.gamma == 0 and self._sd_all:
+            key = (b_s, s_s, n_s)
+            all_depths = self._sd_all_memo.get(key)
+            if all_depths is None:
+                all_depths = self._sd_all_memo[key] = sd_parts_all1(c, b_s, s_s, n_s, g_max)
         for g in ((self.gamma,) if self.gamma > 0 else range(1, g_max + 1)):
             j_s = sd_iterations1(out, alpha, g)
             j_s = j_s if j_s > j_max else j_max
-            if self._sd_parts:  # sd_time1 = prefill + J * iteration: the parts do not depend on the user's J, so they are memoised without it
+            if all_depths is not None:
+                t_s = all_depths[0] + float(j_s) * all_depths[g]
+            elif self._sd_parts:  # sd_time1 = prefill + J * iteration: the parts do not depend on the user's J, so they are memoised without it
                 key = (b_s, s_s, n_s, g)
                 parts = sd_memo.get(key)
                 if parts is None:
@@ -219,6 +229,29 @@ class SplitScalarPlan:
     def candidate_ad_share(self) -> float:
         """The AD batch's least share if the prepared user joined it (1.0 when none is prepared)."""
         return self._prepared[1][5] if self._prepared is not None else 1.0
+
+
+def sd_parts_all1(cost: CostModel, b: int, s_max: int, n_max: int, g_max: int) -> tuple[float, ...]:
+    """``(prefill, iteration(1), ..., iteration(G))`` seconds of an SD batch: ``CostModel.sd_parts1``
+    at every depth 1..G with the depth-free passes (both prefills, the draft's decode step) priced
+    once -- the same operations in the same order per depth, so the floats are sd_parts1's
+    (``tests/test_split_plan.py`` compares them). A round prices every depth until its first SD
+    admission fixes one: 2 + G passes instead of 4 G."""
+    tau_l, tau_s = cost.tau_l.tau1, cost.tau_s.tau1
+    s = max(float(s_max), 1.0)
+    c = s + float(n_max) / 2.0
+    draft = tau_s(b, 1.0, c)
+    out = [tau_l(b, s, s) + tau_s(b, s, s)]
+    per_flop, engine = cost.verify_s_per_flop, cost.engine
+    for gamma in range(1, g_max + 1):
+        g = float(gamma)
+        iteration = g * draft + tau_l(b, g + 1.0, c + g)
+        if per_flop is not None:
+            iteration = iteration + float(cost.profile.llm.flops(float(b), g + 1.0, c + g)) * per_flop
+        if engine is not None:
+            iteration = iteration + float(engine.sd(b, g))
+        out.append(iteration)
+    return tuple(out)
 
 
 class SplitPlanBuilder:
