@@ -10,7 +10,7 @@
   some largest plan always obeys this -- which cut the proof times at K = 70 several-fold.
 * :class:`Exhaustive` (K <= 16): that search, run to completion.
 * :class:`Optimal` (any K): anytime certification (:func:`certify`) -- BALANCE and given plans as
-  incumbents, the split bound, a descent on the target with the exhaustive search (each complete
+  incumbents, the split bound, the joint bound (:mod:`agents.joint_bound`), a descent on the target with the exhaustive search (each complete
   search that finds no plan serving ``T`` users proves ``OPT <= T - 1``), and optionally the MILP
   relaxation of ``agents.round_milp``. Returns the optimum (``gap = 0``) or the best plan found
   with a proven upper bound, and the trace of both over time.
@@ -26,6 +26,7 @@ import numpy as np
 from agents.balance import grid, split_search
 from agents.cost_envelope import CostEnvelope
 from agents.dominance import dominance, forced
+from agents.joint_bound import joint_upper_bound
 from agents.local_search import improve
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.plan_repair import repair
@@ -285,7 +286,8 @@ class Optimal(Scheduler):
     1. incumbents: BALANCE (grid step ``incumbent_step``) and any ``warm`` plans (:meth:`solve`),
        the best improved by exchange moves (:mod:`agents.local_search`, at most ``local_search_s``);
     2. the split bound (:func:`split_upper_bound`, grid ``bound_step``; only where the round's
-       costs are monotone, which it assumes);
+       costs are monotone, which it assumes), then the joint bound (:mod:`agents.joint_bound`:
+       the two batches' KV memory charged jointly, so no user counts twice; same condition);
     3. for ``exhaustive_share`` of the time left (default all of it), a descent on the target:
        exhaustive searches for a plan serving ``T`` users, ``T`` falling from the bound (in
        growing steps while proofs come fast); each complete search without a plan proves
@@ -327,13 +329,16 @@ class Optimal(Scheduler):
         return certify(self.cost, rnd, self.gamma, self.time_limit_s, plans, start, self.bound_step, self.exhaustive_share, self.local_search_s)
 
 
-def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: Sequence[Plan] = (), start: float | None = None, bound_step: float = 0.02, exhaustive_share: float = 1.0, local_search_s: float = 0.0) -> Plan:
+def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: Sequence[Plan] = (), start: float | None = None, bound_step: float = 0.02, exhaustive_share: float = 1.0, local_search_s: float = 0.0, joint_share: float = 0.25) -> Plan:
     """Best plan with draft depth ``gamma`` and a proven upper bound (see :class:`Optimal`).
 
     ``local_search_s``: at most this many seconds (and 5 % of the time left) of exchange moves on
     the best warm plan (:mod:`agents.local_search`); 0 (the default here) skips the stage.
 
-    Why the bound is valid: it is the minimum of proven bounds -- the split bound; ``T - 1`` for
+    ``joint_share``: at most this share of the time left for the joint bound
+    (:mod:`agents.joint_bound`, after the split bound; 0 skips it).
+
+    Why the bound is valid: it is the minimum of proven bounds -- the split bound; the joint bound; ``T - 1`` for
     every target ``T`` a complete exhaustive search found no plan for; and the value (or HiGHS's dual bound) of the MILP
     relaxation constrained to beat the incumbent (``>= lower + 1``), so the optimum is at most
     ``max(lower, bound)``. Cuts never remove a feasible plan (:mod:`agents.round_milp`).
@@ -367,6 +372,9 @@ def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: 
         offer(better, "local search" if np.count_nonzero(better) > state["lower"] else None)  # traced when it helps
     if not done() and monotone:
         offer(None, "split bound", split_upper_bound(cost, rnd, gamma, bound_step, incumbent=state["lower"]))
+    if not done() and monotone and joint_share > 0:  # each user counted once (agents.joint_bound)
+        jb = joint_upper_bound(cost, rnd, gamma, upper=state["upper"], incumbent=state["lower"], time_limit_s=joint_share * left())
+        offer(None, "joint bound", jb)
     if not done() and exhaustive_share > 0:
         # descend on the target: a complete search that finds no plan serving >= target proves
         # upper = target - 1, and high targets prune hard. Each step down costs a few times the

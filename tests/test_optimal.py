@@ -203,3 +203,77 @@ def test_optimality_experiment_rejects_bad_arguments(args, msg, tmp_path):
 
     with pytest.raises(SystemExit, match=msg):
         main([*args, "--out", str(tmp_path / "o")])
+
+
+# ---------------------------------------------------------------- the joint bound (agents.joint_bound)
+def _joint(cost: CostModel, rnd, **kw) -> int | None:
+    """The joint bound where it applies (monotone costs), else None."""
+    from agents.joint_bound import joint_upper_bound
+
+    if not CostEnvelope(cost, rnd, 4).monotone:
+        return None
+    return joint_upper_bound(cost, rnd, 4, **kw)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), k=st.integers(1, 8), tight=st.booleans(), step=st.sampled_from([0.02, 0.1, 0.5]), buckets=st.integers(1, 6))
+def test_joint_bound_covers_brute_force(seed, name, k, tight, step, buckets):
+    """Random rounds, every setting, coarse and fine grids: never below the optimum of 3^K plans."""
+    cfg, cost, rnd = _setup(name, k, seed, tight)
+    jb = _joint(cost, rnd, z_step=step, buckets=buckets)
+    if jb is not None:
+        assert jb >= _brute_force(cost, rnd)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), k=st.integers(2, 7), kind=st.sampled_from(["adversarial", "tight_memory", "mixed"]), buckets=st.integers(1, 8))
+def test_joint_bound_covers_brute_force_on_adversarial_rounds(seed, k, kind, buckets):
+    """Deadlines between neighbouring batch costs, a KV budget equal to one subset's need, or
+    plans that need both modes (``tests/adversarial_rounds.py``)."""
+    from adversarial_rounds import adversarial_round, brute_force_optimum, mixed_round
+
+    cfg = EnvConfig(num_users=k)
+    cost = _setup("paper", k, 0)[1]
+    rng = np.random.default_rng(seed)
+    if kind == "mixed":
+        rnd = mixed_round(rng, cfg, cost, k)
+    else:
+        case = adversarial_round(rng, cfg, cost, k, tight_memory=kind == "tight_memory")
+        rnd, cost = case.rnd, case.cost
+    jb = _joint(cost, rnd, buckets=buckets)
+    if jb is not None:
+        assert jb >= brute_force_optimum(cost, rnd, 4)
+
+
+@pytest.mark.parametrize("k,seed", [(30, 0), (60, 1), (100, 2)])
+def test_joint_bound_covers_every_scheduler_and_beats_split(k, seed):
+    """Larger rounds: at least every scheduler's plan at depth 4; tighter than the split bound at K >= 60
+    (the split bound counts users both modes like twice)."""
+    from agents.balance import grid, split_search
+    from agents.optimal import split_upper_bound
+
+    cfg, cost, rnd = _setup("paper", k, seed)
+    jb = _joint(cost, rnd)
+    assert jb is not None
+    served = [split_search(cost, rnd, 4, grid(0.05), grid(0.05)).admitted]
+    for other in ("greedy", "sd_only", "ad_only", "balance"):
+        plan = make_scheduler(other, cost, cfg.max_gamma, seed=0).plan(rnd)
+        if plan.gamma == 4 or not (plan.modes == SD).any():
+            served.append(plan.admitted)
+    assert jb >= max(served)
+    if k >= 60:
+        assert jb < split_upper_bound(cost, rnd, 4, 0.05)
+
+
+def test_joint_bound_keeps_given_bound_and_incumbent():
+    from agents.joint_bound import joint_upper_bound
+
+    cfg, cost, rnd = _setup("paper", 20, 4)
+    assert joint_upper_bound(cost, rnd, 4, upper=3, incumbent=3) == 3  # nothing to test
+    assert joint_upper_bound(cost, rnd, 4, upper=15, time_limit_s=0.0) == 15  # no time: the given bound
+    padded = _setup("padded", 20, 4)[1]
+    assert joint_upper_bound(padded, rnd, 4, upper=17) == 17  # padded KV memory: not handled
+    with pytest.raises(ValueError, match="z_step"):
+        joint_upper_bound(cost, rnd, 4, z_step=0.0)
+    with pytest.raises(ValueError, match="buckets"):
+        joint_upper_bound(cost, rnd, 4, buckets=0)
