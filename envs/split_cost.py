@@ -69,6 +69,28 @@ send)`` by fixed-point iteration from the lower bound ``network + own cohort's v
 **Server-only SD** (the baseline, zero network): the same draft passes batched on the server
 (``tau_S(b, width, c)``) then the verify pass: ``T = sum_l tau_S(b, w_l, c_l) + tau_L(b, q, c + q)``.
 
+**SpecEdge's engines** (two opt-in switches, off by default so the v1 environment is unchanged; read
+from ``kaist-ina/specedge`` @ ``1edcaf0``):
+
+* ``server_only_widths="padded"``: SpecEdge's server-only baseline (``src/script/server_only.py``)
+  drafts with ``strategy/edge_draft/specexec.py`` ``SpecExecEdgeDraft._grow_tree``, which runs all
+  ``max_beam_len`` levels (no early stop) and whose ``_process_candidates`` always builds
+  ``[max_batch_size, max_n_beams]`` inputs (padding at the junk slot ``max_len - 1``), replayed by
+  the one CUDA graph ``engine/graph.py`` ``BatchGraphEngine`` captures at ``(max_batch_size,
+  max_n_beams)``. So every one of the ``depth`` levels forwards ``beams`` tokens per row:
+  ``T = sum_{l<=depth} tau_S(b, beams, c_l) + verify``, the context still growing by the kept
+  tree's real nodes. ``"tree"`` (default) prices the tree's own widths, as on the edge.
+* ``dense_attention_len=L`` (SpecEdge: ``max_len`` 2048): ``model/qwen3.py``
+  ``Qwen3Attention._sdpa_attention`` attends over every one of a row's ``L`` KV slots
+  (``model/cache.py`` ``KVCache.update`` returns the whole layer) and materialises the grouped
+  K/V with ``repeat_kv`` before SDPA. Per row and pass that moves
+  ``layers * 2 * L * head_dim * dtype * (kv_heads + 2 heads)`` bytes (read K/V, write and re-read
+  the expanded copy; ``kv_heads`` only when ``heads == kv_heads``, where ``repeat_kv`` is a no-op)
+  instead of the roofline's ``c * kv_bytes_per_token``. Priced at the pass's device bandwidth (its
+  roofline efficiency) for **every row beyond the first**: the batch-1 pass time is taken as given
+  (the timed profile fits it to SpecEdge's published batch-1 timings, which already contain it), so
+  the switch prices how SpecEdge's passes grow with the batch. Roofline latencies only.
+
 **Memory.** ED server KV per client ``(c_max + budget + 1) kv_L`` (target only: no draft weights, no
 draft KV on the server); server-only SD ``(c_max + budget + 1)(kv_L + kv_S)`` plus ``W_S`` once.
 
@@ -90,7 +112,9 @@ from envs.profile import Profile
 
 INTERRUPTS = ("step", "immediate")
 PROACTIVE_GAINS = ("time", "tokens")
-__all__ = ["INTERRUPTS", "PASS_WIDTHS", "PROACTIVE_GAINS", "DraftTree", "Proactive", "SplitCostModel", "SplitOptions", "SteadyState", "TreeShape",
+SERVER_ONLY_WIDTHS = ("tree", "padded")
+SPECEDGE_MAX_LEN = 2048  #: SpecEdge's ``max_len`` (KV slots per row; its configs' ``base.max_len``)
+__all__ = ["INTERRUPTS", "PASS_WIDTHS", "PROACTIVE_GAINS", "SERVER_ONLY_WIDTHS", "SPECEDGE_MAX_LEN", "DraftTree", "Proactive", "SplitCostModel", "SplitOptions", "SteadyState", "TreeShape",
            "expected_tokens", "tree_shape"]
 
 
@@ -106,8 +130,19 @@ class SplitOptions:
     #: (its default `excluded`: a deeper tree next cycle, no saved time); module docstring
     proactive_gain: str = "time"
     proactive_depth: int = 3  #: levels drafted proactively under the guessed bonus (SpecEdge: 3)
+    #: server-only SD's draft pass widths: "tree" (the tree's own) or "padded" (SpecEdge's server-only engine: ``beams`` per row at
+    #: every one of ``depth`` levels); module docstring, "SpecEdge's engines"
+    server_only_widths: str = "tree"
+    #: None = off; else the KV slots every pass attends over with the GQA expansion materialised (SpecEdge: 2048), priced for
+    #: batch rows beyond the first; module docstring, "SpecEdge's engines"
+    dense_attention_len: int | None = None
 
     def __post_init__(self) -> None:
+        if self.server_only_widths not in SERVER_ONLY_WIDTHS:
+            raise ValueError(f"split option 'server_only_widths' must be one of {list(SERVER_ONLY_WIDTHS)}, got {self.server_only_widths!r}")
+        if self.dense_attention_len is not None and (not isinstance(self.dense_attention_len, int) or isinstance(self.dense_attention_len, bool)
+                                                     or self.dense_attention_len < 1):
+            raise ValueError(f"split option 'dense_attention_len' must be null or an integer >= 1, got {self.dense_attention_len!r}")
         if self.proactive_gain not in PROACTIVE_GAINS:
             raise ValueError(f"split option 'proactive_gain' must be one of {list(PROACTIVE_GAINS)}, got {self.proactive_gain!r}")
         if not isinstance(self.proactive_depth, int) or isinstance(self.proactive_depth, bool) or self.proactive_depth < 1:
@@ -194,7 +229,24 @@ class SplitCostModel:
         if b <= 0:
             return 0.0
         q = tree.verify_tokens
-        return self.tau_l.tau1(b, q, context + q)
+        t = self.tau_l.tau1(b, q, context + q)
+        return t if self.options.dense_attention_len is None else t + self.dense_attention_s(self.tau_l, b, context + q)  # off: v1's hot path unchanged
+
+    def dense_attention_s(self, latency, b: int, context: float) -> float:
+        """Seconds SpecEdge's dense attention adds to a pass of ``b`` rows at ``context`` (0 when off or ``b <= 1``).
+
+        ``latency``: the pass's roofline (its model, device and bandwidth efficiency); module docstring, "SpecEdge's engines".
+        """
+        span = self.options.dense_attention_len
+        if span is None or b <= 1:
+            return 0.0
+        m = getattr(latency, "model", None)
+        if m is None or not hasattr(latency, "bandwidth_efficiency"):
+            raise ValueError(f"split option 'dense_attention_len' needs roofline latencies; profile {self.profile.name!r} has {type(latency).__name__}")
+        heads = m.kv_heads if m.heads == m.kv_heads else m.kv_heads + 2 * m.heads  # repeat_kv copies only under grouped-query attention
+        dense = m.layers * 2.0 * span * m.head_dim * m.dtype_bytes * heads
+        per_row = max(dense - context * m.kv_bytes_per_token, 0.0)  # the roofline already reads the context's KV once
+        return (b - 1) * per_row / (latency.bandwidth_efficiency * latency.device.bandwidth_bytes_per_s)
 
     def reuse_probability(self, alpha: float, tree: DraftTree) -> float:
         beta = alpha if self.options.bonus_match is None else self.options.bonus_match
@@ -321,9 +373,14 @@ class SplitCostModel:
         # a batch drafts as wide as its widest shape (sequences of one batch step together)
         shapes = [tree_shape(x, tree) for x in a]
         shape = max(shapes, key=lambda s: (len(s.pass_widths), sum(s.pass_widths)))
+        widths, nodes_per_level = shape.pass_widths, shape.level_nodes
+        if self.options.server_only_widths == "padded":  # every level at full beam width (module docstring)
+            levels = tree.max_depth
+            widths = (tree.beams,) * levels
+            nodes_per_level = tuple(nodes_per_level[:levels]) + (0,) * (levels - len(nodes_per_level))
         draft, done = 0.0, 0
-        for w, nodes in zip(shape.pass_widths, shape.level_nodes, strict=True):
-            draft += self.tau_s.tau1(n, w, context + done + w)
+        for w, nodes in zip(widths, nodes_per_level, strict=True):
+            draft += self.tau_s.tau1(n, w, context + done + w) + self.dense_attention_s(self.tau_s, n, context + done + w)
             done += nodes
         period = draft + self.verify_s(n, tree, context)
         e = np.array([s.expected_tokens for s in shapes])

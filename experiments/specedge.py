@@ -51,8 +51,14 @@ GPU grows, on ``--rounds`` test rounds (``envs.workload.make_rounds(..., split="
 95 % CIs and Wilcoxon p-values (``agents.paired_stats``). Every plan is re-checked by the exact v1
 check (``envs.split_plan``); with realised = predicted (the default workload) admitted = served.
 
+**SpecEdge's engines** (``envs.split_cost``, "SpecEdge's engines"; read from its code): ``--server-only-widths
+padded`` (default; its server-only draft engine forwards 32 beams per row at every level) or ``tree``, and
+``--dense-attention on`` (default; its attention reads all 2048 KV slots of a row and copies the grouped K/V,
+priced per batch row beyond the first) or ``off``. Both defaults are what SpecEdge's code does; neither acts
+at server batch 1. ``experiments.specedge_scorecard`` writes the comparison with the published figures.
+
 Writes ``specedge.csv`` (part 1), ``specedge_sensitivity.csv`` (the headline under each tree timing
-and proactive gain), ``hybrid.csv`` (per round), ``hybrid_summary.csv``,
+and proactive gain), ``specedge_engines.csv`` (the headline's setting at several N under each engine switch), ``hybrid.csv`` (per round), ``hybrid_summary.csv``,
 ``specedge.md`` and ``specedge.png`` under ``--out``.
 """
 
@@ -74,9 +80,27 @@ from agents.paired_stats import paired_difference
 from envs import CostModel
 from envs.config import EnvConfig
 from envs.profile import load_profile
-from envs.split_cost import PROACTIVE_GAINS, DraftTree, SplitCostModel, SplitOptions
+from envs.split_cost import (
+    PROACTIVE_GAINS,
+    SERVER_ONLY_WIDTHS,
+    SPECEDGE_MAX_LEN,
+    DraftTree,
+    SplitCostModel,
+    SplitOptions,
+)
 from envs.split_plan import check_plan_split, ed_users
 from envs.workload import make_rounds
+from experiments.specedge_scorecard import (
+    CODE_FACTS,
+    HEADLINE_CLIENTS,
+    HEADLINE_RTT_MS,
+    PUBLISHED,
+    SWEEP_CLIENTS,
+    engine_table,
+    published_implies,
+    scorecard,
+    verdict,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 1000003  #: the test stream's seed (as in experiments.learned and experiments.optimality)
@@ -86,14 +110,11 @@ CONTEXT = PROMPT_TOKENS + OUTPUT_TOKENS / 2.0  #: a client's mean context over i
 CONTEXT_MAX = float(PROMPT_TOKENS + OUTPUT_TOKENS)
 MAX_DEPTH = 8
 FIXED_DEPTH = 4
-HEADLINE_CLIENTS = 2  #: two pipelined cohorts of 1: server batch 1 (SpecEdge runs two clients per server batch slot)
-SWEEP_CLIENTS = 16  #: the client count of the RTT and ablation tables besides the headline's (server batch 8)
 BASELINES = ("same_batch", "equal_itl")
 SAME_BATCH_DEPTHS = range(2, 9)  #: SpecEdge tuned the server-only depth over 2-8
 TREE_PROFILES = {"timed": "split_a100-40gb_qwen3-14b_qwen3-1.7b_timed", "roofline": "split_a100-40gb_qwen3-14b_qwen3-1.7b"}
-HEADLINE_RTT_MS = 15.0
-PUBLISHED = {"throughput_ratio": 2.22, "itl_change": -0.1124}  #: SpecEdge (NeurIPS 2025), its setting
-TARGET_BAND = 0.20  #: the issue's tolerance on the published figures
+ENGINE_SETTINGS = (("tree", False), ("padded", False), ("tree", True), ("padded", True))  #: (server_only_widths, dense_attention)
+ENGINE_CLIENTS = (2, 4, 8, 16, 32)  #: client counts of the engine-switch table
 DRAFTS = {
     "chain": ("split_a100-40gb_llama2-7b_tinyllama-1.1b", DraftTree.chain(FIXED_DEPTH)),
     "tree": (TREE_PROFILES["timed"], DraftTree(budget=32, beams=32, branch=16, depth=FIXED_DEPTH)),
@@ -137,9 +158,18 @@ def best_at_batch(frontier: pd.DataFrame, batch: int) -> pd.Series | None:
     return None if ok.empty else ok.loc[ok["throughput_tok_s"].idxmax()]
 
 
+def engine_options(server_only_widths: str = "padded", dense_attention: bool = True) -> dict:
+    """SplitOptions fields of SpecEdge's engines (``envs.split_cost``, "SpecEdge's engines"); the defaults are its code's."""
+    if server_only_widths not in SERVER_ONLY_WIDTHS:
+        raise ValueError(f"server_only_widths must be one of {list(SERVER_ONLY_WIDTHS)}, got {server_only_widths!r}")
+    return {"server_only_widths": server_only_widths, "dense_attention_len": SPECEDGE_MAX_LEN if dense_attention else None}
+
+
 def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str], baseline: str = "same_batch", tree_timing: str = "timed",
-                    proactive_gain: str = "tokens") -> pd.DataFrame:
-    """Part 1: one row per draft, variant, RTT and client count (module docstring: ``baseline``, ``tree_timing``, ``proactive_gain``)."""
+                    proactive_gain: str = "tokens", server_only_widths: str = "padded", dense_attention: bool = True) -> pd.DataFrame:
+    """Part 1: one row per draft, variant, RTT and client count (module docstring: ``baseline``, ``tree_timing``, ``proactive_gain``,
+    ``server_only_widths``, ``dense_attention``)."""
+    engines = engine_options(server_only_widths, dense_attention)
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {list(BASELINES)}, got {baseline!r}")
     if tree_timing not in TREE_PROFILES:
@@ -150,10 +180,11 @@ def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str],
         if draft == "tree":
             profile_name = TREE_PROFILES[tree_timing]
         profile = load_profile(profile_name)
-        base_model = SplitCostModel(profile)
+        base_model = SplitCostModel(profile, SplitOptions(**engines))
         frontier = server_only_frontier(base_model, tree)
         for variant, v in VARIANTS.items():
-            model = SplitCostModel(profile, SplitOptions(proactive=v["proactive"], pipeline=v["pipeline"], proactive_gain=proactive_gain))
+            model = SplitCostModel(profile, SplitOptions(proactive=v["proactive"], pipeline=v["pipeline"], proactive_gain=proactive_gain,
+                                                          **engines))
             for rtt in rtts_ms:
                 for n in clients:
                     # without pipelining SpecEdge's ablation keeps the server batch and drops the second
@@ -177,9 +208,14 @@ def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str],
                         b_shape = with_depth(tree, int(best["depth"]))
                         b_ss = base_model.server_only(int(best["batch"]), ALPHA, b_shape, CONTEXT, context_max=CONTEXT_MAX)
                         b_verify = base_model.verify_s(int(best["batch"]), b_shape, CONTEXT)
+                        width = b_shape.beams  # one full-width level: the A100's device floor and the edge's pass
+                        level_floor = (base_model.tau_s.tau1(int(best["batch"]), width, CONTEXT + width)
+                                       - profile.slm.layers * getattr(base_model.tau_s, "layer_overhead_s", 0.0))
+                        edge_level = base_model.tau_e.tau1(1, width, CONTEXT + width)
                     rows.append({
                         "draft": draft, "variant": variant, "rtt_ms": rtt, "num_clients": n, "edge_clients": active, "server_batch": batch, "depth": int(depth),
                         "profile": profile_name, "baseline": baseline, "proactive_gain": proactive_gain,
+                        "server_only_widths": server_only_widths, "dense_attention": bool(dense_attention),
                         "specedge_itl_ms": e.itl_s * 1e3, "specedge_throughput_tok_s": e.throughput_tok_s, "specedge_server_busy": e.server_busy,
                         "specedge_tokens_per_iteration": e.tokens_per_iteration, "specedge_verify_ms": e.verify_s[0] * 1e3,
                         "specedge_edge_ms": e.edge_s[0] * 1e3 if e.edge_s else np.nan, "specedge_fits_memory": e.fits_memory,
@@ -191,6 +227,8 @@ def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str],
                         "baseline_tokens_per_iteration": np.nan if best is None else b_ss.tokens_per_iteration,
                         "baseline_verify_ms": np.nan if best is None else b_verify * 1e3,
                         "baseline_draft_ms": np.nan if best is None else (b_ss.iteration_s - b_verify) * 1e3,
+                        "baseline_level_roofline_ms": np.nan if best is None else level_floor * 1e3,
+                        "edge_level_ms": np.nan if best is None else edge_level * 1e3,
                         "throughput_ratio": np.nan if best is None else e.throughput_tok_s / best["throughput_tok_s"],
                         "itl_change": np.nan if ref_itl is None else e.itl_s / ref_itl - 1.0,
                         "headline": variant == "full" and draft == "tree" and rtt == HEADLINE_RTT_MS and n == HEADLINE_CLIENTS,
@@ -198,16 +236,30 @@ def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str],
     return pd.DataFrame(rows)
 
 
-def sensitivity_rows(baseline: str = "same_batch") -> pd.DataFrame:
+def sensitivity_rows(baseline: str = "same_batch", **engines) -> pd.DataFrame:
     """The headline row (tree, full, 15 ms, N = HEADLINE_CLIENTS) under every tree timing and proactive gain."""
     rows = []
     for timing in TREE_PROFILES:
         for gain in PROACTIVE_GAINS:
-            tp = throughput_rows([HEADLINE_RTT_MS], [HEADLINE_CLIENTS], ["tree"], baseline=baseline, tree_timing=timing, proactive_gain=gain)
+            tp = throughput_rows([HEADLINE_RTT_MS], [HEADLINE_CLIENTS], ["tree"], baseline=baseline, tree_timing=timing, proactive_gain=gain,
+                                 **engines)
             h = tp[tp["headline"]].iloc[0]
             rows.append({"tree_timing": timing, "proactive_gain": gain, **{k: h[k] for k in (
                 "profile", "baseline", "depth", "specedge_verify_ms", "specedge_edge_ms", "specedge_tokens_per_iteration", "baseline_depth",
                 "baseline_verify_ms", "baseline_draft_ms", "throughput_ratio", "itl_change")}})
+    return pd.DataFrame(rows)
+
+
+def engine_rows(baseline: str = "same_batch", proactive_gain: str = "tokens") -> pd.DataFrame:
+    """The headline (tree, full, 15 ms) at ENGINE_CLIENTS under every setting of the two engine switches (``envs.split_cost``)."""
+    keep = ("num_clients", "server_batch", "depth", "specedge_verify_ms", "specedge_edge_ms", "specedge_tokens_per_iteration", "baseline_depth",
+            "baseline_draft_ms", "baseline_verify_ms", "throughput_ratio", "itl_change")
+    rows = []
+    for widths, dense in ENGINE_SETTINGS:
+        tp = throughput_rows([HEADLINE_RTT_MS], list(ENGINE_CLIENTS), ["tree"], baseline=baseline, proactive_gain=proactive_gain,
+                             server_only_widths=widths, dense_attention=dense)
+        for _, h in tp[tp["variant"] == "full"].iterrows():
+            rows.append({"server_only_widths": widths, "dense_attention": dense, **{k: h[k] for k in keep}})
     return pd.DataFrame(rows)
 
 
@@ -260,14 +312,6 @@ def hybrid_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------------ report
-def verdict(value: float, target: float, percent: bool = False) -> str:
-    """Whether ``value`` lies within +-TARGET_BAND (relative) of the published ``target``, with the band."""
-    lo, hi = sorted((target * (1 - TARGET_BAND), target * (1 + TARGET_BAND)))
-    fmt = (lambda v: f"{v:+.1%}") if percent else (lambda v: f"{v:.2f}x")
-    inside = lo <= value <= hi
-    return f"{'within' if inside else 'outside'} the +-{TARGET_BAND:.0%} band [{fmt(lo)}, {fmt(hi)}]"
-
-
 def _setting(tp: pd.DataFrame) -> tuple[str, str, str]:
     """The run's baseline, tree profile and proactive gain (from the CSV's columns; older CSVs: the earlier method)."""
     first = tp.iloc[0]
@@ -277,58 +321,12 @@ def _setting(tp: pd.DataFrame) -> tuple[str, str, str]:
     return baseline, (str(tree["profile"].iloc[0]) if not tree.empty else "-"), gain
 
 
-def published_implies(h: pd.Series) -> str | None:
-    """What SpecEdge's 2.22x implies for the server-only draft, against what the model prices (same_batch only)."""
-    cols = ("baseline_tokens_per_iteration", "baseline_verify_ms", "baseline_draft_ms", "baseline_depth", "baseline_batch")
-    if any(c not in h or pd.isna(h[c]) for c in cols):
-        return None
-    # the server-only iteration that would make the headline's ratio 2.22x: T = 2.22 * B * E / SpecEdge's throughput
-    need_t_ms = PUBLISHED["throughput_ratio"] * h["baseline_batch"] * h["baseline_tokens_per_iteration"] / h["specedge_throughput_tok_s"] * 1e3
-    need_draft = need_t_ms - h["baseline_verify_ms"]
-    depth = int(h["baseline_depth"])
-    return (f"- what 2.22x would need: with SpecEdge as modelled, server-only SD (batch {int(h['baseline_batch'])}, depth {depth}) would have to take "
-            f"{need_t_ms:.0f} ms per iteration, i.e. {need_draft:.0f} ms of draft passes ({need_draft / depth:.1f} ms per draft layer on the A100) "
-            f"besides its {h['baseline_verify_ms']:.0f} ms verify; the model prices those passes at {h['baseline_draft_ms']:.0f} ms "
-            f"({h['baseline_draft_ms'] / depth:.1f} ms per layer; the draft engine's fitted overhead on the A100's bandwidth). The published pair "
-            "holds only if SpecEdge's server-only draft passes cost about as much as its verify pass")
-
-
-def scorecard(tp: pd.DataFrame) -> list[str]:
-    """What matches SpecEdge's published findings and what does not (tree drafts, the headline's N)."""
-    full = tp[(tp["variant"] == "full") & (tp["draft"] == "tree") & (tp["num_clients"] == HEADLINE_CLIENTS)].sort_values("rtt_ms")
-    at15 = tp[(tp["draft"] == "tree") & (tp["num_clients"] == HEADLINE_CLIENTS) & (tp["rtt_ms"] == HEADLINE_RTT_MS)].set_index("variant")
-    if full.empty or "full" not in at15.index:
-        return []
-    h = at15.loc["full"]
-
-    def mark(ok: bool) -> str:
-        return "matches" if ok else "does not match"
-
-    out = [f"**Scorecard** (tree drafts, N = {HEADLINE_CLIENTS}; published figures from the paper, second-hand where marked in "
-           "`/work/shared/reference/specedge.md`):", ""]
-    ratio_ok = abs(h["throughput_ratio"] / PUBLISHED["throughput_ratio"] - 1) <= TARGET_BAND
-    itl_ok = abs(h["itl_change"] / PUBLISHED["itl_change"] - 1) <= TARGET_BAND
-    out.append(f"- 2.22x server throughput at ~15 ms: {h['throughput_ratio']:.2f}x, {mark(ratio_ok)} within +-20 %;")
-    out.append(f"- -11.24 % ITL: {h['itl_change']:+.1%}, {mark(itl_ok)} within +-20 %"
-               + (" (SpecEdge's ITL is *higher* than server-only's here)" if h["itl_change"] > 0 else "") + ";")
-    r = full["throughput_ratio"].to_numpy()
-    out.append(f"- the gain falls as RTT grows: {r[0]:.2f}x at {full['rtt_ms'].iloc[0]:g} ms -> {r[-1]:.2f}x at {full['rtt_ms'].iloc[-1]:g} ms, "
-               f"{mark(bool(np.all(np.diff(r) <= 1e-9)))};")
-    below = full[full["itl_change"] < 0]["rtt_ms"]
-    out.append("- ITL below server-only's up to ~50 ms RTT, ~+22 % at 65 ms (second-hand): "
-               + (f"below up to {below.max():g} ms" if not below.empty else "never below at any RTT")
-               + f", {full['itl_change'].iloc[-1]:+.0%} at {full['rtt_ms'].iloc[-1]:g} ms;")
-    if {"no_proactive", "no_pipeline"} <= set(at15.index) and "specedge_tokens_per_iteration" in at15:
-        pro = h["specedge_tokens_per_iteration"] / at15.loc["no_proactive", "specedge_tokens_per_iteration"] - 1
-        pipe = h["specedge_throughput_tok_s"] / at15.loc["no_pipeline", "specedge_throughput_tok_s"]
-        out.append(f"- proactive drafting +13.21 % tokens per verify (second-hand): {pro:+.1%}, {mark(abs(pro / 0.1321 - 1) <= TARGET_BAND)} within +-20 %;")
-        out.append(f"- pipeline-aware scheduling 2.07x throughput (second-hand): {pipe:.2f}x, {mark(abs(pipe / 2.07 - 1) <= TARGET_BAND)} within +-20 %.")
-    return out + [""]
-
-
 def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFrame | None, command: str,
-             sensitivity: pd.DataFrame | None = None) -> str:
+             sensitivity: pd.DataFrame | None = None, engines: pd.DataFrame | None = None) -> str:
     baseline, tree_profile, gain = _setting(tp)
+    first = tp.iloc[0]
+    widths = str(first["server_only_widths"]) if "server_only_widths" in tp else "tree"
+    dense = bool(first["dense_attention"]) if "dense_attention" in tp else False
     if baseline == "same_batch":
         method = ("`throughput_ratio` and `itl_change`: SpecEdge (N clients, two cohorts of server batch B = N/2) against server-only SD at the "
                   "same server batch B with its depth tuned over 2..8 for throughput (SpecEdge's comparison: its edge GPUs number batch size x 2); "
@@ -339,7 +337,8 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
     lines = ["# SpecEdge vs server-only speculative decoding (simulated)", "", f"Generated by `{command}` (closed form `envs.split_cost`; "
              "its agreement with the discrete-event simulation: `des_check.md`). Acceptance 0.8, prompt 512 + 256 output tokens, "
              f"RTX 4090 edges, A100-40GB server; tree drafts on `{tree_profile}`, chain drafts on `{DRAFTS['chain'][0]}`; baseline `{baseline}`, "
-             f"proactive gain `{gain}` (see `experiments/specedge.py`). {method} Server-only SD has zero network delay, as in the paper.", ""]
+             f"proactive gain `{gain}`, server-only widths `{widths}`, dense attention `{'on' if dense else 'off'}` (see `experiments/specedge.py` and "
+             f"`envs.split_cost`, \"SpecEdge's engines\"). {method} Server-only SD has zero network delay, as in the paper.", ""]
     head = tp[tp["headline"]]
     if not head.empty:
         h = head.iloc[0]
@@ -353,15 +352,22 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
             pub = PUBLISHED["throughput_ratio"] * (1 + PUBLISHED["itl_change"])
             lines += [f"- the two published figures are one: at the same server batch throughput x ITL = clients, so ratio x (1 + ITL change) = 2 "
                       f"(published: 2.22 x 0.8876 = {pub:.2f}); the ITL band [-13.5 %, -9.0 %] is a ratio in [2.20, 2.31], a +-2.5 % target;"]
-            implied = published_implies(h)
-            if implied:
-                lines.append(implied + ";")
+            lines += [x + ";" for x in published_implies(h)]
+        sweep = at15[at15["num_clients"] == SWEEP_CLIENTS]
+        if not sweep.empty:
+            g = sweep.iloc[0]
+            lines.append(f"- at N = {SWEEP_CLIENTS} (server batch {int(g['server_batch'])}, depth {int(g['depth'])}): **{g['throughput_ratio']:.2f}x** "
+                         f"({verdict(g['throughput_ratio'], PUBLISHED['throughput_ratio'])}), ITL change **{g['itl_change']:+.1%}** "
+                         f"({verdict(g['itl_change'], PUBLISHED['itl_change'], percent=True)});")
         if not at15.empty:
             best = at15.loc[at15["throughput_ratio"].idxmax()]
             lines.append(f"- over N at 15 ms the best ratio is {best['throughput_ratio']:.2f}x (N = {int(best['num_clients'])}, ITL change "
                          f"{best['itl_change']:+.1%}): {verdict(best['throughput_ratio'], PUBLISHED['throughput_ratio'])}.")
         lines.append("")
-    lines += scorecard(tp)
+    lines += CODE_FACTS
+    for n in sorted({HEADLINE_CLIENTS, SWEEP_CLIENTS}):
+        lines += scorecard(tp, n)
+    lines += engine_table(engines)
     if sensitivity is not None and not sensitivity.empty:
         lines += [f"**Sensitivity of the headline** (tree, full system, N = {HEADLINE_CLIENTS}, {HEADLINE_RTT_MS:g} ms) to the two modelling "
                   "choices the sources leave open: the pass times (`--tree-timing`) and what a proactive reuse buys (`--proactive-gain`). "
@@ -484,6 +490,10 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame | No
     ap.add_argument("--tree-timing", choices=list(TREE_PROFILES), default="timed", help="tree drafts' profile: fitted pass times or plain roofline")
     ap.add_argument("--proactive-gain", choices=list(PROACTIVE_GAINS), default="tokens",
                     help="what a proactive reuse buys: a deeper next tree (SpecEdge's default) or saved edge time")
+    ap.add_argument("--server-only-widths", choices=list(SERVER_ONLY_WIDTHS), default="padded",
+                    help="server-only draft widths: SpecEdge's padded engine (every level 32 wide) or the tree's own (envs.split_cost)")
+    ap.add_argument("--dense-attention", choices=["on", "off"], default="on",
+                    help="price SpecEdge's dense max_len attention with the GQA expansion for batch rows beyond the first (envs.split_cost)")
     ap.add_argument("--ks", default="20,40,60,80", help="hybrid: users per round K (>= 1)")
     ap.add_argument("--edge-fractions", default="0,0.25,0.5,1", help="hybrid: shares of users with an edge GPU, in [0, 1]")
     ap.add_argument("--rounds", type=int, default=50, help="hybrid: test rounds per point (>= 2; 0 skips the hybrid)")
@@ -504,20 +514,24 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame | No
         raise SystemExit(f"--rounds must be 0 (skip the hybrid) or >= 2, got {args.rounds}")
     fractions = sorted(set([0.0] + fractions))  # BALANCE (the paired baseline) runs at fraction 0
     print(f"part 1: {len(DRAFTS)} drafts x {len(VARIANTS)} variants x {len(rtts)} RTTs x {len(clients)} client counts", flush=True)
-    tp = throughput_rows(rtts, clients, list(DRAFTS), baseline=args.baseline, tree_timing=args.tree_timing, proactive_gain=args.proactive_gain)
+    engines = {"server_only_widths": args.server_only_widths, "dense_attention": args.dense_attention == "on"}
+    tp = throughput_rows(rtts, clients, list(DRAFTS), baseline=args.baseline, tree_timing=args.tree_timing, proactive_gain=args.proactive_gain,
+                         **engines)
     hybrid = summary = None
     if args.rounds:
         print(f"part 2: hybrid, K in {ks}, edge fractions {fractions}, {args.rounds} rounds each", flush=True)
         hybrid = hybrid_rows(ks, fractions, args.rounds)
         summary = hybrid_summary(hybrid)
     out = args.out
-    sens = sensitivity_rows(args.baseline)
+    sens = sensitivity_rows(args.baseline, **engines)
+    eng = engine_rows(args.baseline, args.proactive_gain)
     write_csv_atomic(tp, out / "specedge.csv")
     write_csv_atomic(sens, out / "specedge_sensitivity.csv")
+    write_csv_atomic(eng, out / "specedge_engines.csv")
     if hybrid is not None:
         write_csv_atomic(hybrid, out / "hybrid.csv")
         write_csv_atomic(summary, out / "hybrid_summary.csv")
-    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command.strip(), sens))
+    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command.strip(), sens, eng))
     save_figure_atomic(figure(tp, summary), out / "specedge.png")
     print(f"wrote {out / 'specedge.csv'}, specedge.md, specedge.png" + (", hybrid.csv, hybrid_summary.csv" if hybrid is not None else ""))
     return tp, summary
@@ -531,7 +545,8 @@ def report_only(out: Path, command: str) -> tuple[pd.DataFrame, pd.DataFrame | N
     hybrid = pd.read_csv(out / "hybrid.csv") if (out / "hybrid.csv").is_file() else None
     summary = hybrid_summary(hybrid) if hybrid is not None else None
     sens = pd.read_csv(out / "specedge_sensitivity.csv") if (out / "specedge_sensitivity.csv").is_file() else None
-    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command, sens))
+    eng = pd.read_csv(out / "specedge_engines.csv") if (out / "specedge_engines.csv").is_file() else None
+    write_text_atomic(out / "specedge.md", markdown(tp, hybrid, summary, command, sens, eng))
     save_figure_atomic(figure(tp, summary), out / "specedge.png")
     return tp, summary
 

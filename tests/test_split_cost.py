@@ -207,3 +207,48 @@ def test_proactive_gain_tokens_deepens_the_tree_and_saves_no_edge_time(model):
         SplitOptions(proactive_gain="both")
     with pytest.raises(ValueError, match="proactive_depth"):
         SplitOptions(proactive_depth=0)
+
+
+def test_server_only_padded_widths_forward_every_level_at_full_beam_width():
+    # SpecEdge's server-only engine: one CUDA graph at (batch, beams), all `depth` levels (envs.split_cost, "SpecEdge's engines")
+    p = load_profile(GPU)
+    tree, c, n = DraftTree(budget=32, beams=32, branch=16, depth=4), 640.0, 8
+    padded = SplitCostModel(p, SplitOptions(server_only_widths="padded"))
+    shape = tree_shape(0.8, tree)
+    draft, done = 0.0, 0
+    for nodes in shape.level_nodes:
+        draft += p.tau_slm.tau1(n, 32, c + done + 32)
+        done += nodes
+    assert padded.server_only(n, 0.8, tree, c).iteration_s == pytest.approx(draft + p.tau_llm.tau1(n, 33, c + 33))
+    plain = SplitCostModel(p).server_only(n, 0.8, tree, c).iteration_s
+    assert shape.pass_widths[0] == 1 and plain < draft + p.tau_llm.tau1(n, 33, c + 33)  # the tree's own widths start at 1
+    chain = DraftTree.chain(3)  # a chain is one beam wide either way
+    assert padded.server_only(n, 0.8, chain, c).iteration_s == pytest.approx(SplitCostModel(p).server_only(n, 0.8, chain, c).iteration_s)
+
+
+def test_dense_attention_prices_max_len_slots_and_the_gqa_copy_per_extra_row():
+    p = load_profile(GPU)
+    dense, plain = SplitCostModel(p, SplitOptions(dense_attention_len=2048)), SplitCostModel(p)
+    tree, c = DraftTree(budget=32, beams=32, branch=16, depth=4), 640.0
+    assert dense.verify_s(1, tree, c) == plain.verify_s(1, tree, c)  # the batch-1 pass is taken as given
+    # Qwen3-14B: 40 layers, 8 KV heads, 40 heads, head_dim 128, fp16: read K/V, write and re-read the expanded copy, less the context's KV read
+    per_row = 40 * 2 * 2048 * 128 * 2 * (8 + 2 * 40) - (c + 33) * 2 * 40 * 8 * 128 * 2
+    bw = p.tau_llm.bandwidth_efficiency * p.device.bandwidth_bytes_per_s
+    assert dense.verify_s(4, tree, c) - plain.verify_s(4, tree, c) == pytest.approx(3 * per_row / bw)
+    assert 2.5e-3 < per_row / bw < 3.5e-3  # ~3 ms per extra row on the A100
+    # without grouped-query attention repeat_kv copies nothing: Llama-2-7B reads only its own K/V over max_len
+    mha = load_profile("split_a100-40gb_llama2-7b_tinyllama-1.1b")
+    m = SplitCostModel(mha, SplitOptions(dense_attention_len=2048))
+    per_row = 32 * 2 * 2048 * 128 * 2 * 32 - (c + 5) * mha.kv_llm_bytes
+    got = m.verify_s(2, DraftTree.chain(4), c) - SplitCostModel(mha).verify_s(2, DraftTree.chain(4), c)
+    assert got == pytest.approx(per_row / (mha.tau_llm.bandwidth_efficiency * mha.device.bandwidth_bytes_per_s))
+
+
+def test_engine_switches_are_checked_and_named():
+    with pytest.raises(ValueError, match="server_only_widths"):
+        SplitOptions(server_only_widths="wide")
+    with pytest.raises(ValueError, match="dense_attention_len"):
+        SplitOptions(dense_attention_len=0)
+    cpu = SplitCostModel(load_profile("split_cpu_specsched-pair"), SplitOptions(dense_attention_len=2048))
+    with pytest.raises(ValueError, match="dense_attention_len"):  # a measured table has no bandwidth to price bytes at
+        cpu.verify_s(2, DraftTree.chain(2), 100.0)
