@@ -31,7 +31,8 @@ def stats_dict(batcher: VerificationBatcher, streams: int) -> dict:
     span = (st.last_at - st.first_at) if st.first_at is not None and st.last_at is not None else 0.0
     return {"batches": st.batches, "rows": st.rows, "tokens": st.tokens, "busy_s": st.busy_s, "span_s": span,
             "utilisation": st.utilisation if span > 0 else None, "tokens_per_s": st.tokens / span if span > 0 else None,
-            "mean_batch": st.rows / st.batches if st.batches else None, "streams": streams, "cohorts": batcher.cohorts}
+            "mean_batch": st.rows / st.batches if st.batches else None, "streams": streams, "cohorts": batcher.cohorts,
+            "verify_cpu_s": st.verify_cpu_s, "verify_timing": dict(batcher.verifier.timing)}
 
 
 def main(argv: list[str] | None = None) -> None:

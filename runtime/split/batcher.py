@@ -37,6 +37,7 @@ class BatcherStats:
     batches: int = 0
     rows: int = 0
     busy_s: float = 0.0  #: time inside target forwards
+    verify_cpu_s: float = 0.0  #: the batcher thread's CPU time inside verification (the rest of the process: gRPC, threads)
     first_at: float | None = None  #: perf_counter of the first batch start
     last_at: float | None = None  #: perf_counter of the last batch end
     tokens: int = 0  #: tokens committed (accepted + bonus)
@@ -164,7 +165,7 @@ class VerificationBatcher:
             batch = self._take_batch()
             if not batch:
                 return
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.thread_time()
             try:
                 results = self.verifier.verify([q.req for q in batch])
             except Exception as exc:  # noqa: BLE001 - the batch's requests get the fault; the loop goes on
@@ -173,6 +174,7 @@ class VerificationBatcher:
                 continue
             end = time.perf_counter()
             st = self.stats
+            st.verify_cpu_s += time.thread_time() - cpu0
             st.first_at = start if st.first_at is None else st.first_at
             st.last_at, st.busy_s = end, st.busy_s + (end - start)
             st.batches, st.rows = st.batches + 1, st.rows + len(batch)
