@@ -31,8 +31,15 @@ import torch
 from transformers import DynamicCache
 
 from runtime.split.acceptance import emitted
-from runtime.split.target_kv import BatchKV, ClientKV, bucketed, kv_length, split_rows
-from runtime.split.target_kv import stack_past, stacked_valid
+from runtime.split.target_kv import (
+    BatchKV,
+    ClientKV,
+    bucketed,
+    kv_length,
+    split_rows,
+    stack_past,
+    stacked_valid,
+)
 
 
 class InvalidRequest(ValueError):
