@@ -170,30 +170,37 @@ class SplitScalarPlan:
             if passes is None:
                 passes = self._ed_memo[(b_e, s_e, n_e)] = {}
             prefill_pass = None  # priced (or found) once, on the first depth that needs it
+            q_v, v = -1, 0.0  # the last verify pass found (depths below the batch's q share one)
+            mask_at = 1 + g_max
             for g, j_e, x_e, ok in zip(self._depths, j_row, x_row, allowed, strict=True):
                 if not ok:
                     continue
                 if j_b > j_e:
                     j_e = j_b
-                q_e = g + 1
-                if q_b > q_e:
-                    q_e = q_b
                 if x_b > x_e:
                     x_e = x_b
                 budget = base - j_e * x_e
-                mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
-                if budget <= 0 or not mm01 + mem_e <= mem_lim:
+                if budget <= 0:
                     continue  # infeasible whatever the verify pass costs: skip pricing it
+                q_e = g + 1
+                if q_b > q_e:
+                    q_e = q_b
+                mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
+                if not mm01 + mem_e <= mem_lim:
+                    break  # q_e, hence mem_e, never falls with the depth: no deeper depth fits either
                 if prefill_pass is None:
                     prefill_pass = passes.get(0)
                     if prefill_pass is None:
                         prefill_pass = passes[0] = tau1(b_e, s_f, s_f)
-                v = passes.get(q_e)
-                if v is None:
-                    v = passes[q_e] = tau1(b_e, float(q_e), cc + float(q_e))
+                if q_e != q_v:
+                    q_v = q_e
+                    v = passes.get(q_e)
+                    if v is None:
+                        v = passes[q_e] = tau1(b_e, float(q_e), cc + float(q_e))
                 share_e = (prefill_pass + float(j_e) * v) / budget
-                eds[g] = (j_e, q_e, x_e, share_e, mem_e)
-                masks[1 + g_max + g] = sh01 + share_e <= lim
+                if sh01 + share_e <= lim:  # only an allowed depth can be applied: only its candidate is kept
+                    masks[mask_at + g] = True
+                    eds[g] = (j_e, q_e, x_e, share_e, mem_e)
             eds["agg"] = (b_e, s_e, n_e, u_e, t_e, p_e)
         self._prepared = ((inp, out), (b_a, s_a, n_a, u_a, sl_a, share_a, mem_a), (b_s, s_s, n_s, u_s, sl_s), sd, eds, masks)
         return masks
