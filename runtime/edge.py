@@ -10,7 +10,22 @@ wait, network, accepted, proactive hit, ...); ``--summary`` gets per-request out
 (tokens, ITL, proactive hit rate). Every request ends with exactly one outcome (``length``,
 ``eos``, ``error`` -- e.g. the server went away -- or ``timeout``); after a failure the client
 opens a new stream before its next request. Requests are prompts from the pair's own prompt
-lists, cycled, with ``--max-new-tokens`` each.
+lists, cycled, with ``--max-new-tokens`` each -- unless the process serves its users:
+
+**The users' own requests** (``--listen HOST:PORT``, port 0 picks a free one; it prints
+``listening on http://HOST:PORT``): a local OpenAI-style endpoint (``/v1/completions``,
+``/v1/chat/completions``, streaming or not, ``/v1/models``, ``/health``; :mod:`runtime.edge_http`)
+hands each request to a free one of the ``--clients`` (or queues it, at most ``--http-queue``:
+then 429), which drafts it here and has it verified over its own stream; it serves until
+SIGINT/SIGTERM, then writes ``--log`` / ``--summary`` for the requests it answered::
+
+    python -m runtime.edge --server 127.0.0.1:50051 --clients 4 --rtt-ms 20 --listen 127.0.0.1:8001
+    curl -s 127.0.0.1:8001/v1/completions -d '{"prompt": "def f(x):", "max_tokens": 32}'
+
+**The model's calibrated depth** (``--profile NAME|PATH``, a split profile: ``envs/profiles/split_*``
+or one measured with ``runtime.profile --role``): with ``--depth auto`` every client's controller
+starts at ``envs.split_cost.SplitCostModel.calibrated_depth`` for its RTT (at ``--alpha``, which
+is also the controller's acceptance prior; :mod:`runtime.edge_profile`) instead of depth 4.
 
 **Through the live server's planner** (``--placement on``; ``--server`` is ``runtime.serve
 placement=split``'s ``split.port``): each request is first submitted with its deadline
@@ -34,6 +49,7 @@ import time
 from pathlib import Path
 
 from agents.artefacts import write_text_atomic
+from runtime.edge_profile import CalibratedStart, calibrated_start
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
 from runtime.split.depth import DepthController
 from runtime.split.edge_client import EdgeClient, RequestOutcome
@@ -74,6 +90,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reply-timeout-s", type=float, default=30.0)
     ap.add_argument("--connect-timeout-s", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--listen", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
+                    help="serve the users' OpenAI-style requests here (default 127.0.0.1:0, a free port) instead of the prompt lists")
+    ap.add_argument("--http-queue", type=int, default=16, help="with --listen: requests that may wait for a free client (more get 429)")
+    ap.add_argument("--http-max-tokens", type=int, default=512, help="with --listen: the largest max_tokens a request may ask for")
+    ap.add_argument("--http-max-prompt-tokens", type=int, default=2048, help="with --listen: the longest prompt, in tokens")
+    ap.add_argument("--profile", default=None, help="a split profile (NAME in envs/profiles or PATH): --depth auto starts at its calibrated depth")
+    ap.add_argument("--alpha", type=float, default=0.7, help="with --profile: the acceptance the depth is calibrated at (and the controller's prior)")
     ap.add_argument("--log", type=Path, default=None, help="per-iteration JSON lines")
     ap.add_argument("--summary", type=Path, default=None, help="per-request outcomes and totals (JSON)")
     args = ap.parse_args(argv)
@@ -93,6 +116,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise SystemExit(f"--depth must be auto or an integer in [1, {args.max_depth}], got {args.depth!r}") from None
         if not 1 <= args.depth <= args.max_depth:
             raise SystemExit(f"--depth must lie in [1, {args.max_depth}], got {args.depth}")
+    if args.listen is not None:
+        from runtime.edge_http import parse_listen
+
+        if args.placement == "on":
+            raise SystemExit("--listen serves requests straight to runtime.split_server: it needs --placement off")
+        try:
+            parse_listen(args.listen)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        if args.http_queue < 0 or args.http_max_tokens < 1 or args.http_max_prompt_tokens < 1:
+            raise SystemExit(f"--http-queue must be >= 0 (got {args.http_queue}), --http-max-tokens and --http-max-prompt-tokens >= 1 "
+                             f"(got {args.http_max_tokens}, {args.http_max_prompt_tokens})")
+    if not 0 < args.alpha < 1:
+        raise SystemExit(f"--alpha must lie in (0, 1), got {args.alpha}")
     for path in (args.log, args.summary):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +195,45 @@ def run_placed(args: argparse.Namespace, pair, prompts: list[list[int]]) -> None
     print(json.dumps(summary), flush=True)
 
 
+def initial_depth(args: argparse.Namespace, prompts: list[list[int]]) -> CalibratedStart | None:
+    """``--profile``: the calibration rule's depth and prior for this process's clients (at the
+    prompts' mean length plus half of ``--max-new-tokens``: a request's mean context)."""
+    if args.profile is None:
+        return None
+    context = statistics.fmean(len(p) for p in prompts) + args.max_new_tokens / 2
+    try:
+        start = calibrated_start(args.profile, args.alpha, args.rtt_ms / 1e3, args.clients, context, args.max_depth)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"--profile {args.profile}: {exc}") from None
+    print(f"[edge] calibrated depth {start.depth} (profile {start.profile}, alpha {start.alpha}, RTT {args.rtt_ms} ms, "
+          f"context {context:.0f} tokens, verify batch {start.verify_clients})", flush=True)
+    return start
+
+
+def depth_for(args: argparse.Namespace, start: CalibratedStart | None) -> int | DepthController:
+    """One client's depth: fixed, or a controller starting at the calibrated depth (4 without a profile)."""
+    if args.depth != "auto":
+        return args.depth
+    if start is None:
+        return DepthController(1, args.max_depth, initial=min(4, args.max_depth))
+    return DepthController(1, args.max_depth, initial=start.depth, prior_alpha=start.alpha)
+
+
+def write_reports(args: argparse.Namespace, outcomes: list[RequestOutcome], wall_s: float, start: CalibratedStart | None) -> None:
+    summary = summarise(outcomes, wall_s)
+    summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    if start is not None:
+        summary["calibrated"] = start.as_dict()
+    if args.log is not None:
+        lines = [json.dumps(dataclasses.asdict(log)) for o in outcomes for log in o.iterations]
+        write_text_atomic(args.log, "\n".join(lines) + "\n")
+    if args.summary is not None:
+        summary["requests_detail"] = [{"request_id": o.request_id, "outcome": o.outcome, "tokens": len(o.tokens), "itl_ms": o.itl_ms,
+                                       "error": o.error, "latency_s": o.ended_at - o.started_at, "output_ids": o.tokens} for o in outcomes]
+        write_text_atomic(args.summary, json.dumps(summary, indent=2))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("config", "requests_detail")}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     pair = load_pair_from_args(args)
@@ -166,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.placement == "on":
         run_placed(args, pair, prompts)
         return
+    start = initial_depth(args, prompts)
     outcomes: list[RequestOutcome] = []
     lock = threading.Lock()
     device_lock = threading.Lock() if args.shared_device == "on" else None  # this process's clients share one draft device
@@ -173,11 +250,24 @@ def main(argv: list[str] | None = None) -> None:
     def new_link(i: int):
         return DelayedLink(GrpcLink(args.server, args.connect_timeout_s), args.rtt_ms, args.jitter_ms, args.bandwidth_mbps, seed=args.seed + i)
 
+    def new_client(i: int, depth: int | DepthController) -> EdgeClient:
+        return EdgeClient(pair.draft, new_link(i), depth=depth, proactive=args.proactive == "on", max_depth=args.max_depth,
+                          eos_id=tok.eos_id, reply_timeout_s=args.reply_timeout_s, device_lock=device_lock)
+
+    if args.listen is not None:
+        from runtime.edge_http import serve
+        from runtime.edge_pool import EdgePool
+
+        depths = [depth_for(args, start) for _ in range(args.clients)]  # one controller per client, kept across reconnects
+        t0 = time.perf_counter()
+        pool = EdgePool(args.clients, lambda i: new_client(i, depths[i]), args.http_queue)
+        serve(args.listen, pool, tok, args.server, args.http_max_tokens, args.http_max_prompt_tokens)
+        write_reports(args, [out for _, out in pool.finished], time.perf_counter() - t0, start)
+        return
+
     def client(i: int) -> None:
-        depth = DepthController(1, args.max_depth, initial=min(4, args.max_depth)) if args.depth == "auto" else args.depth
         try:
-            edge = EdgeClient(pair.draft, new_link(i), depth=depth, proactive=args.proactive == "on", max_depth=args.max_depth,
-                              eos_id=tok.eos_id, reply_timeout_s=args.reply_timeout_s, device_lock=device_lock)
+            edge = new_client(i, depth_for(args, start))
         except ConnectionError as exc:
             edge, error = None, str(exc)
         for k in range(args.requests):
@@ -202,16 +292,7 @@ def main(argv: list[str] | None = None) -> None:
             edge.link.close()
 
     wall_s = run_clients(client, args.clients, "edge-client")
-    summary = summarise(outcomes, wall_s)
-    summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    if args.log is not None:
-        lines = [json.dumps(dataclasses.asdict(log)) for o in outcomes for log in o.iterations]
-        write_text_atomic(args.log, "\n".join(lines) + "\n")
-    if args.summary is not None:
-        summary["requests_detail"] = [{"request_id": o.request_id, "outcome": o.outcome, "tokens": len(o.tokens), "itl_ms": o.itl_ms,
-                                       "error": o.error, "latency_s": o.ended_at - o.started_at, "output_ids": o.tokens} for o in outcomes]
-        write_text_atomic(args.summary, json.dumps(summary, indent=2))
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("config", "requests_detail")}), flush=True)
+    write_reports(args, outcomes, wall_s, start)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ send, and -- with ``proactive`` on -- keep drafting one token at a time until th
 (at most ``2 * depth + 1`` tokens: the block, the guessed bonus and a next block of the same depth), then
 commit the verdict. Clients that share one draft device pass one ``device_lock``: on-demand drafting
 takes it, proactive drafting only uses the device when no other client needs it. Every iteration is logged (:class:`IterationLog`); every request ends with
-exactly one :class:`RequestOutcome` (``length``, ``eos``, ``error`` or ``timeout``).
+exactly one :class:`RequestOutcome` (``length``, ``eos``, ``error`` or ``timeout``; or the outcome an
+``on_tokens`` callback names to end it early, e.g. ``stop`` at a stop sequence or ``cancelled``
+when its HTTP client went away: the edge's local endpoint, :mod:`runtime.edge_http`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class RequestOutcome:
     request_id: str
     prompt_tokens: int
     tokens: list[int]
-    outcome: str  #: length | eos | error | timeout
+    outcome: str  #: length | eos | error | timeout, or what an ``on_tokens`` callback ended it with
     started_at: float  #: wall clock, s
     ended_at: float
     first_token_at: float | None = None
@@ -96,14 +98,17 @@ class EdgeClient:
     def _next_depth(self) -> int:
         return self.depth.current if isinstance(self.depth, DepthController) else self.depth
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, seed: int = 0, request_id: str | None = None) -> RequestOutcome:
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, seed: int = 0, request_id: str | None = None,
+                 on_tokens: Callable[[list[int]], str | None] | None = None) -> RequestOutcome:
+        """One request, to its one outcome. ``on_tokens`` gets each iteration's new output tokens
+        (on this thread) and may end the request there by returning an outcome name."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         rid = request_id or uuid.uuid4().hex[:12]
         out = RequestOutcome(rid, len(prompt), [], "length", time.time(), 0.0)
         session = DraftSession(self.draft, prompt)
         try:
-            self._loop(session, prompt, max_new_tokens, temperature, seed, out)
+            self._loop(session, prompt, max_new_tokens, temperature, seed, out, on_tokens)
         except FutureTimeout:
             out.outcome, out.error = "timeout", f"no verdict within {self.reply_timeout_s} s"
         except Exception as exc:  # noqa: BLE001 - a failed link ends this request with an outcome, not a crash
@@ -116,7 +121,8 @@ class EdgeClient:
         self.broken = out.outcome in ("error", "timeout")
         return out
 
-    def _loop(self, session: DraftSession, prompt: list[int], max_new: int, temperature: float, seed: int, out: RequestOutcome) -> None:
+    def _loop(self, session: DraftSession, prompt: list[int], max_new: int, temperature: float, seed: int, out: RequestOutcome,
+              on_tokens: Callable[[list[int]], str | None] | None = None) -> None:
         first, it = True, 0
         while True:
             remaining = max_new - len(out.tokens)
@@ -158,5 +164,8 @@ class EdgeClient:
                 per_token = draft_s / new_drafted if new_drafted else None
                 self.depth.observe(per_token, network_ms / 1e3, reply.compute_ms / 1e3, reply.accepted, depth)
             first, it = False, it + 1
+            if on_tokens is not None and (ended := on_tokens(new)):
+                out.outcome = ended
+                return
             if out.outcome == "eos" or len(out.tokens) >= max_new:
                 return

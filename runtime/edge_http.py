@@ -1,0 +1,264 @@
+"""The edge process's local OpenAI endpoint: ``python -m runtime.edge --server ADDR --listen HOST:PORT``.
+
+The users of this edge send their requests here, not to the server: ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (streaming and not; the live server's schemas,
+:mod:`runtime.openai_schemas`, and its chat template, :func:`runtime.api.chat_prompt`),
+``GET /v1/models`` and ``GET /health``. Each request is handed to one of the ``--clients`` edge
+clients (:mod:`runtime.edge_pool`): a free one, or the bounded queue (``--http-queue``) -- when
+that is full it gets 429 at once, while shutting down 503. The client drafts it here and has it
+verified over its own gRPC stream, and the answer is the verified output.
+
+Answers: 200 with the text (``finish_reason`` ``stop`` at a stop sequence or end of sequence,
+``length`` otherwise; ``usage`` always, in the last stream chunk when
+``stream_options.include_usage``); 502 (``verification_server_error``) when the verification
+server is gone or unreachable, 504 (``verification_timeout``) when no verdict came within
+``--reply-timeout-s``; a stream always ends with its outcome in the final chunk (``finish_reason``
+``error`` / ``timeout`` there). Every answer carries the ``specsched`` summary (outcome, client,
+depth, accepted drafts, queue wait, latency). A malformed request gets 400 naming the field, as on
+the server; ``top_p`` other than 1 is refused (the edge drafts with temperature only) and
+``deadline_s`` is accepted and ignored (no planner here: the request runs as soon as a client is
+free). Bodies are limited as on the server (:class:`runtime.api.BodyLimits`: 413 / 408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
+from pydantic import ValidationError
+
+from runtime.api import MODEL_ID, BadRequest, BodyLimits, _validation_message, chat_prompt
+from runtime.edge_pool import FINISHED, EdgeJob, EdgePool, Refused
+from runtime.metrics import ServeMetrics
+from runtime.openai_schemas import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatMessageOut,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    UnsupportedParameter,
+    Usage,
+    error_body,
+)
+from runtime.serve_config import ServeConfig
+from runtime.textstream import TextStream
+
+#: HTTP status and error code of a job that did not finish
+FAILED = {"error": (502, "verification_server_error"), "timeout": (504, "verification_timeout"), "cancelled": (499, "client_closed_request")}
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); port 0 picks a free one."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen must be HOST:PORT with PORT in [0, 65535], got {value!r}")
+    return host, int(port)
+
+
+class EdgeHTTP:
+    """The ASGI app: FastAPI routes inside the live server's body limits, over an :class:`EdgePool`."""
+
+    def __init__(self, pool: EdgePool, tokenizer, server: str, max_tokens_limit: int = 512, max_prompt_tokens: int = 2048):
+        from fastapi import FastAPI
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse, StreamingResponse
+        from starlette.exceptions import HTTPException
+
+        self.pool, self.tokenizer, self.server = pool, tokenizer, server
+        self.max_tokens_limit, self.max_prompt_tokens = max_tokens_limit, max_prompt_tokens
+        self.metrics = ServeMetrics()  # BodyLimits counts every response by status here
+        created = int(time.time())
+        app = FastAPI(title="SpecSched edge")
+
+        def error(status: int, message: str, param: str | None = None, code: str | None = None, summary: dict | None = None) -> JSONResponse:
+            return JSONResponse(error_body(status, message, param, code, summary), status_code=status)
+
+        @app.exception_handler(HTTPException)
+        async def http_error(request, exc):
+            return error(exc.status_code, str(exc.detail))
+
+        @app.exception_handler(RequestValidationError)
+        async def validation_error(request, exc):
+            return error(400, str(exc.errors()[0].get("msg")))
+
+        async def handle(request: HTTPRequest, chat: bool):
+            try:
+                req = self.parse(ChatCompletionRequest if chat else CompletionRequest, await request.body())
+                if chat:
+                    try:
+                        messages = [(m.role, m.text()) for m in req.messages]
+                    except UnsupportedParameter as err:
+                        raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
+                    ids, limit = self.encode(chat_prompt(tokenizer, messages), "messages"), req.token_limit()
+                else:
+                    ids, limit = self.encode(req.prompt, "prompt"), req.max_tokens
+                if not 1 <= limit <= max_tokens_limit:
+                    raise BadRequest(400, f"'max_tokens' must be an integer in [1, {max_tokens_limit}], got {limit} (--http-max-tokens)", "max_tokens")
+                loop = asyncio.get_running_loop()
+                job = EdgeJob(f"cmpl-{uuid.uuid4().hex[:16]}", ids, limit, req.temperature, req.seed if req.seed is not None else secrets.randbits(63),
+                              TextStream(tokenizer.decode, req.stop_list()), loop, stream=req.stream, pieces=asyncio.Queue() if req.stream else None)
+                pool.submit(job)
+            except BadRequest as err:
+                return error(err.status, str(err), err.param, err.code)
+            except Refused as err:
+                return error(err.status, str(err), code=err.code)
+
+            def usage() -> Usage:
+                n = job.text.tokens
+                return Usage(prompt_tokens=len(ids), completion_tokens=n, total_tokens=len(ids) + n)
+
+            if not req.stream:
+                if not await self._wait(job, request):
+                    return error(499, "the client closed the request", code="client_closed_request")
+                outcome = job.outcome.outcome
+                if outcome not in FINISHED:
+                    status, code = FAILED.get(outcome, (500, "internal_error"))
+                    return error(status, f"{outcome}: {job.outcome.error or 'no reason given'}", code=code, summary=job.summary())
+                common = dict(id=job.id, model=MODEL_ID, usage=usage(), specsched=job.summary())
+                if chat:
+                    body = ChatCompletionResponse(choices=[ChatChoice(message=ChatMessageOut(content=job.text.text), finish_reason=job.finish_reason)], **common)
+                else:
+                    body = CompletionResponse(choices=[CompletionChoice(text=job.text.text, finish_reason=job.finish_reason)], **common)
+                return JSONResponse(body.model_dump(exclude_none=True) | {"usage": common["usage"].model_dump()})
+            started = int(time.time())
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+            def chunk(text: str | None, finish_reason: str | None = None, specsched: dict | None = None, role: bool = False, usage_only: bool = False) -> str:
+                if chat:
+                    choices = [] if usage_only else [ChatChunkChoice(delta=ChatDelta(role="assistant" if role else None, content=text), finish_reason=finish_reason)]
+                    body = ChatCompletionChunk(id=job.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
+                else:
+                    choices = [] if usage_only else [CompletionChoice(text=text or "", finish_reason=finish_reason)]
+                    body = CompletionResponse(id=job.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
+                data = body.model_dump(exclude_none=True)
+                for c in data["choices"]:  # OpenAI sends these keys even when null
+                    c.setdefault("finish_reason", None)
+                    c.setdefault("logprobs", None)
+                return f"data: {json.dumps(data)}\n\n"
+
+            async def events():
+                try:
+                    if chat:
+                        yield chunk("", role=True)
+                    while (piece := await job.pieces.get()) is not None:
+                        yield chunk(piece)
+                    await job.done.wait()
+                    yield chunk(None if chat else "", job.finish_reason, job.summary()) + (chunk(None, usage_only=True) if include_usage else "") + "data: [DONE]\n\n"
+                finally:  # the client went away mid-stream (the generator is closed): free its edge client
+                    if not job.done.is_set():
+                        job.cancelled.set()
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        @app.post("/v1/completions")
+        async def completions(request: HTTPRequest):
+            return await handle(request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: HTTPRequest):
+            return await handle(request, chat=True)
+
+        @app.get("/v1/models")
+        async def models():
+            return ModelList(data=[ModelCard(id=MODEL_ID, created=created)]).model_dump()
+
+        @app.get("/health")
+        async def health():
+            body = {**pool.health(), "server": server}
+            return JSONResponse(body, status_code=503 if body["status"] == "closing" else 200)
+
+        self.fastapi = app
+        self.asgi = BodyLimits(app, ServeConfig(), self.metrics)
+
+    async def __call__(self, scope, receive, send):
+        await self.asgi(scope, receive, send)
+
+    @staticmethod
+    def parse(schema, body: bytes):
+        """A validated request, or :class:`BadRequest` naming the field (the server's messages)."""
+        try:
+            req = schema.model_validate_json(body)
+            req.check_supported()
+        except ValidationError as err:
+            message, param = _validation_message(err)
+            raise BadRequest(400, message, param) from None
+        except UnsupportedParameter as err:
+            raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
+        if req.model not in (None, MODEL_ID):
+            raise BadRequest(404, f"model {req.model!r} does not exist; this edge serves {MODEL_ID!r}", "model", "model_not_found")
+        if req.top_p != 1.0:
+            raise BadRequest(400, f"'top_p' = {req.top_p} is not supported by the edge process (only 1.0: it drafts and verifies with temperature alone)",
+                             "top_p", "unsupported_parameter")
+        return req
+
+    def encode(self, text: str, param: str) -> list[int]:
+        try:
+            text.encode("utf-8")  # lone surrogates cannot be tokenised
+        except UnicodeEncodeError:
+            raise BadRequest(400, f"'{param}' is not valid Unicode text (lone surrogate)", param) from None
+        ids = self.tokenizer.encode(text)
+        if not ids:
+            raise BadRequest(400, f"'{param}' encodes to no tokens", param)
+        if len(ids) > self.max_prompt_tokens:
+            raise BadRequest(400, f"'{param}' has {len(ids)} tokens; the limit is {self.max_prompt_tokens} (--http-max-prompt-tokens)", param,
+                             "context_length_exceeded")
+        return ids
+
+    async def _wait(self, job: EdgeJob, request: HTTPRequest, poll_s: float = 0.25) -> bool:
+        """Wait for a non-streamed job's outcome; False when its client disconnected first (the
+        job is cancelled: its edge client is freed at its next iteration)."""
+        while not job.done.is_set():
+            try:
+                await asyncio.wait_for(job.done.wait(), poll_s)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled.set()
+                    return False
+        return True
+
+
+def serve(listen: str, pool: EdgePool, tokenizer, server: str, max_tokens_limit: int, max_prompt_tokens: int,
+          on_listening: Callable[[str], None] = lambda url: print(f"listening on {url}", flush=True), close_timeout_s: float = 30.0) -> EdgePool:
+    """Serve the endpoint until SIGINT / SIGTERM, then close the pool (waiting jobs end with
+    ``error``, running ones finish); returns the pool (its ``finished`` list holds every outcome)."""
+    import uvicorn
+
+    host, port = parse_listen(listen)
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    bound = sock.getsockname()[1]
+    app = EdgeHTTP(pool, tokenizer, server, max_tokens_limit, max_prompt_tokens)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=close_timeout_s, timeout_keep_alive=5)
+    on_listening(f"http://{host if ':' not in host else f'[{host}]'}:{bound}")  # the socket listens already: connections wait in its backlog
+
+    class EdgeServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # uvicorn would re-raise the signal once it has stopped, ending the process before the
+            # pool is closed and the reports written; a second SIGINT still forces the exit
+            self.force_exit = self.should_exit and sig == signal.SIGINT
+            self.should_exit = True
+
+        async def shutdown(self, sockets=None) -> None:
+            pool.refuse()  # first: queued requests get their error answer before uvicorn waits for connections
+            await super().shutdown(sockets)
+
+    try:
+        EdgeServer(config).run(sockets=[sock])
+    finally:
+        pool.close(close_timeout_s)
+        sock.close()
+    return pool
