@@ -350,3 +350,96 @@ def test_ed_outcome_ad_and_sd_batches_equal_two_evaluate_plan_calls(models, simu
         assert (got.ad_batch_s, got.sd_batch_s) == (ad_s, sd_s), seed
         checked += 1
     assert checked == 60
+
+
+# ----------------------------------------------------------------- the scalar builder's speed paths
+@pytest.mark.parametrize("profile,verify_eff", [(PROFILE, None), (PROFILE, 0.4), ("split_cpu_specsched-pair", None),
+                                                ("split_a100-40gb_qwen3-14b_qwen3-1.7b_timed", 0.7)])
+def test_sd_parts_all1_equals_sd_parts1_at_every_depth(profile, verify_eff):
+    """sd_parts_all1 (every depth at once, shared passes priced once) gives sd_parts1's floats bit for
+    bit -- with a table/roofline latency, a measured engine overhead and a non-overlapped verify."""
+    from envs.model_choices import ModelChoices
+    from envs.split_builder import sd_parts_all1
+
+    cost = CostModel(load_profile(profile), "per_user", ModelChoices(verify_flops_efficiency=verify_eff))
+    rng = np.random.default_rng(7)
+    points = [(1, 0, 0), (1, 1, 1), (64, 1000, 1000)] + [tuple(int(x) for x in rng.integers([1, 0, 0], [65, 2001, 2001])) for _ in range(60)]
+    for b, s, n in points:
+        parts = sd_parts_all1(cost, b, s, n, 9)
+        assert len(parts) == 10
+        for g in range(1, 10):
+            pre, it = cost.sd_parts1(b, s, n, g)
+            assert (parts[0], parts[g]) == (pre, it), (b, s, n, g)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_scalar_builder_equals_exact_when_memory_and_deadlines_bind(seed):
+    """The scalar builder's shortcuts (ED depths checked budget-first, the depth loop ended at the first
+    depth whose KV does not fit, every SD depth priced together before the round's depth is fixed)
+    against the exact check, on rounds where the KV budget and the deadlines bind: every action's mask,
+    along random admissions, and the shares of the final plan."""
+    p = load_profile(PROFILE)
+    k = 14
+    rnd = round_of(k, 3000 + seed, edge_fraction=0.8)
+    rng = np.random.default_rng(seed)
+    # a KV budget of a few users' worth (memory binds for ED's deeper q and for SD), tight deadlines
+    kv_user = (int(rnd.input_tokens.max()) + int(rnd.output_tokens.mean()) + G + 1) * CostModel(p).kv_l
+    cost = CostModel(p.with_memory(p.device.reserve_bytes + p.llm.weight_bytes + p.slm.weight_bytes + (2.5 + seed) * kv_user))
+    split = SplitCostModel(p)
+    rnd.deadline_s[:] = rng.uniform(0.3, 3.0, size=k)  # slack_s follows (deadline - downlink)
+    users = ed_users(split, rnd, G)
+    plan = SplitScalarPlan(cost, G)
+    modes, depth = np.zeros(k, dtype=np.int8), np.zeros(k, dtype=np.int64)
+    gamma, blocked = 0, 0
+    for t in range(k):
+        masks = plan.prepare(*user_args(rnd, users, t))
+        for a in range(1, 2 + 2 * G):
+            mode, g_sd, g_ed = decode(a)
+            if mode == SD and gamma and g_sd != gamma:
+                assert not masks[a]
+                continue
+            m, d = modes.copy(), depth.copy()
+            m[t], d[t] = mode, g_ed
+            exact = check_plan_split(cost, users, rnd, m, (gamma or g_sd or 1), d).feasible
+            assert masks[a] == exact, (t, a)
+            blocked += not exact
+        a = int(rng.choice(np.flatnonzero(masks)))
+        assert plan.apply(a)
+        mode, g_sd, g_ed = decode(a)
+        modes[t], depth[t] = mode, g_ed
+        gamma = gamma or g_sd
+    assert blocked > 0  # the round did bind
+    rep = check_plan_split(cost, users, rnd, modes, max(gamma, 1), depth)
+    assert rep.feasible
+    assert plan.share == [rep.ad_share_min, rep.sd_share_min, rep.ed_share_min]
+    assert plan.mem == [rep.ad_memory_bytes, rep.sd_memory_bytes, rep.ed_memory_bytes]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scalar_builder_ed_depths_at_the_exact_kv_limit(seed):
+    """The KV budget is set to exactly what the plan needs with the candidate ED at depth ``g_cut``:
+    the builder must allow ED at every depth up to ``g_cut`` and no deeper (where the exact check
+    says so), i.e. its depth loop stops at the right depth -- an adversarial round for the shortcut."""
+    p = load_profile(PROFILE)
+    rnd = round_of(6, 4000 + seed, edge_fraction=1.0)
+    rnd.deadline_s[:] = 60.0  # compute never binds: memory decides
+    users = ed_users(SplitCostModel(p), rnd, G)
+    assert users.allowed.all()
+    before = [(1, 0), (1 + G + 1, 1), (1 + G + 2, 2)]  # (action, ED depth): AD, ED@1, ED@2 for users 0..2
+    t = len(before)
+    modes = np.array([AD, ED, ED, REJECT, REJECT, REJECT], dtype=np.int8)
+    depth = np.array([0, 1, 2, 0, 0, 0])
+    for g_cut in range(1, G):
+        m, d = modes.copy(), depth.copy()
+        m[t], d[t] = ED, g_cut
+        rep = check_plan_split(CostModel(p), users, rnd, m, 1, d)
+        need = rep.ad_memory_bytes + rep.sd_memory_bytes + rep.ed_memory_bytes
+        cost = CostModel(p.with_memory(p.device.reserve_bytes + p.llm.weight_bytes + need))
+        plan = SplitScalarPlan(cost, G)
+        for u, (a, _) in enumerate(before):
+            plan.prepare(*user_args(rnd, users, u))
+            assert plan.apply(a)
+        masks = plan.prepare(*user_args(rnd, users, t))
+        for g in range(1, G + 1):
+            m[t], d[t] = ED, g
+            assert masks[1 + G + g] == check_plan_split(cost, users, rnd, m, 1, d).feasible == (g <= max(g_cut, 2)), (g_cut, g)
