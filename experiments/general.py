@@ -61,19 +61,32 @@ def seed_runs(runs: Path) -> list[tuple[int, Path]]:
     return out
 
 
-def ship_best(runs: list[tuple[int, Path]], dest: Path) -> int:
-    """Copy the seed with the best validation score to ``dest``; returns its seed."""
-    scores = {s: float(pd.read_csv(d / "progress.csv").val_served_frac.max()) for s, d in runs}
-    best = max(scores, key=scores.get)
-    src = dict(runs)[best]
+def with_post_step(src: Path, dest: Path, post_step: str | None) -> Path:
+    """``dest`` = the policy folder ``src`` (model.zip, ONNX, progress) with ``post_step`` in its
+    policy.json (``agents.policy.PolicyScheduler`` runs it on every plan; None = as trained)."""
+    import json
+
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name in ("model.zip", "policy.json", "policy.onnx", "progress.csv"):
+    for name in ("model.zip", "policy.onnx", "progress.csv"):
         if (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
+    meta = json.loads((src / "policy.json").read_text())
+    meta.pop("post_step", None)
+    if post_step:
+        meta["post_step"] = post_step
+    (tmp / "policy.json").write_text(json.dumps(meta, indent=2))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.replace(dest)
+    return dest
+
+
+def ship_best(runs: list[tuple[int, Path]], dest: Path, post_step: str | None = None) -> int:
+    """Copy the seed with the best validation score to ``dest`` (with ``post_step``); returns its seed."""
+    scores = {s: float(pd.read_csv(d / "progress.csv").val_served_frac.max()) for s, d in runs}
+    best = max(scores, key=scores.get)
+    with_post_step(dict(runs)[best], dest, post_step)
     return best
 
 
@@ -93,13 +106,15 @@ def balance_rows(cfg: EnvConfig, rnds: list, setting: str, cache: Path | None) -
     return df
 
 
-def evaluate_k(runs: list[tuple[int, Path]], k: int, rounds: int, setting: str, cache: Path | None = None) -> pd.DataFrame:
-    """BALANCE and every seed's policy on the same ``rounds`` test rounds of size ``k``: per-round rows."""
+def evaluate_k(runs: list[tuple[int, Path]], k: int, rounds: int, setting: str, cache: Path | None = None, raw: list[tuple[int, Path]] | None = None) -> pd.DataFrame:
+    """BALANCE and every seed's policy (``policy s<seed>``; ``raw s<seed>``: the same without its
+    post-step, when ``raw`` is given) on the same ``rounds`` test rounds of size ``k``: per-round rows."""
     cfg = env_for(runs[0][1], k, setting)
     rnds = make_rounds(cfg, rounds, SEED, split="test")
     parts = [balance_rows(cfg, rnds, setting, cache)]
-    for s, d in runs:
-        parts.append(evaluate_schedulers(cfg, ["policy"], rounds=rnds, seed=SEED, policy_path=str(d)).assign(scheduler=f"policy s{s}"))
+    for label, folders in (("policy", runs), ("raw", raw or [])):
+        for s, d in folders:
+            parts.append(evaluate_schedulers(cfg, ["policy"], rounds=rnds, seed=SEED, policy_path=str(d)).assign(scheduler=f"{label} s{s}"))
     return pd.concat(parts, ignore_index=True).assign(setting=setting)
 
 
@@ -197,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--cache", type=Path, default=None, help="folder for BALANCE's per-round rows (reused when present)")
     p.add_argument("--balance-only", action="store_true", help="only fill --cache with BALANCE's rows (needs one trained seed for the env config)")
+    p.add_argument("--post-step", default="improve", choices=["improve", "none"],
+                   help="post-step every policy runs on its plan (agents.plan_repair.improve, timed with it); the seeds without it are reported beside ('raw')")
     args = p.parse_args(argv)
     limit_threads(1)
     runs = seed_runs(args.runs) if not args.balance_only else []
@@ -209,14 +226,21 @@ def main(argv: list[str] | None = None) -> None:
             balance_rows(cfg, make_rounds(cfg, n, SEED, split="test"), setting, args.cache)
             print(f"[general] BALANCE {setting} K={k}: {n} rounds cached", flush=True)
         return
-    shipped = ship_best(runs, args.policies)
+    post = None if args.post_step == "none" else args.post_step
+    raw = None
+    if post:  # the seeds as trained stay untouched: the post-step goes into copies under runs/<post>/
+        raw = runs
+        runs = [(s, with_post_step(d, args.runs / post / d.name, post)) for s, d in runs]
+    shipped = ship_best(raw or runs, args.policies, post)
     print(f"[general] seeds {[s for s, _ in runs]}; shipped seed {shipped} -> {args.policies}", flush=True)
     per_seed, seeds = [], []
     for setting, k, n in plan:
         start = time.perf_counter()
-        summary = summarize(evaluate_k(runs, k, n, setting, args.cache)).assign(setting=setting, K=k)
+        summary = summarize(evaluate_k(runs, k, n, setting, args.cache, raw)).assign(setting=setting, K=k)
         per_seed.append(summary)
         seeds.append({"setting": setting, "K": k, "rounds": n, **across_seeds(summary)})
+        if raw:
+            seeds[-1]["raw_ratio_to_balance"] = across_seeds(summary.assign(scheduler=summary.scheduler.str.replace("raw s", "policy s", regex=False).where(summary.scheduler.str.startswith("raw s"), "x")))["ratio_to_balance"]
         print(f"[general] {setting} K={k}: {seeds[-1]} ({time.perf_counter() - start:.0f} s)", flush=True)
     per_seed_df, seeds_df = pd.concat(per_seed, ignore_index=True), pd.DataFrame(seeds)
     bal = dict(kv.split(":") for kv in args.balance_timing_rounds.split(",")) if args.balance_timing_rounds else {}

@@ -1,10 +1,18 @@
-"""experiments.general: ships the validation-best seed and writes the table, CSVs, plot and timing."""
+"""experiments.general: ships the validation-best seed and writes the table, CSVs, plot and timing;
+agents.plan_repair.improve, the post-step the general policy runs on its plans."""
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from agents.imitation import ImitationConfig, collect, train_bc
+from agents.plan_repair import _longest_prefixes, improve, improve_plan
+from envs import CostModel, EnvConfig, check_plan, sample_round
+from envs.feasibility import check_plans
+from envs.plan import AD, SD, Plan
 
 
 def test_general_experiment_end_to_end(tmp_path: Path):
@@ -25,5 +33,103 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     seeds = pd.read_csv(res / "general_seeds.csv")
     assert set(zip(seeds.setting, seeds.K, strict=True)) == {("paper", 6), ("paper", 12), ("noisy", 12)}
     assert (seeds.seeds == 2).all() and seeds.ratio_to_balance.between(0, 2).all()
+    # the seeds with the post-step are the headline; as trained they are reported beside ("raw")
+    assert seeds.raw_ratio_to_balance.between(0, 2).all() and (seeds.ratio_to_balance >= seeds.raw_ratio_to_balance - 1e-12).all()
+    per_seed = pd.read_csv(res / "general.csv")
+    assert {"policy s0", "policy s1", "raw s0", "raw s1"} <= set(per_seed.scheduler)
+    assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve"
+    assert "post_step" not in json.loads((tmp_path / "runs" / "seed0" / "policy.json").read_text())
     times = pd.read_csv(res / "general_timing.csv")
     assert list(times.K) == [12, 20] and times.balance_rounds.tolist() == [1, 0] and (times.policy_s_median > 0).all()
+
+
+# --- agents.plan_repair.improve: the policy's post-step -----------------------------------------
+
+
+def _round(k: int, seed: int):
+    cfg = EnvConfig(num_users=k, max_users=max(k, 20))
+    return CostModel.from_config(cfg), sample_round(np.random.default_rng(seed), cfg)
+
+
+def _greedy(cost, rnd, order, mode, gamma=2) -> np.ndarray:
+    """A feasible plan: users of ``order`` added in ``mode`` while the exact check allows (a stand-in scheduler)."""
+    modes = np.zeros(rnd.num_users, dtype=np.int8)
+    for i in order:
+        modes[i] = mode
+        if not check_plans(cost, rnd, modes[None], gamma).feasible[0]:
+            modes[i] = 0
+    return modes
+
+
+@pytest.mark.parametrize("mode", [SD, AD])
+def test_longest_prefixes_match_the_exact_check_on_every_prefix(mode):
+    """The vectorised prefix count equals the longest prefix check_plans accepts (it can fail on any
+    slip in the running aggregates or the bisection)."""
+    cost, rnd = _round(30, 3)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(30)
+    eligible = rng.random((6, 30)) < 0.7
+    other = (0.0, 0.0)
+    counts = _longest_prefixes(cost, rnd, order, eligible, mode, 2, other, mode == SD)
+    for row, got in zip(eligible, counts, strict=True):
+        users = order[row]
+        want = 0
+        for m in range(1, len(users) + 1):
+            modes = np.zeros(30, dtype=np.int8)
+            modes[users[:m]] = mode
+            if not check_plans(cost, rnd, modes[None], 2).feasible[0]:
+                break
+            want = m
+        assert got == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_improve_is_feasible_and_never_serves_fewer(seed):
+    cost, rnd = _round(60, seed)
+    rng = np.random.default_rng(seed)
+    for mode in (AD, SD):
+        modes = _greedy(cost, rnd, rng.permutation(60), mode)
+        mixed = modes.copy()
+        mixed[rng.random(60) < 0.3] = 0  # a thinned plan (still feasible: downward closed)
+        for start in (modes, mixed):
+            out = improve(cost, rnd, start, 2, 8)
+            assert check_plans(cost, rnd, out[None], 2).feasible[0]
+            assert (out != 0).sum() >= (start != 0).sum()
+
+
+def test_improve_repacks_a_plan_that_wastes_the_memory():
+    """A plan of the users with the largest outputs (memory-hungry) is re-packed into one serving more."""
+    cost, rnd = _round(120, 11)
+    modes = _greedy(cost, rnd, np.argsort(-rnd.output_tokens), AD)
+    out = improve(cost, rnd, modes, 2, 8)
+    assert (out != 0).sum() > (modes != 0).sum()
+    plan = improve_plan(cost, rnd, Plan(modes, gamma=2), 8)
+    assert np.array_equal(plan.modes, out) and check_plan(cost, rnd, plan).feasible
+
+
+def test_improve_plan_keeps_an_unimprovable_plan_as_it_is():
+    cost, rnd = _round(10, 1)
+    empty = Plan(np.zeros(10, dtype=np.int8), gamma=2, z=0.3, lam=0.4)
+    assert improve_plan(cost, rnd, empty, 8) is empty
+
+
+def test_policy_scheduler_runs_the_post_step_from_policy_json(tmp_path: Path):
+    import shutil
+
+    from agents.policy import PolicyScheduler
+
+    src = Path(__file__).resolve().parents[1] / "policies" / "general"
+    if not (src / "model.zip").is_file():
+        pytest.skip("no shipped policies/general")
+    shutil.copy2(src / "model.zip", tmp_path / "model.zip")
+    meta = json.loads((src / "policy.json").read_text())
+    meta.pop("post_step", None)
+    (tmp_path / "policy.json").write_text(json.dumps(meta))
+    cost, rnd = _round(80, 5)
+    raw = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
+    (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "improve"}))
+    post = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
+    assert check_plan(cost, rnd, post).feasible and (post.modes != 0).sum() >= (raw.modes != 0).sum()
+    (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "polish"}))
+    with pytest.raises(ValueError, match="post_step"):
+        PolicyScheduler(cost, 8, path=tmp_path)
