@@ -17,14 +17,21 @@ z_i``), ``S_A`` in some bucket ``j_A`` and ``S_S`` in some ``j_S``. Let ``lo_j``
 user input in bucket ``j``. With batch costs that rise with size, input, output and iterations
 (:attr:`agents.cost_envelope.CostEnvelope.monotone`; the caller checks it):
 
-1. *who can be in the batches*: every member ``k`` of ``A`` has ``I_k <= S_A <= L_{j_A}`` and
-   ``slack_k - uplink_k >= beta_A >= C_A(a, S_A, N_A) / r_A >= C_A(a, lo_{j_A}, O_k) / z_{i+1}``,
-   so ``A`` lies in ``E_A = {k : I_k <= L_{j_A}, C_A(a, lo_{j_A}, O_k) <= z_{i+1} (slack_k -
-   uplink_k)}``; SD alike with ``C_S(s, lo_{j_S}, N = 0, J_k)`` (context growth ignored, a lower
-   bound) and share ``1 - z_i``, giving ``E_S``;
+1. *who can be in the batches*: cut the outputs (AD) / SD iteration counts into buckets too. The
+   batch ``A``'s longest output ``N_A`` lies in some output bucket ``m``; the *relaxed row*
+   ``(j_A, m)`` admits every user with ``I_k <= L_{j_A}`` and ``O_k`` at most bucket ``m``'s top, and
+   prices a batch of size ``b`` at ``C_A(b, lo_{j_A}, lo_m) <= C_A(b, S_A, N_A)``. ``A`` lies in that
+   row, each member's budget ``slack_k - uplink_k >= beta_A >= C_A(a, S_A, N_A) / r_A`` covers the
+   relaxed price at ``z_{i+1}``, and the row's ``a``-th largest eligible budget does too; so every
+   member of ``A`` is in ``E_A(a)``, the users that some relaxed row of bucket ``j_A`` admits at a size
+   ``>= a`` that the row holds (:func:`_reach`). SD alike, with rows over iterations, the
+   optimistic cost ``C_S(s, lo_j, N = 0, lo_J)`` (context growth ignored: a lower bound) and
+   share ``1 - z_i``, giving ``E_S(s)``; and each batch is at most the row bounds of
+   ``agents.mode_solver`` allow for its bucket (:func:`_caps`);
 2. *padding*: ``S_A >= lo_{j_A}`` and ``S_S >= lo_{j_S}``;
-3. *outputs, once*: ``A`` and ``S`` are disjoint subsets of ``E_A | E_S`` and ``kv_SD >= kv_L``, so
-   ``kv_L sum_A O + kv_SD sum_S O >= kv_L low(a + s, E_A | E_S) + (kv_SD - kv_L) low(s, E_S)``,
+3. *outputs, once*: ``A`` and ``S`` are disjoint subsets of ``E_A | E_S``; with ``kv = min(kv_L,
+   kv_SD)``, ``kv_L sum_A O + kv_SD sum_S O >= kv low(a + s, E_A | E_S) + (kv_L - kv) low(a, E_A) +
+   (kv_SD - kv) low(s, E_S)``,
    ``low(n, E)`` being the sum of the ``n`` smallest outputs in ``E`` (none if ``|E| < n``); and
    also ``>= kv_L low(a, E_A) + kv_SD low(s, E_S)``.
 
@@ -85,10 +92,47 @@ def _caps(tab: ModeTable, shares: np.ndarray, lo: np.ndarray, hi: np.ndarray, me
     return caps
 
 
+def _reach(cost_rows: np.ndarray, elig: np.ndarray, budget: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    """(cell, bucket, user): the largest batch size at which the user can still be in a batch of a
+    relaxed row of the bucket, at the cell's share (0: none).
+
+    ``cost_rows`` (J, L, K + 1): a lower bound on the cost (s) of any batch of size ``b`` whose
+    maxima fall in relaxed row ``(j, l)``; ``elig`` (J, L, K): the users such a batch may hold. A
+    row *holds* ``b`` at share ``z`` if its ``b``-th largest eligible budget covers ``cost(b) / z``
+    (a real batch of size ``b`` in the row is ``b`` such users); user ``k`` fits size ``b`` if its
+    own budget covers it. So every member of a real batch of size ``a`` in row ``(j, l)`` has
+    ``min(largest b held, largest b k fits) >= a``, and the maximum over the bucket's rows is too.
+    """
+    n_rows_j, n_rows_l, k = elig.shape
+    perm = np.argsort(-budget, kind="stable")
+    el_p = elig[..., perm]
+    rank = np.cumsum(el_p, axis=-1)
+    bud_p = budget[perm]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share_req = np.where(el_p & (bud_p > 0), np.take_along_axis(cost_rows, rank, axis=-1) / np.where(bud_p > 0, bud_p, 1.0), np.inf)
+    # the cheapest cost at b or any larger size: "some b' >= b costs at most x" is monotone in b
+    cmin = np.minimum.accumulate(cost_rows[..., ::-1], axis=-1)[..., ::-1].reshape(-1, k + 1)
+    n_rows = cmin.shape[0]
+    scale = float(np.nanmax(np.where(np.isfinite(cmin), cmin, 0.0))) * (1 + 1e-6) + 1e-30
+    keys = (np.arange(n_rows)[:, None] * 2.0 + np.minimum(cmin / scale, 1.5)).ravel()
+    out = np.zeros((len(shares), n_rows_j, k), dtype=np.int64)
+    for c, share in enumerate(shares):
+        if share <= 0:
+            continue
+        held = ((share_req <= share * (1 + EPS)) * rank).max(axis=-1)  # (J, L) largest b held
+        # largest b whose cheapest cost the user's budget covers: one sorted search for all rows
+        x = np.clip(share * budget * (1 + 1e-6) / scale + 1e-9, -0.5, 1.25)
+        q = (np.arange(n_rows)[:, None] * 2.0 + x[None, :]).ravel()
+        fits = (np.searchsorted(keys, q, side="right") - np.repeat(np.arange(n_rows) * (k + 1), k)).reshape(n_rows_j, n_rows_l, k) - 1
+        reach = np.where(elig & (budget > 0), np.minimum(held[..., None], fits), 0)
+        out[c] = reach.max(axis=1)
+    return out
+
+
 class JointBound:
     """Per-round tables of :func:`joint_upper_bound` (cells x buckets x sizes), then tests of ``n``."""
 
-    def __init__(self, cost: CostModel, rnd: Round, gamma: int, z_step: float = 0.05, buckets: int = 12):
+    def __init__(self, cost: CostModel, rnd: Round, gamma: int, z_step: float = 0.02, buckets: int = 24, levels: int = 48):
         if not 0 < z_step <= 1:
             raise ValueError(f"z_step must be in (0, 1], got {z_step}")
         if buckets < 1:
@@ -100,20 +144,27 @@ class JointBound:
         budget = (rnd.slack_s - rnd.uplink_s)[order]
         iters = sd_iterations(rnd.output_tokens, rnd.alpha, gamma)[order]
         self.lo, self.hi = lo, hi = _buckets(rnd.input_tokens, buckets)
+        if levels < 1:
+            raise ValueError(f"levels must be >= 1, got {levels}")
         nb = len(lo)
-        b = np.arange(k + 1)[:, None, None]
-        # (size, bucket, user) cost lower bounds at the bucket's smallest input
-        c_ad = np.asarray(cost.ad_time(b, lo[None, :, None], rnd.output_tokens[order][None, None, :]), dtype=float)
-        c_sd = np.asarray(cost.sd_time(b, lo[None, :, None], 0, iters[None, None, :], gamma), dtype=float)
-        in_bucket = inp[None, :] <= hi[:, None]  # (bucket, user)
         n_cells = int(round(1.0 / z_step))
         z = np.linspace(0.0, 1.0, n_cells + 1)
-        pos = budget > 0
+        b = np.arange(k + 1)
+        out_u = rnd.output_tokens[order]
+        # relaxed rows (input bucket j, second-threshold bucket m): AD's second threshold is the
+        # longest output, SD's the most iterations; costs at both buckets' smallest values
+        o_lo, o_hi = _buckets(out_u, levels)
+        j_lo, j_hi = _buckets(iters, levels)
+        c_ad = np.asarray(cost.ad_time(b[None, None, :], lo[:, None, None], o_lo[None, :, None]), dtype=float)
+        c_sd = np.asarray(cost.sd_time(b[None, None, :], lo[:, None, None], 0, j_lo[None, :, None], gamma), dtype=float)
+        in_bucket = inp[None, :] <= hi[:, None]  # (bucket, user)
+        el_ad = in_bucket[:, None, :] & (out_u[None, None, :] <= o_hi[None, :, None])
+        el_sd = in_bucket[:, None, :] & (iters[None, None, :] <= j_hi[None, :, None])
+        reach_ad = _reach(c_ad, el_ad, budget, z[1:])  # (cell, bucket, user)
+        reach_sd = _reach(c_sd, el_sd, budget, 1.0 - z[:-1])
         # E[cell, bucket, size, user]; size 0 holds nobody
-        self.e_ad = (c_ad[None] <= z[1:, None, None, None] * budget * (1 + EPS)) & pos & in_bucket[None, None]
-        self.e_sd = (c_sd[None] <= (1.0 - z[:-1])[:, None, None, None] * budget * (1 + EPS)) & pos & in_bucket[None, None]
-        self.e_ad = self.e_ad.transpose(0, 2, 1, 3).copy()  # (cell, bucket, size, user)
-        self.e_sd = self.e_sd.transpose(0, 2, 1, 3).copy()
+        self.e_ad = reach_ad[:, :, None, :] >= np.maximum(b, 1)[None, None, :, None]
+        self.e_sd = reach_sd[:, :, None, :] >= np.maximum(b, 1)[None, None, :, None]
         self.e_ad[:, :, 0] = False
         self.e_sd[:, :, 0] = False
         sizes = np.arange(k + 1)
@@ -153,13 +204,14 @@ class JointBound:
                 continue
             union = self.e_ad[c, ja, a[ai]] | self.e_sd[c, js, s[ai]]
             low = _smallest_sums(union, self.out, n)
-            mem = pad[ja, js, ai] + self.kv_l * low + (self.kv_sd - self.kv_l) * self.low_sd[c, js, s[ai]]
+            kv = min(self.kv_l, self.kv_sd)  # every served user's outputs cost at least this per token
+            mem = pad[ja, js, ai] + kv * low + (self.kv_l - kv) * self.low_ad[c, ja, a[ai]] + (self.kv_sd - kv) * self.low_sd[c, js, s[ai]]
             if (np.isfinite(mem) & (mem <= limit[ai])).any():
                 return True
         return False
 
 
-def joint_upper_bound(cost: CostModel, rnd: Round, gamma: int, upper: int | None = None, incumbent: int = 0, z_step: float = 0.02, buckets: int = 24, time_limit_s: float = float("inf")) -> int:
+def joint_upper_bound(cost: CostModel, rnd: Round, gamma: int, upper: int | None = None, incumbent: int = 0, z_step: float = 0.02, buckets: int = 24, levels: int = 48, time_limit_s: float = float("inf")) -> int:
     """Proven upper bound on the number served with draft depth ``gamma`` (module docstring).
 
     ``upper``: a bound already proven (default K); every ``n`` from it down to ``incumbent + 1`` is
@@ -173,7 +225,7 @@ def joint_upper_bound(cost: CostModel, rnd: Round, gamma: int, upper: int | None
     upper = k if upper is None else min(int(upper), k)
     if cost.kv_memory != "per_user" or k == 0 or upper <= incumbent:
         return upper
-    jb = JointBound(cost, rnd, gamma, z_step, buckets)
+    jb = JointBound(cost, rnd, gamma, z_step, buckets, levels)
     for n in range(upper, incumbent, -1):
         if time.perf_counter() - start > time_limit_s or jb.possible(n):
             return n

@@ -277,3 +277,16 @@ def test_joint_bound_keeps_given_bound_and_incumbent():
         joint_upper_bound(cost, rnd, 4, z_step=0.0)
     with pytest.raises(ValueError, match="buckets"):
         joint_upper_bound(cost, rnd, 4, buckets=0)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), k=st.integers(2, 8), fill=st.floats(0.1, 0.9), tight=st.booleans())
+def test_joint_bound_covers_brute_force_when_memory_binds(seed, k, fill, tight):
+    """KV budgets a ``fill`` share of everyone's AD need (with the SLM loaded): the joint memory test decides."""
+    cfg, cost, rnd = _setup("paper", k, seed, tight)
+    p = cost.profile
+    everyone = float(cost.ad_memory(k, rnd.input_tokens.max(), rnd.output_tokens.max(), rnd.output_tokens.sum()))
+    small = CostModel(p.with_memory(p.device.reserve_bytes + p.llm.weight_bytes + p.slm.weight_bytes + fill * everyone), cost.kv_memory)
+    jb = _joint(small, rnd, buckets=4)
+    if jb is not None:
+        assert jb >= _brute_force(small, rnd)
