@@ -148,6 +148,6 @@ def engine_table(engines: pd.DataFrame) -> list[str]:
     return [f"**The engine switches** (tree, full system, {HEADLINE_RTT_MS:g} ms; `specedge_engines.csv`). `so_level_ms`: one server-only draft "
             "level; `specedge_verify_ms` / `baseline_verify_ms`: the two systems' verify pass. Neither switch acts at server batch 1 (a 32-wide "
             "level is weight-bound there; the dense term is priced per row beyond the first), so the smallest N's ratio is the same under all four "
-            f"to {spread:.2%}. Both published figures are matched within +-20 % by {where}. The run's default is both switches on, because both are what SpecEdge's code does "
+            f"to {spread * 100:.3f} %. Both published figures are matched within +-20 % by {where}. The run's default is both switches on, because both are what SpecEdge's code does "
             "(the code facts above); the parameters are its `max_len` and the models' shapes at the A100's bandwidth, nothing fitted to 2.22x.", "",
             t[cols].to_markdown(index=False, floatfmt=".3g"), ""]
