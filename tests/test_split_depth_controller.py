@@ -197,3 +197,48 @@ def test_the_verify_slope_is_learnt_only_from_spread_depths():
 def test_bad_settings_name_the_field(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         DepthController(**kwargs)
+
+
+# ------------------------------------------------------------------ the start from the model (runtime.edge --profile)
+SPLIT_PROFILE = "split_cpu1_specsched-pair"
+
+
+def test_the_calibrated_start_is_the_models_rule_for_the_clients_rtt():
+    from envs.profile import load_profile
+    from envs.split_cost import SplitCostModel
+    from runtime.edge_profile import calibrated_start
+
+    model = SplitCostModel(load_profile(SPLIT_PROFILE))
+    depths = set()
+    for rtt in (0.0, 0.005, 0.05):
+        for clients in (1, 4):
+            start = calibrated_start(SPLIT_PROFILE, 0.7, rtt, clients, 75, 8)
+            assert start.depth == model.calibrated_depth(0.7, 75.0, rtt, verify_clients=-(-clients // 2), max_depth=8)
+            depths.add(start.depth)
+    assert len(depths) > 1  # the client's RTT moves it
+
+
+def test_the_edge_process_starts_its_controllers_at_the_calibrated_depth_with_its_prior():
+    from runtime.edge import depth_for, initial_depth, parse_args
+    from runtime.edge_profile import calibrated_start
+
+    prompts = [[1] * 40, [2] * 60]
+    args = parse_args(["--server", "127.0.0.1:1", "--profile", SPLIT_PROFILE, "--rtt-ms", "5", "--alpha", "0.8", "--max-new-tokens", "32"])
+    start = initial_depth(args, prompts)
+    assert start == calibrated_start(SPLIT_PROFILE, 0.8, 0.005, 1, 50 + 16, 8)
+    ctl = depth_for(args, start)
+    assert isinstance(ctl, DepthController) and ctl.current == start.depth and ctl.prior_alpha == 0.8
+    assert depth_for(parse_args(["--server", "127.0.0.1:1"]), None).current == 4  # without a profile: as before
+    assert depth_for(parse_args(["--server", "127.0.0.1:1", "--depth", "3", "--profile", SPLIT_PROFILE]), start) == 3  # a fixed depth stays fixed
+
+
+@pytest.mark.parametrize(("profile", "alpha", "words"), [("cpu1_specsched-pair", 0.7, "'edge' and 'network'"), ("no_such_profile", 0.7, "no_such_profile"),
+                                                         (SPLIT_PROFILE, 1.0, "alpha")])
+def test_a_profile_the_rule_cannot_use_is_refused_naming_why(profile, alpha, words):
+    from runtime.edge import initial_depth, parse_args
+
+    args = parse_args(["--server", "127.0.0.1:1", "--profile", profile])
+    args.alpha = alpha  # past parse_args' own check: the rule refuses it too
+    with pytest.raises(SystemExit) as exc:
+        initial_depth(args, [[1] * 8])
+    assert words in str(exc.value) and "--profile" in str(exc.value)
