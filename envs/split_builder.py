@@ -12,6 +12,7 @@ user they take exactly v0's decisions (``envs.plan_builder``; AD/SD arithmetic i
 from __future__ import annotations
 
 import math
+from itertools import compress
 
 import numpy as np
 
@@ -169,12 +170,12 @@ class SplitScalarPlan:
             passes = self._ed_memo.get((b_e, s_e, n_e))
             if passes is None:
                 passes = self._ed_memo[(b_e, s_e, n_e)] = {}
-            prefill_pass = None  # priced (or found) once, on the first depth that needs it
-            q_v, v = -1, 0.0  # the last verify pass found (depths below the batch's q share one)
+            prefill_pass = passes.get(0)
+            if prefill_pass is None:
+                prefill_pass = passes[0] = tau1(b_e, s_f, s_f)
+            q_v, v = -1, 0.0  # the last q seen, its verify pass; depths up to the batch's q share one
             mask_at = 1 + g_max
-            for g, j_e, x_e, ok in zip(self._depths, j_row, x_row, allowed, strict=True):
-                if not ok:
-                    continue
+            for g, j_e, x_e in compress(zip(self._depths, j_row, x_row, strict=True), allowed):
                 if j_b > j_e:
                     j_e = j_b
                 if x_b > x_e:
@@ -185,14 +186,10 @@ class SplitScalarPlan:
                 q_e = g + 1
                 if q_b > q_e:
                     q_e = q_b
-                mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
-                if not mm01 + mem_e <= mem_lim:
-                    break  # q_e, hence mem_e, never falls with the depth: no deeper depth fits either
-                if prefill_pass is None:
-                    prefill_pass = passes.get(0)
-                    if prefill_pass is None:
-                        prefill_pass = passes[0] = tau1(b_e, s_f, s_f)
-                if q_e != q_v:
+                if q_e != q_v:  # the KV and the verify pass depend on the depth only through q
+                    mem_e = (fb * (fs + q_e) + sum_e) * kv if per_user else fb * (fsn + q_e) * kv
+                    if not mm01 + mem_e <= mem_lim:
+                        break  # q, hence the KV, never falls with the depth: no deeper depth fits either
                     q_v = q_e
                     v = passes.get(q_e)
                     if v is None:
