@@ -220,7 +220,8 @@ class EdgeScheduleV1Env(gym.Env):
         self._n = 2 + 2 * g
         self._done = True
         self._mask_arrays: dict[tuple[bool, ...], tuple[np.ndarray, np.ndarray]] = {}
-        self._head = np.zeros(HEAD - USER_FEATURES, dtype=np.float32)  # the observation's head: three batch rows, then depth, AD share, progress
+        # the observation's head but its last column: three batch rows, SD depth, AD share (progress t / K is in the rows)
+        self._head = np.zeros(HEAD - 1 - USER_FEATURES, dtype=np.float32)
         self._set_masks([True] + [False] * (self._n - 1))
         self._budget = max(self.cost.memory_budget1(True), 1.0)
         self._obs_size = observation_size(self.cfg)
@@ -255,6 +256,8 @@ class EdgeScheduleV1Env(gym.Env):
         self._feats = round_features(rnd, order, cfg)
         # the user-dependent parts of every step's observation, built once per round (one row copy a step)
         self._rows = observation_rows(self._feats, self._k_max, self._obs_size, HEAD + self._n)
+        # progress t / K (in [0, 1]: no clip), per row; numpy's division of exact integers is Python's, float32 cast as on assignment
+        self._rows[:, HEAD - 1] = np.arange(k + 1) / k
         r = rnd if cfg.user_order == "arrival" else rnd.subset(order)
         has_ed = self.split is not None and rnd.has_edge is not None and bool(rnd.has_edge.any())
         self._ed = users = ed_users(self.split, rnd, cfg.max_gamma) if has_ed else None  # the round's original order
@@ -278,6 +281,7 @@ class EdgeScheduleV1Env(gym.Env):
         self._set_masks(self._plan.prepare(*self._users[0]))
         for m in range(3):
             self._head[6 * m : 6 * m + 6] = self._batch_row(m)
+        self._head[18] = 0.0  # SD depth (none yet)
         return self._encode(), {}
 
     def action_masks(self) -> np.ndarray:
@@ -302,6 +306,9 @@ class EdgeScheduleV1Env(gym.Env):
             self._head[6 * m : 6 * m + 6] = self._batch_row(m)
             if mode == ED:
                 self._depth[t] = a - 1 - g
+            elif mode == SD:  # the SD depth feature changes only here
+                v = self._plan.gamma / g
+                self._head[18] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
         reward = 1.0 if (mode != REJECT and self._admission_reward) else 0.0
         info: dict[str, Any] = {"invalid_action": not valid}
         self._t = t + 1
@@ -342,16 +349,12 @@ class EdgeScheduleV1Env(gym.Env):
         self._mask_bool, self._mask_f32 = arrays
 
     def _encode(self) -> np.ndarray:
-        p, t, k, head = self._plan, self._t, self._k, self._head
-        obs = self._rows[t].copy()  # current user and look-ahead (observation_rows); head and mask below
-        # the head: the three cached batch rows (_batch_row), then SD depth, AD share, progress -- clipped to [0, 1]
-        v = p.gamma / self._g
-        head[18] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
-        v = p.candidate_ad_share() if t < k else 1.0
+        t, head = self._t, self._head
+        obs = self._rows[t].copy()  # current user, progress and look-ahead (observation_rows, reset); head and mask below
+        # the head: the three cached batch rows (_batch_row) and SD depth (step), then the AD share -- clipped to [0, 1]
+        v = self._plan.candidate_ad_share() if t < self._k else 1.0
         head[19] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
-        v = t / k
-        head[20] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
-        obs[USER_FEATURES:HEAD] = head
+        obs[USER_FEATURES : HEAD - 1] = head
         obs[HEAD : HEAD + self._n] = self._mask_f32
         return obs
 
