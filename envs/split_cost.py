@@ -90,6 +90,14 @@ from ``kaist-ina/specedge`` @ ``1edcaf0``):
   roofline efficiency) for **every row beyond the first**: the batch-1 pass time is taken as given
   (the timed profile fits it to SpecEdge's published batch-1 timings, which already contain it), so
   the switch prices how SpecEdge's passes grow with the batch. Roofline latencies only.
+* ``kv_staging_len=L`` (SpecEdge: 2048): the KV bookkeeping around each verify, per row beyond
+  the first, at the target's device bandwidth. SpecEdge's server
+  (``strategy/server_verify/specexec/grpc.py`` ``InferenceController._inference`` and
+  ``_reorder_kv_cache``) zeroes the batch cache, copies each client's whole ``L``-slot KV in,
+  compacts the accepted path (``model/cache.py`` ``KVCache.gather``: the kept ``c`` slots moved,
+  the tail zeroed) and copies the row back out: ``kv_L * (6 L + c)`` bytes per row. Server-only SD
+  (``strategy/edge_verify/specexec.py`` ``SpecExecEdgeVerify._reorder_by_sequence``) only compacts,
+  both models' caches: ``(kv_L + kv_S) * (L + c)`` per row. This one works against SpecEdge.
 
 **Memory.** ED server KV per client ``(c_max + budget + 1) kv_L`` (target only: no draft weights, no
 draft KV on the server); server-only SD ``(c_max + budget + 1)(kv_L + kv_S)`` plus ``W_S`` once.
@@ -136,8 +144,14 @@ class SplitOptions:
     #: None = off; else the KV slots every pass attends over with the GQA expansion materialised (SpecEdge: 2048), priced for
     #: batch rows beyond the first; module docstring, "SpecEdge's engines"
     dense_attention_len: int | None = None
+    #: None = off; else the KV slots per row SpecEdge's verify stages and compacts (SpecEdge: 2048), priced for batch rows beyond
+    #: the first; module docstring, "SpecEdge's engines"
+    kv_staging_len: int | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_staging_len is not None and (not isinstance(self.kv_staging_len, int) or isinstance(self.kv_staging_len, bool)
+                                                or self.kv_staging_len < 1):
+            raise ValueError(f"split option 'kv_staging_len' must be null or an integer >= 1, got {self.kv_staging_len!r}")
         if self.server_only_widths not in SERVER_ONLY_WIDTHS:
             raise ValueError(f"split option 'server_only_widths' must be one of {list(SERVER_ONLY_WIDTHS)}, got {self.server_only_widths!r}")
         if self.dense_attention_len is not None and (not isinstance(self.dense_attention_len, int) or isinstance(self.dense_attention_len, bool)
@@ -230,7 +244,28 @@ class SplitCostModel:
             return 0.0
         q = tree.verify_tokens
         t = self.tau_l.tau1(b, q, context + q)
-        return t if self.options.dense_attention_len is None else t + self.dense_attention_s(self.tau_l, b, context + q)  # off: v1's hot path unchanged
+        if self.options.dense_attention_len is None and self.options.kv_staging_len is None:  # off: v1's hot path unchanged
+            return t
+        return t + self.dense_attention_s(self.tau_l, b, context + q) + self.kv_staging_s(b, context, server_only=False)
+
+    def server_only_verify_s(self, b: int, tree: DraftTree, context: float) -> float:
+        """Server-only SD's verify pass: :meth:`verify_s` with its own KV bookkeeping instead of SpecEdge's staging."""
+        if b <= 0:
+            return 0.0
+        q = tree.verify_tokens
+        return self.tau_l.tau1(b, q, context + q) + self.dense_attention_s(self.tau_l, b, context + q) + self.kv_staging_s(b, context, server_only=True)
+
+    def kv_staging_s(self, b: int, context: float, server_only: bool) -> float:
+        """Seconds of per-verify KV bookkeeping for rows beyond the first (0 when off); module docstring, "SpecEdge's engines"."""
+        span = self.options.kv_staging_len
+        if span is None or b <= 1:
+            return 0.0
+        lat = self.tau_l
+        if not hasattr(lat, "bandwidth_efficiency"):
+            raise ValueError(f"split option 'kv_staging_len' needs roofline latencies; profile {self.profile.name!r} has {type(lat).__name__}")
+        c = min(float(context), float(span))
+        per_row = (self.kv_l + self.kv_s) * (span + c) if server_only else self.kv_l * (6.0 * span + c)
+        return (b - 1) * per_row / (lat.bandwidth_efficiency * lat.device.bandwidth_bytes_per_s)
 
     def dense_attention_s(self, latency, b: int, context: float) -> float:
         """Seconds SpecEdge's dense attention adds to a pass of ``b`` rows at ``context`` (0 when off or ``b <= 1``).
@@ -382,7 +417,7 @@ class SplitCostModel:
         for w, nodes in zip(widths, nodes_per_level, strict=True):
             draft += self.tau_s.tau1(n, w, context + done + w) + self.dense_attention_s(self.tau_s, n, context + done + w)
             done += nodes
-        period = draft + self.verify_s(n, tree, context)
+        period = draft + self.server_only_verify_s(n, tree, context)
         e = np.array([s.expected_tokens for s in shapes])
         cmax = context if context_max is None else context_max
         mem = n * (cmax + tree.verify_tokens) * (self.kv_l + self.kv_s) + self.profile.slm.weight_bytes

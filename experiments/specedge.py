@@ -54,8 +54,10 @@ check (``envs.split_plan``); with realised = predicted (the default workload) ad
 **SpecEdge's engines** (``envs.split_cost``, "SpecEdge's engines"; read from its code): ``--server-only-widths
 padded`` (default; its server-only draft engine forwards 32 beams per row at every level) or ``tree``, and
 ``--dense-attention on`` (default; its attention reads all 2048 KV slots of a row and copies the grouped K/V,
-priced per batch row beyond the first) or ``off``. Both defaults are what SpecEdge's code does; neither acts
-at server batch 1. ``experiments.specedge_scorecard`` writes the comparison with the published figures.
+priced per batch row beyond the first) or ``off``, and ``--kv-staging on`` (default; the verify's KV
+bookkeeping per row beyond the first: SpecEdge's server copies each client's whole KV in and out, server-only
+SD only compacts; this one works against SpecEdge) or ``off``. The defaults are what SpecEdge's code does;
+none acts at server batch 1. ``experiments.specedge_scorecard`` writes the comparison with the published figures.
 
 Writes ``specedge.csv`` (part 1), ``specedge_sensitivity.csv`` (the headline under each tree timing
 and proactive gain), ``specedge_engines.csv`` (the headline's setting at several N under each engine switch), ``hybrid.csv`` (per round), ``hybrid_summary.csv``,
@@ -113,7 +115,9 @@ FIXED_DEPTH = 4
 BASELINES = ("same_batch", "equal_itl")
 SAME_BATCH_DEPTHS = range(2, 9)  #: SpecEdge tuned the server-only depth over 2-8
 TREE_PROFILES = {"timed": "split_a100-40gb_qwen3-14b_qwen3-1.7b_timed", "roofline": "split_a100-40gb_qwen3-14b_qwen3-1.7b"}
-ENGINE_SETTINGS = (("tree", False), ("padded", False), ("tree", True), ("padded", True))  #: (server_only_widths, dense_attention)
+#: (server_only_widths, dense_attention, kv_staging): all off, each alone, the two that favour SpecEdge, all three (the default)
+ENGINE_SETTINGS = (("tree", False, False), ("padded", False, False), ("tree", True, False), ("tree", False, True), ("padded", True, False),
+                   ("padded", True, True))
 ENGINE_CLIENTS = (2, 4, 8, 16, 32)  #: client counts of the engine-switch table
 DRAFTS = {
     "chain": ("split_a100-40gb_llama2-7b_tinyllama-1.1b", DraftTree.chain(FIXED_DEPTH)),
@@ -158,18 +162,20 @@ def best_at_batch(frontier: pd.DataFrame, batch: int) -> pd.Series | None:
     return None if ok.empty else ok.loc[ok["throughput_tok_s"].idxmax()]
 
 
-def engine_options(server_only_widths: str = "padded", dense_attention: bool = True) -> dict:
+def engine_options(server_only_widths: str = "padded", dense_attention: bool = True, kv_staging: bool = True) -> dict:
     """SplitOptions fields of SpecEdge's engines (``envs.split_cost``, "SpecEdge's engines"); the defaults are its code's."""
     if server_only_widths not in SERVER_ONLY_WIDTHS:
         raise ValueError(f"server_only_widths must be one of {list(SERVER_ONLY_WIDTHS)}, got {server_only_widths!r}")
-    return {"server_only_widths": server_only_widths, "dense_attention_len": SPECEDGE_MAX_LEN if dense_attention else None}
+    return {"server_only_widths": server_only_widths, "dense_attention_len": SPECEDGE_MAX_LEN if dense_attention else None,
+            "kv_staging_len": SPECEDGE_MAX_LEN if kv_staging else None}
 
 
 def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str], baseline: str = "same_batch", tree_timing: str = "timed",
-                    proactive_gain: str = "tokens", server_only_widths: str = "padded", dense_attention: bool = True) -> pd.DataFrame:
+                    proactive_gain: str = "tokens", server_only_widths: str = "padded", dense_attention: bool = True,
+                    kv_staging: bool = True) -> pd.DataFrame:
     """Part 1: one row per draft, variant, RTT and client count (module docstring: ``baseline``, ``tree_timing``, ``proactive_gain``,
-    ``server_only_widths``, ``dense_attention``)."""
-    engines = engine_options(server_only_widths, dense_attention)
+    ``server_only_widths``, ``dense_attention``, ``kv_staging``)."""
+    engines = engine_options(server_only_widths, dense_attention, kv_staging)
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {list(BASELINES)}, got {baseline!r}")
     if tree_timing not in TREE_PROFILES:
@@ -207,7 +213,7 @@ def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str],
                     if best is not None:  # the baseline's iteration split into its draft passes and its verify pass
                         b_shape = with_depth(tree, int(best["depth"]))
                         b_ss = base_model.server_only(int(best["batch"]), ALPHA, b_shape, CONTEXT, context_max=CONTEXT_MAX)
-                        b_verify = base_model.verify_s(int(best["batch"]), b_shape, CONTEXT)
+                        b_verify = base_model.server_only_verify_s(int(best["batch"]), b_shape, CONTEXT)
                         width = b_shape.beams  # one full-width level: the A100's device floor and the edge's pass
                         level_floor = (base_model.tau_s.tau1(int(best["batch"]), width, CONTEXT + width)
                                        - profile.slm.layers * getattr(base_model.tau_s, "layer_overhead_s", 0.0))
@@ -215,7 +221,7 @@ def throughput_rows(rtts_ms: list[float], clients: list[int], drafts: list[str],
                     rows.append({
                         "draft": draft, "variant": variant, "rtt_ms": rtt, "num_clients": n, "edge_clients": active, "server_batch": batch, "depth": int(depth),
                         "profile": profile_name, "baseline": baseline, "proactive_gain": proactive_gain,
-                        "server_only_widths": server_only_widths, "dense_attention": bool(dense_attention),
+                        "server_only_widths": server_only_widths, "dense_attention": bool(dense_attention), "kv_staging": bool(kv_staging),
                         "specedge_itl_ms": e.itl_s * 1e3, "specedge_throughput_tok_s": e.throughput_tok_s, "specedge_server_busy": e.server_busy,
                         "specedge_tokens_per_iteration": e.tokens_per_iteration, "specedge_verify_ms": e.verify_s[0] * 1e3,
                         "specedge_edge_ms": e.edge_s[0] * 1e3 if e.edge_s else np.nan, "specedge_fits_memory": e.fits_memory,
@@ -255,11 +261,11 @@ def engine_rows(baseline: str = "same_batch", proactive_gain: str = "tokens") ->
     keep = ("num_clients", "server_batch", "depth", "specedge_verify_ms", "specedge_edge_ms", "specedge_tokens_per_iteration", "baseline_depth",
             "baseline_draft_ms", "baseline_verify_ms", "throughput_ratio", "itl_change")
     rows = []
-    for widths, dense in ENGINE_SETTINGS:
+    for widths, dense, staging in ENGINE_SETTINGS:
         tp = throughput_rows([HEADLINE_RTT_MS], list(ENGINE_CLIENTS), ["tree"], baseline=baseline, proactive_gain=proactive_gain,
-                             server_only_widths=widths, dense_attention=dense)
+                             server_only_widths=widths, dense_attention=dense, kv_staging=staging)
         for _, h in tp[tp["variant"] == "full"].iterrows():
-            rows.append({"server_only_widths": widths, "dense_attention": dense, **{k: h[k] for k in keep}})
+            rows.append({"server_only_widths": widths, "dense_attention": dense, "kv_staging": staging, **{k: h[k] for k in keep}})
     return pd.DataFrame(rows)
 
 
@@ -327,6 +333,7 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
     first = tp.iloc[0]
     widths = str(first["server_only_widths"]) if "server_only_widths" in tp else "tree"
     dense = bool(first["dense_attention"]) if "dense_attention" in tp else False
+    staging = bool(first["kv_staging"]) if "kv_staging" in tp else False
     if baseline == "same_batch":
         method = ("`throughput_ratio` and `itl_change`: SpecEdge (N clients, two cohorts of server batch B = N/2) against server-only SD at the "
                   "same server batch B with its depth tuned over 2..8 for throughput (SpecEdge's comparison: its edge GPUs number batch size x 2); "
@@ -337,7 +344,7 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
     lines = ["# SpecEdge vs server-only speculative decoding (simulated)", "", f"Generated by `{command}` (closed form `envs.split_cost`; "
              "its agreement with the discrete-event simulation: `des_check.md`). Acceptance 0.8, prompt 512 + 256 output tokens, "
              f"RTX 4090 edges, A100-40GB server; tree drafts on `{tree_profile}`, chain drafts on `{DRAFTS['chain'][0]}`; baseline `{baseline}`, "
-             f"proactive gain `{gain}`, server-only widths `{widths}`, dense attention `{'on' if dense else 'off'}` (see `experiments/specedge.py` and "
+             f"proactive gain `{gain}`, server-only widths `{widths}`, dense attention `{'on' if dense else 'off'}`, KV staging `{'on' if staging else 'off'}` (see `experiments/specedge.py` and "
              f"`envs.split_cost`, \"SpecEdge's engines\"). {method} Server-only SD has zero network delay, as in the paper.", ""]
     head = tp[tp["headline"]]
     if not head.empty:
@@ -358,7 +365,7 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
             g = sweep.iloc[0]
             lines.append(f"- at N = {SWEEP_CLIENTS} (server batch {int(g['server_batch'])}, depth {int(g['depth'])}): **{g['throughput_ratio']:.2f}x** "
                          f"({verdict(g['throughput_ratio'], PUBLISHED['throughput_ratio'])}), ITL change **{g['itl_change']:+.1%}** "
-                         f"({verdict(g['itl_change'], PUBLISHED['itl_change'], percent=True)});")
+                         f"({verdict(g['itl_change'], PUBLISHED['itl_change'], percent=True)}) -- not the headline's batch (see the engine switches below);")
         if not at15.empty:
             best = at15.loc[at15["throughput_ratio"].idxmax()]
             lines.append(f"- over N at 15 ms the best ratio is {best['throughput_ratio']:.2f}x (N = {int(best['num_clients'])}, ITL change "
@@ -494,6 +501,8 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame | No
                     help="server-only draft widths: SpecEdge's padded engine (every level 32 wide) or the tree's own (envs.split_cost)")
     ap.add_argument("--dense-attention", choices=["on", "off"], default="on",
                     help="price SpecEdge's dense max_len attention with the GQA expansion for batch rows beyond the first (envs.split_cost)")
+    ap.add_argument("--kv-staging", choices=["on", "off"], default="on",
+                    help="price the verify's KV bookkeeping (SpecEdge's per-client staging; server-only's compaction) per row beyond the first")
     ap.add_argument("--ks", default="20,40,60,80", help="hybrid: users per round K (>= 1)")
     ap.add_argument("--edge-fractions", default="0,0.25,0.5,1", help="hybrid: shares of users with an edge GPU, in [0, 1]")
     ap.add_argument("--rounds", type=int, default=50, help="hybrid: test rounds per point (>= 2; 0 skips the hybrid)")
@@ -514,7 +523,7 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame | No
         raise SystemExit(f"--rounds must be 0 (skip the hybrid) or >= 2, got {args.rounds}")
     fractions = sorted(set([0.0] + fractions))  # BALANCE (the paired baseline) runs at fraction 0
     print(f"part 1: {len(DRAFTS)} drafts x {len(VARIANTS)} variants x {len(rtts)} RTTs x {len(clients)} client counts", flush=True)
-    engines = {"server_only_widths": args.server_only_widths, "dense_attention": args.dense_attention == "on"}
+    engines = {"server_only_widths": args.server_only_widths, "dense_attention": args.dense_attention == "on", "kv_staging": args.kv_staging == "on"}
     tp = throughput_rows(rtts, clients, list(DRAFTS), baseline=args.baseline, tree_timing=args.tree_timing, proactive_gain=args.proactive_gain,
                          **engines)
     hybrid = summary = None

@@ -34,7 +34,7 @@ def test_quick_run_writes_every_artefact(tmp_path):
     assert len(eng) == len(specedge.ENGINE_SETTINGS) * len(specedge.ENGINE_CLIENTS)
     n2 = eng[eng["num_clients"] == 2]["throughput_ratio"]
     assert n2.max() / n2.min() - 1 < 1e-3
-    assert set(df["server_only_widths"]) == {"padded"} and df["dense_attention"].all()  # SpecEdge's code is the default
+    assert set(df["server_only_widths"]) == {"padded"} and df["dense_attention"].all() and df["kv_staging"].all()  # SpecEdge's code is the default
     md = (tmp_path / "specedge.md").read_text()
     assert "published 2.22x" in md and "Hybrid" in md and "What SpecEdge's code does" in md and "Scorecard at N = 16" in md
     # the report can be rewritten from the CSVs alone
@@ -70,12 +70,15 @@ def test_same_batch_baseline_is_specedge_comparison_and_the_old_method_stays_rea
 
 def test_engine_switches_raise_the_baselines_cost_at_batch_beyond_one():
     on = specedge.throughput_rows([15.0], [16], ["tree"])
-    off = specedge.throughput_rows([15.0], [16], ["tree"], server_only_widths="tree", dense_attention=False)
+    off = specedge.throughput_rows([15.0], [16], ["tree"], server_only_widths="tree", dense_attention=False, kv_staging=False)
     f_on, f_off = on[on["variant"] == "full"].iloc[0], off[off["variant"] == "full"].iloc[0]
     # SpecEdge's padded server-only levels and dense attention make each server-only level dearer at batch 8 ...
     assert f_on["baseline_draft_ms"] / f_on["baseline_depth"] > f_off["baseline_draft_ms"] / f_off["baseline_depth"]
     # ... and both systems' verify pass too; the net effect favours SpecEdge (it drafts off the server)
     assert f_on["specedge_verify_ms"] > f_off["specedge_verify_ms"] and f_on["throughput_ratio"] > f_off["throughput_ratio"]
     assert (on["throughput_ratio"] * (1 + on["itl_change"]))[on["variant"] == "full"].to_numpy() == pytest.approx(2.0, rel=1e-9)
+    # KV staging alone works against SpecEdge: it copies whole rows in and out where server-only SD only compacts
+    staged = specedge.throughput_rows([15.0], [16], ["tree"], server_only_widths="tree", dense_attention=False, kv_staging=True)
+    assert staged[staged["variant"] == "full"].iloc[0]["throughput_ratio"] < f_off["throughput_ratio"]
     with pytest.raises(ValueError, match="server_only_widths"):
         specedge.throughput_rows([15.0], [2], ["tree"], server_only_widths="wide")

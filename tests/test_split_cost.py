@@ -252,3 +252,20 @@ def test_engine_switches_are_checked_and_named():
     cpu = SplitCostModel(load_profile("split_cpu_specsched-pair"), SplitOptions(dense_attention_len=2048))
     with pytest.raises(ValueError, match="dense_attention_len"):  # a measured table has no bandwidth to price bytes at
         cpu.verify_s(2, DraftTree.chain(2), 100.0)
+
+
+def test_kv_staging_charges_specedge_whole_rows_and_server_only_compaction():
+    # SpecEdge's server copies each client's whole max_len KV in and out around the verify; server-only SD only compacts (both caches)
+    p = load_profile(GPU)
+    staged, plain = SplitCostModel(p, SplitOptions(kv_staging_len=2048)), SplitCostModel(p)
+    tree, c, b = DraftTree(budget=32, beams=32, branch=16, depth=4), 640.0, 4
+    bw = p.tau_llm.bandwidth_efficiency * p.device.bandwidth_bytes_per_s
+    kv_l, kv_s = 2 * 40 * 8 * 128 * 2, 2 * 28 * 8 * 128 * 2  # Qwen3-14B and Qwen3-1.7B, fp16, bytes per token
+    assert staged.verify_s(1, tree, c) == plain.verify_s(1, tree, c)
+    assert staged.verify_s(b, tree, c) - plain.verify_s(b, tree, c) == pytest.approx((b - 1) * kv_l * (6 * 2048 + c) / bw)
+    assert staged.server_only_verify_s(b, tree, c) - plain.server_only_verify_s(b, tree, c) == pytest.approx((b - 1) * (kv_l + kv_s) * (2048 + c) / bw)
+    # it works against SpecEdge: its verify grows more per row than server-only's
+    assert staged.verify_s(b, tree, c) > staged.server_only_verify_s(b, tree, c)
+    assert staged.server_only(b, 0.8, tree, c).iteration_s > plain.server_only(b, 0.8, tree, c).iteration_s
+    with pytest.raises(ValueError, match="kv_staging_len"):
+        SplitOptions(kv_staging_len=-1)
