@@ -130,7 +130,7 @@ def observation_size(cfg: EnvConfig) -> int:
 
 
 def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
-    """(K, 10) user features in presentation order: v0's eight, has-an-edge, RTT / 0.1 s.
+    """(K, 10) user features in presentation order ``order = rnd.order(cfg.user_order)``: v0's eight, has-an-edge, RTT / 0.1 s.
 
     The first eight are ``envs.edge_schedule.user_features`` (a reset's hot path: its operations
     element by element, written into one (8, K) block instead of stacked, clipped in place; float32
@@ -138,20 +138,25 @@ def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
     """
     k = rnd.num_users
     v0 = np.empty((8, k))
-    alpha = rnd.alpha[order]
-    v0[0] = rnd.input_tokens[order] / cfg.input_tokens[1]
-    v0[1] = rnd.output_tokens[order] / cfg.output_tokens[1]
-    v0[2] = rnd.deadline_s[order] / cfg.deadline_s[1]
+    if cfg.user_order == "arrival":  # order is the identity: the round's arrays as they are (the gathers only copied them)
+        inp, out, dl, alpha, slack, up, has, rtt = rnd.input_tokens, rnd.output_tokens, rnd.deadline_s, rnd.alpha, rnd.deadline_s - rnd.downlink_s, rnd.uplink_s, rnd.has_edge, rnd.rtt_s
+    else:
+        inp, out, dl, alpha, slack, up = (a[order] for a in (rnd.input_tokens, rnd.output_tokens, rnd.deadline_s, rnd.alpha, rnd.deadline_s - rnd.downlink_s, rnd.uplink_s))
+        has = None if rnd.has_edge is None else rnd.has_edge[order]
+        rtt = None if rnd.rtt_s is None else rnd.rtt_s[order]
+    v0[0] = inp / cfg.input_tokens[1]
+    v0[1] = out / cfg.output_tokens[1]
+    v0[2] = dl / cfg.deadline_s[1]
     v0[3] = alpha
-    v0[4] = (rnd.deadline_s - rnd.downlink_s)[order] / cfg.deadline_s[1]  # slack_s
-    v0[5] = rnd.uplink_s[order] / UPLINK_SCALE_S
+    v0[4] = slack / cfg.deadline_s[1]  # slack_s
+    v0[5] = up / UPLINK_SCALE_S
     v0[6] = expected_tokens_per_iteration(alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
     v0[7] = 1.0
     np.clip(v0, 0.0, 1.0, out=v0)
     f = np.empty((k, USER_FEATURES), dtype=np.float32)  # filled column block by block (float32 casts as astype does)
     f[:, :8] = v0.T
-    f[:, 8] = 0.0 if rnd.has_edge is None else rnd.has_edge[order]
-    f[:, 9] = 0.0 if rnd.rtt_s is None else np.clip(rnd.rtt_s[order] / RTT_SCALE_S, 0.0, 1.0)
+    f[:, 8] = 0.0 if has is None else has
+    f[:, 9] = 0.0 if rtt is None else np.clip(rtt / RTT_SCALE_S, 0.0, 1.0)
     return f
 
 
@@ -264,11 +269,9 @@ class EdgeScheduleV1Env(gym.Env):
         if users is None:
             ed_rows: list = [None] * k
         else:  # per user: (J row, X row, allowed row, prefill) over depths 1..G, or None without an edge
-            rows: list[tuple | None] = [None] * k
-            sel = np.flatnonzero(users.allowed.any(axis=1))  # only these users' rows become Python lists
-            for i, j, x, ok, pre in zip(sel.tolist(), users.iterations[sel].tolist(), users.edge_s[sel].tolist(), users.allowed[sel].tolist(),
-                                        users.prefill_s[sel].tolist(), strict=True):
-                rows[i] = (j, x, ok, pre)
+            # whole arrays to lists and zipped in C (gathering the edge users' rows first cost more than it saved)
+            per_user = zip(users.iterations.tolist(), users.edge_s.tolist(), users.allowed.tolist(), users.prefill_s.tolist(), strict=True)
+            rows = [row if any_ok else None for row, any_ok in zip(per_user, users.allowed.any(axis=1).tolist(), strict=True)]
             ed_rows = rows if r is rnd else [rows[i] for i in order.tolist()]  # the round's order -> presentation order
         # one tuple per user, in presentation order, of SplitScalarPlan.prepare's arguments as Python scalars
         self._users = list(zip(r.input_tokens.tolist(), r.output_tokens.tolist(), r.alpha.tolist(), r.uplink_s.tolist(), r.slack_s.tolist(),
