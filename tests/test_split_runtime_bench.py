@@ -102,3 +102,47 @@ def test_cohort_alternation_counts_cohort_switches_between_batches():
     assert cohort_alternation(taking_turns) == 1.0
     assert cohort_alternation([it(0.0, 0), it(0.1, 0), it(0.2, 1)]) == 0.5
     assert cohort_alternation([it(0.0, 0)]) is None
+
+
+def test_headline_is_the_best_ratio_at_the_first_rtt_and_checks_group_by_clients():
+    from experiments.split_bench import best_split
+
+    df = pd.DataFrame({"rtt_ms": [5.0, 5.0, 5.0, 5.0, 10.0], "clients": [8, 8, 32, 32, 32], "proactive": ["on", "off", "on", "off", "off"],
+                       "cohorts": [2, 2, 2, 2, 2], "throughput_ratio": [0.9, 1.0, 1.1, 1.2, 3.0], "itl_ms": [10.0, 10.0, 20.0, 22.0, 30.0],
+                       "server_utilisation": [0.5] * 5, "throughput": ["cpu"] * 5, "baseline_itl_ms": [9.0, 9.0, 19.0, 21.0, 29.0],
+                       "baseline_batch": [8, 8, 32, 64, 64], "baseline_gamma": [4] * 5})
+    best = best_split(df)
+    assert best.clients == 32 and best.proactive == "off"  # the 3.0x at 10 ms is not the 5 ms headline
+    text = "\n".join(checks(df))
+    assert "1.20x" in text and "32 clients, 2 cohort(s), proactive off" in text
+    assert "RTT 5 ms, 8 clients, 2 cohort(s): ITL 10.00 vs 10.00 ms" in text and "RTT 5 ms, 32 clients, 2 cohort(s): ITL 20.00 vs 22.00 ms" in text
+
+
+def test_drafted_hit_rate_counts_only_iterations_that_drafted_ahead():
+    from experiments.split_bench import drafted_hit_rate
+
+    def it(rid, k, ms, hit):
+        return {"request_id": rid, "iteration": k, "proactive_ms": ms, "proactive_hit": hit}
+
+    logs = [it("a", 0, 1.0, True), it("a", 1, 0.0, False), it("a", 2, 1.0, False), it("a", 3, 1.0, False),  # the last iteration has no next block
+            it("b", 0, 2.0, True), it("b", 1, 0.0, False)]
+    assert drafted_hit_rate(logs) == 2 / 3
+    assert drafted_hit_rate([it("a", 0, 0.0, False), it("a", 1, 0.0, False)]) is None
+
+
+def test_verify_vs_engine_splits_cpu_per_token_into_its_parts(tmp_path):
+    from types import SimpleNamespace
+
+    from tiny_models import tiny_trio
+
+    from runtime.split.verify_timing import vs_engine, vs_engine_table
+
+    target, close, _ = tiny_trio()
+    pair = SimpleNamespace(target=target, draft=close, tokenizer=SimpleNamespace(encode=lambda text: [1 + ord(c) % 30 for c in text[:9]]))
+    df = vs_engine(pair, batches=[1, 2], depths=[2], max_new=4, repeats=1)
+    assert set(df.side) == {"engine", "split"} and len(df) == 4
+    assert (df.tokens == df.batch * 4).all()  # both sides emit every requested token
+    assert (df[df.side == "split"].draft_ms_per_token == 0).all() and (df[df.side == "engine"].draft_ms_per_token > 0).all()
+    assert (df.target_ms_per_token > 0).all() and (df.cpu_ms_per_token >= df.target_ms_per_token).all()
+    table = vs_engine_table(df)
+    assert list(table.batch) == [1, 2] and (table.engine_cpu_per_split_cpu > 0).all()
