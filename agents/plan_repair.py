@@ -62,6 +62,7 @@ S_VARIANTS = 4  #: padding caps tried per batch from its own largest distinct in
 #: batch's own; chosen on validation rounds at K = 200 (served 0.4565 vs 0.453 with 5 x 5 quantiles)
 INPUT_QUANTILES = tuple(np.linspace(0.5, 1.0, 11).tolist())
 SLACK_QUANTILES = tuple(np.linspace(0.0, 0.5, 11).tolist())
+TIE_WEIGHT = 0.5  #: candidates serving as many: the emptier wins (0 = the first found)
 REFINE_PASSES = 1  #: rounds of line searches (cap, then floor) around the best grid point
 REFINE_WINDOW = 0.3  #: the line searches cover the caps / floors of this share of the users around the point
 
@@ -84,9 +85,10 @@ def _batch_use(cost: CostModel, rnd: Round, members: np.ndarray, mode: int, gamm
     return float(share_needed(cost.sd_time(b, s, n, j, gamma), b, u, sl)), float(cost.sd_memory(b, s, n, so, gamma))
 
 
-def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple[float, float], sd_used: bool) -> np.ndarray:
+def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple[float, float], sd_used: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per candidate row of ``eligible`` (C, K) over the users in ``order``: how many of its eligible
-    users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes).
+    users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes),
+    and how full that plan is (the larger of compute share and memory used, 0..1).
 
     The batch aggregates of every prefix come from running sums / maxima; a prefix that fits stays
     fitting when shortened (downward closed), so each row's last fitting prefix is found by bisection
@@ -102,6 +104,7 @@ def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: 
     j = np.maximum.accumulate(np.where(eligible, sd_iterations(out, rnd.alpha[order], gamma), 0), axis=1) if mode == SD else None
     budget = cost.memory_budget1(sd_used) * (1 + EPS)
     rows = np.arange(c)
+    used = np.zeros(c)
     lo, hi = np.full(c, -1), np.full(c, k)  # column lo fits (-1: the empty prefix), column hi does not (k: past the end)
     while (hi - lo > 1).any():
         mid = (lo + hi) // 2
@@ -112,12 +115,14 @@ def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: 
         else:
             t, mem = cost.sd_time(bb, ss, nn, j[at], gamma), cost.sd_memory(bb, ss, nn, oo, gamma)
         with np.errstate(invalid="ignore"):
-            fits = (share_needed(t, bb, u[at], sl[at]) + other[0] <= 1 + EPS) & (mem + other[1] <= budget)
+            share = share_needed(t, bb, u[at], sl[at]) + other[0]
+            fits = (share <= 1 + EPS) & (mem + other[1] <= budget)
         fits |= bb == 0
         active = hi - lo > 1
+        used = np.where(active & fits, np.maximum(share, (mem + other[1]) / budget), used)
         lo = np.where(active & fits, mid, lo)
         hi = np.where(active & ~fits, mid, hi)
-    return np.where(lo >= 0, b[rows, np.clip(lo, 0, k - 1)], 0)
+    return np.where(lo >= 0, b[rows, np.clip(lo, 0, k - 1)], 0), used
 
 
 def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int) -> np.ndarray:
@@ -156,11 +161,14 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
         uses.append((_batch_use(cost, rnd, kept, other_mode, g), mode == SD or (other_mode == SD and len(kept) > 0), len(kept)))
 
     def score(job: int, pairs: np.ndarray) -> np.ndarray:
-        """Users served by job ``job`` re-packed under each (input cap, slack floor) row of ``pairs``."""
+        """Users served by job ``job`` re-packed under each (input cap, slack floor) row of ``pairs``,
+        less half the plan's fullness: the most users, then the most room left (ties go to the plan
+        with more slack, which loses fewer users when outputs / acceptance differ from predictions)."""
         mode, _, keep = jobs[job]
         other, sd_used, n_kept = uses[job]
         eligible = (keep[by_output] == 0) & (inp_sorted <= pairs[:, :1]) & (slack_sorted >= pairs[:, 1:])
-        return n_kept + _longest_prefixes(cost, rnd, by_output, eligible, mode, g, other, sd_used)
+        counts, used = _longest_prefixes(cost, rnd, by_output, eligible, mode, g, other, sd_used)
+        return n_kept + counts - TIE_WEIGHT * np.minimum(used, 1.0)
 
     found = None  # (count, job, cap, floor) of the best grid point
     for job, (_, members, _) in enumerate(jobs):
@@ -169,25 +177,26 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
         caps = np.unique(np.concatenate([np.unique(rnd.input_tokens[members])[::-1][:S_VARIANTS], np.quantile(rnd.input_tokens, INPUT_QUANTILES)]))
         floors = np.unique(np.append(np.quantile(rnd.slack_s, SLACK_QUANTILES), rnd.slack_s[members].min()))
         pairs = np.stack(np.meshgrid(caps, floors, indexing="ij"), axis=-1).reshape(-1, 2)
-        counts = score(job, pairs)
-        c = int(np.argmax(counts))
-        if found is None or counts[c] > found[0]:
-            found = (int(counts[c]), job, *pairs[c])
+        keys = score(job, pairs)
+        c = int(np.argmax(keys))
+        if found is None or keys[c] > found[0]:
+            found = (float(keys[c]), job, *pairs[c])
     if found is None:
         return modes.copy()
     # refine the best grid point: line searches over every distinct input cap, then every slack floor,
     # within REFINE_WINDOW (a share of the round's users) of the point
-    count, job, cap, floor = found
+    key, job, cap, floor = found
     inputs, slacks = np.sort(rnd.input_tokens), np.sort(rnd.slack_s)
     half = max(1, int(REFINE_WINDOW * k / 2))
     for _ in range(REFINE_PASSES):
         for axis, values in ((0, _window(inputs, cap, half)), (1, _window(slacks, floor, half))):
             pairs = np.tile([cap, floor], (len(values), 1)).astype(float)
             pairs[:, axis] = values
-            counts = score(job, pairs)
-            c = int(np.argmax(counts))
-            if counts[c] > count:
-                count, cap, floor = int(counts[c]), *pairs[c]
+            keys = score(job, pairs)
+            c = int(np.argmax(keys))
+            if keys[c] > key:
+                key, cap, floor = float(keys[c]), *pairs[c]
+    count = int(np.ceil(key))  # key = count - TIE_WEIGHT * fullness, fullness in [0, 1]
     if count <= best_count:
         return modes.copy()
     mode, _, keep = jobs[job]

@@ -24,8 +24,9 @@ def test_general_experiment_end_to_end(tmp_path: Path):
         train_bc(cfg, tmp_path / "data", tmp_path / "runs" / f"seed{seed}", seed=seed)
     res, pol = tmp_path / "results", tmp_path / "policies" / "general"
     general.main(["--runs", str(tmp_path / "runs"), "--ks", "6,12", "--rounds", "3,3", "--noisy-ks", "12", "--noisy-rounds", "3",
-                  "--timing-ks", "12,20", "--timing-rounds", "2", "--balance-timing-rounds", "12:1,20:0", "--policies", str(pol), "--results", str(res)])
-    for name in ("general.md", "general.csv", "general_seeds.csv", "general_timing.csv", "general.png"):
+                  "--timing-ks", "12,20", "--timing-rounds", "2", "--balance-timing-rounds", "12:1,20:0", "--policies", str(pol), "--results", str(res),
+                  "--diagnose-k", "12", "--diagnose-rounds", "2"])
+    for name in ("general.md", "general.csv", "general_seeds.csv", "general_timing.csv", "general.png", "general_diagnosis.csv"):
         assert (res / name).is_file(), name
     assert (pol / "model.zip").is_file() and (pol / "policy.onnx").is_file()
     scores = {s: pd.read_csv(tmp_path / "runs" / f"seed{s}" / "progress.csv").val_served_frac.max() for s in (0, 1)}
@@ -38,6 +39,10 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     per_seed = pd.read_csv(res / "general.csv")
     assert {"policy s0", "policy s1", "raw s0", "raw s1"} <= set(per_seed.scheduler)
     assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve"
+    diag = pd.read_csv(res / "general_diagnosis.csv")
+    assert len(diag) == 2 * 4 and (diag.groupby("round").served.max() <= 12).all()
+    served = diag.pivot(index="round", columns="plan", values="served")
+    assert (served["policy + improve"] >= served["policy (raw)"]).all()
     assert "post_step" not in json.loads((tmp_path / "runs" / "seed0" / "policy.json").read_text())
     times = pd.read_csv(res / "general_timing.csv")
     assert list(times.K) == [12, 20] and times.balance_rounds.tolist() == [1, 0] and (times.policy_s_median > 0).all()
@@ -70,7 +75,8 @@ def test_longest_prefixes_match_the_exact_check_on_every_prefix(mode):
     order = rng.permutation(30)
     eligible = rng.random((6, 30)) < 0.7
     other = (0.0, 0.0)
-    counts = _longest_prefixes(cost, rnd, order, eligible, mode, 2, other, mode == SD)
+    counts, used = _longest_prefixes(cost, rnd, order, eligible, mode, 2, other, mode == SD)
+    assert ((used >= 0) & (used <= 1 + 1e-9)).all()
     for row, got in zip(eligible, counts, strict=True):
         users = order[row]
         want = 0
