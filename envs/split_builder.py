@@ -114,13 +114,29 @@ class SplitScalarPlan:
         sd_memo, j_max = self._sd_memo, self.j_max
         budget_s = sl_s - u_s
         fb_s, fs_s, kv_sd, sd_user = float(b_s), float(s_s), c.kv_sd, c.sd_user_bytes
+        gamma = self.gamma
+        if gamma > 0 and self._sd_parts:  # the common case, straight-line: the round's depth is fixed, CostModel's own parts
+            # sd_iterations1 inlined (its operations in their order)
+            gf = float(gamma)
+            e = gf + 1.0 if alpha > 1.0 - 1e-9 else (1.0 - alpha ** (gf + 1.0)) / (1.0 - alpha)
+            j_s = math.ceil(float(out) / e - 1e-9)
+            j_s = j_s if j_s > j_max else j_max
+            key = (b_s, s_s, n_s, gamma)
+            parts = sd_memo.get(key)
+            if parts is None:
+                parts = sd_memo[key] = c.sd_parts1(b_s, s_s, n_s, gamma)
+            share_s = (parts[0] + float(j_s) * parts[1]) / budget_s if budget_s > 0 else math.inf
+            kv = (fb_s * (fs_s + gamma) + sum_s) * kv_sd if per_user else fb_s * (fs_s + n_s + gamma) * kv_sd
+            mem_s = kv + fb_s * sd_user if sd_user else kv
+            sd[gamma] = (j_s, share_s, mem_s)
+            masks[1 + gamma] = sh[0] + share_s + sh[2] <= lim and mm[0] + mem_s + mm[2] <= budget_sd
         all_depths = None  # no depth fixed yet and CostModel's own parts: every depth priced in one go (shared passes once)
-        if self.gamma == 0 and self._sd_all:
+        if gamma == 0 and self._sd_all:
             key = (b_s, s_s, n_s)
             all_depths = self._sd_all_memo.get(key)
             if all_depths is None:
                 all_depths = self._sd_all_memo[key] = sd_parts_all1(c, b_s, s_s, n_s, g_max)
-        for g in ((self.gamma,) if self.gamma > 0 else range(1, g_max + 1)):
+        for g in (() if gamma > 0 and self._sd_parts else (gamma,) if gamma > 0 else range(1, g_max + 1)):
             j_s = sd_iterations1(out, alpha, g)
             j_s = j_s if j_s > j_max else j_max
             if all_depths is not None:
