@@ -113,7 +113,10 @@ SECTIONS = {
     "learned_v1_150k": lambda: _between(RESULTS / "learned_v1" / "learned_v1.md", "**Target", "## All"),
     "v1_speed": lambda: _table_with(RESULTS / "v1_speed.md", "Medians over", "- EdgeSchedule", "Host:"),
     "split_bench": lambda: "\n\n".join([_body(RESULTS / "split_bench" / "split_bench.md"), "The transport alone (gRPC on loopback against the in-process link, a verifier that answers at once):",
-                                        (RESULTS / "split_bench" / "transport_timing.md").read_text().strip()]),
+                                        (RESULTS / "split_bench" / "transport_timing.md").read_text().strip(),
+                                        *(["The verifier against the SD engine's verify pass, CPU per emitted token in one process:",
+                                           (RESULTS / "split_bench" / "verify_vs_engine.md").read_text().strip()]
+                                          if (RESULTS / "split_bench" / "verify_vs_engine.md").exists() else [])]),
     "gpu_check": lambda: gpu_check_summary(),
     "split_sim_vs_real": lambda: _body(RESULTS / "split_sim_vs_real" / "summary.md"),
     "tune": lambda: _body(RESULTS / "tune" / "summary.md"),

@@ -401,6 +401,8 @@ def main(argv: list[str] | None = None) -> None:
           f"(per run: host_load_1min); server-only SD swept {len(sweeps)} time(s) (before and after the split runs) and averaged.", "",
           f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "
           "ratio_wall give the split/server-only ratio under each definition (the module docstring defines them).", "",
+          f"Headline (equal ITL): of the runs at RTT {args.rtt_ms[0]:g} ms (every client count, proactive and cohort setting), the one with the highest "
+          "throughput_ratio, each run against the best server-only SD configuration whose ITL is no worse than its own.", "",
           "## Targets", "", *checks(df), "",
           "## Split runs", "", df.drop(columns=["outcomes"]).to_markdown(index=False, floatfmt=".3g"), "",
           "## Server-only SD (one process drafts and verifies)", "", base.to_markdown(index=False, floatfmt=".3g"), ""]
