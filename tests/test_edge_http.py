@@ -165,10 +165,16 @@ def test_a_full_queue_answers_429_at_once_and_every_request_ends_once(edge_url):
     assert health["busy"] == 0 and health["queued"] == 0
 
 
-def test_a_client_that_goes_away_frees_its_edge_client(edge_url):
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_frees_its_edge_client(edge_url, stream):
     before = httpx.get(f"{edge_url}/health", timeout=30).json()["outcomes"].get("cancelled", 0)
-    with httpx.stream("POST", f"{edge_url}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 300, "stream": True}, timeout=60) as r:
-        next(r.iter_lines())  # the first event, then hang up
+    body = {"prompt": "def f(x):", "max_tokens": 500, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{edge_url}/v1/completions", json=body, timeout=60) as r:
+            next(r.iter_lines())  # the first event, then hang up
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # 500 tokens at 10 ms a round trip take longer (>= 0.6 s): the client gives up and hangs up
+            httpx.post(f"{edge_url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.2))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         health = httpx.get(f"{edge_url}/health", timeout=30).json()
