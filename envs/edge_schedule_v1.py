@@ -303,8 +303,8 @@ class EdgeScheduleV1Env(gym.Env):
         valid = a >= 0 and self._plan.apply(a)
         t = self._t
         mode = REJECT if not valid or a == 0 else (AD if a == 1 else (SD if a <= 1 + g else ED))
-        self._modes[t] = mode
-        if mode != REJECT:  # only the admitting mode's batch features changed
+        if mode != REJECT:  # only the admitting mode's batch features changed (and _modes starts all REJECT)
+            self._modes[t] = mode
             m = mode - 1  # AD, SD, ED -> rows 0, 1, 2
             self._head[6 * m : 6 * m + 6] = self._batch_row(m)
             if mode == ED:
@@ -323,9 +323,21 @@ class EdgeScheduleV1Env(gym.Env):
             info.update(final_info(self.cfg, self.cost, self.split, self._round, self._order, self._modes, self._depth, p.gamma, shares, self.np_random, self._ed))
             reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
             self._set_masks([True] + [False] * (self._n - 1))
+            return self._encode(), reward, terminated, False, info
+        # the next user's masks and the observation: _set_masks and _encode inlined (the step's hot path)
+        masks = self._masks = self._plan.prepare(*self._users[t + 1])
+        arrays = self._mask_arrays.get(tuple(masks))
+        if arrays is None:
+            self._set_masks(masks)
         else:
-            self._set_masks(self._plan.prepare(*self._users[self._t]))
-        return self._encode(), reward, terminated, False, info
+            self._mask_bool, self._mask_f32 = arrays
+        obs = self._rows[t + 1].copy()
+        head = self._head
+        v = self._plan.candidate_ad_share()
+        head[19] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+        obs[USER_FEATURES : HEAD - 1] = head
+        obs[HEAD : HEAD + self._n] = self._mask_f32
+        return obs, reward, False, False, info
 
     def _batch_row(self, m: int) -> list[float]:
         """Mode ``m``'s six batch features, clipped to [0, 1] (they change only when ``m`` admits a user)."""
