@@ -211,7 +211,7 @@ class JointBound:
         return False
 
 
-def joint_upper_bound(cost: CostModel, rnd: Round, gamma: int, upper: int | None = None, incumbent: int = 0, z_step: float = 0.02, buckets: int = 24, levels: int = 48, time_limit_s: float = float("inf")) -> int:
+def joint_upper_bound(cost: CostModel, rnd: Round, gamma: int, upper: int | None = None, incumbent: int = 0, z_step: float = 0.025, buckets: int = 40, levels: int = 80, time_limit_s: float = float("inf")) -> int:
     """Proven upper bound on the number served with draft depth ``gamma`` (module docstring).
 
     ``upper``: a bound already proven (default K); every ``n`` from it down to ``incumbent + 1`` is
