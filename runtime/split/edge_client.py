@@ -69,6 +69,18 @@ class RequestOutcome:
         return 1e3 * (its[-1].reply_at - its[0].reply_at) / emitted if len(its) > 1 and emitted else None
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line for a failed request: a gRPC error's status and details (its ``str`` is a
+    multi-line dump), any other exception's type and message."""
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):
+        try:
+            return f"the verification stream failed: {code().name} ({details()})"
+        except Exception:  # noqa: BLE001 - not a gRPC error after all
+            pass
+    return f"{type(exc).__name__}: {exc}"
+
+
 class EdgeClient:
     def __init__(self, draft, link: VerifierLink, depth: int | DepthController = 4, proactive: bool = True, max_depth: int = 8,
                  eos_id: int | None = None, reply_timeout_s: float = 30.0, on_iteration: Callable[[IterationLog], None] | None = None,
@@ -112,7 +124,7 @@ class EdgeClient:
         except FutureTimeout:
             out.outcome, out.error = "timeout", f"no verdict within {self.reply_timeout_s} s"
         except Exception as exc:  # noqa: BLE001 - a failed link ends this request with an outcome, not a crash
-            out.outcome, out.error = "error", f"{type(exc).__name__}: {exc}"
+            out.outcome, out.error = "error", describe_error(exc)
         finally:
             out.ended_at = time.time()
             self.link.release()
