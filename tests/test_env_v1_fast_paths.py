@@ -6,6 +6,8 @@
   invalid actions give the same trajectory as the same actions passed through ``action_index``;
 * ``round_features`` (a reset's v0 features without ``np.stack``) equals ``user_features``;
 * ``ed_users``' popcount count of the proactive prefix (G a multiple of 8) equals the plain sum.
+* the scalar env's per-pattern mask arrays: private copies from ``action_masks()``, cache eviction
+  changes no trajectory.
 """
 
 import numpy as np
@@ -80,3 +82,29 @@ def test_ed_users_popcount_path_equals_sum_path():
         for g in (9, 16):
             for name in ("edge_s", "iterations", "tokens", "allowed"):
                 assert np.array_equal(getattr(by_g[g], name)[:, :8], getattr(by_g[8], name)), (g, name)
+
+
+def test_cached_mask_arrays_are_private_copies_and_eviction_changes_nothing():
+    """Masks are converted once per pattern (cached bool/float32 arrays): action_masks() hands out a
+    writable copy the caller may change, the observation's mask columns are the mask, and an env
+    whose cache holds one pattern (evicting every step) plays the same trajectory as the default."""
+    a_env, b_env = EdgeScheduleV1Env(num_users=12, edge_fraction=0.6), EdgeScheduleV1Env(num_users=12, edge_fraction=0.6)
+    b_env.MASK_CACHE_MAX = 1
+    n = a_env.action_space.n
+    rng = np.random.default_rng(11)
+    for ep in range(8):
+        oa, _ = a_env.reset(seed=ep)
+        ob, _ = b_env.reset(seed=ep)
+        done = False
+        while not done:
+            m = a_env.action_masks()
+            assert m.dtype == bool and m.flags.writeable and np.array_equal(m, b_env.action_masks())
+            assert np.array_equal(oa[HEAD : HEAD + n], m.astype(np.float32)) and np.array_equal(oa, ob)
+            a = int(rng.choice(np.flatnonzero(m))) if ep % 2 == 0 else int(rng.integers(0, n))
+            m[:] = ~m  # the caller's copy: the env must not see this
+            assert not np.array_equal(m, a_env.action_masks())
+            oa, ra, done, _, ia = a_env.step(a)
+            ob, rb, done_b, _, ib = b_env.step(a)
+            assert ra == rb and done == done_b and ia["invalid_action"] == ib["invalid_action"]
+        assert np.array_equal(oa, ob) and ia["served"] == ib["served"] and np.array_equal(ia["modes"], ib["modes"])
+        assert not a_env.action_masks()[1:].any()  # after the last user only reject is offered
