@@ -216,16 +216,17 @@ def joint_upper_bound(cost: CostModel, rnd: Round, gamma: int, upper: int | None
 
     ``upper``: a bound already proven (default K); every ``n`` from it down to ``incumbent + 1`` is
     tested and the first ``n`` that :meth:`JointBound.possible` allows is returned (``incumbent``
-    when none is: the incumbent is then optimal). When ``time_limit_s`` (seconds) runs out, the
-    ``n`` not yet tested is returned: every larger one was refuted, so it is still a bound.
+    when none is: the incumbent is then optimal). When ``time_limit_s`` (seconds, counted from the
+    end of the table building) runs out, the ``n`` not yet tested is returned: every larger one
+    was refuted, so it is still a bound.
     Assumes monotone costs (the caller checks ``CostEnvelope.monotone``).
     """
-    start = time.perf_counter()
     k = rnd.num_users
     upper = k if upper is None else min(int(upper), k)
     if cost.kv_memory != "per_user" or k == 0 or upper <= incumbent:
         return upper
     jb = JointBound(cost, rnd, gamma, z_step, buckets, levels)
+    start = time.perf_counter()  # the tables are built whatever the limit; the tests are cheap
     for n in range(upper, incumbent, -1):
         if time.perf_counter() - start > time_limit_s or jb.possible(n):
             return n

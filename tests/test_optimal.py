@@ -270,7 +270,7 @@ def test_joint_bound_keeps_given_bound_and_incumbent():
 
     cfg, cost, rnd = _setup("paper", 20, 4)
     assert joint_upper_bound(cost, rnd, 4, upper=3, incumbent=3) == 3  # nothing to test
-    assert joint_upper_bound(cost, rnd, 4, upper=15, time_limit_s=0.0) == 15  # no time: the given bound
+    assert joint_upper_bound(cost, rnd, 4, upper=15, time_limit_s=-1.0) == 15  # no time: the given bound
     padded = _setup("padded", 20, 4)[1]
     assert joint_upper_bound(padded, rnd, 4, upper=17) == 17  # padded KV memory: not handled
     with pytest.raises(ValueError, match="z_step"):
