@@ -63,6 +63,7 @@ S_VARIANTS = 4  #: padding caps tried per batch from its own largest distinct in
 INPUT_QUANTILES = tuple(np.linspace(0.5, 1.0, 11).tolist())
 SLACK_QUANTILES = tuple(np.linspace(0.0, 0.5, 11).tolist())
 TIE_WEIGHT = 0.5  #: candidates serving as many: the emptier wins (0 = the first found)
+REFINE_STARTS = 1  #: grid points refined (the best first)
 REFINE_PASSES = 1  #: rounds of line searches (cap, then floor) around the best grid point
 REFINE_WINDOW = 0.3  #: the line searches cover the caps / floors of this share of the users around the point
 
@@ -170,7 +171,7 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
         counts, used = _longest_prefixes(cost, rnd, by_output, eligible, mode, g, other, sd_used)
         return n_kept + counts - TIE_WEIGHT * np.minimum(used, 1.0)
 
-    found = None  # (count, job, cap, floor) of the best grid point
+    found = []  # (key, job, cap, floor) of every grid point
     for job, (_, members, _) in enumerate(jobs):
         if len(members) == 0:
             continue
@@ -178,24 +179,27 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
         floors = np.unique(np.append(np.quantile(rnd.slack_s, SLACK_QUANTILES), rnd.slack_s[members].min()))
         pairs = np.stack(np.meshgrid(caps, floors, indexing="ij"), axis=-1).reshape(-1, 2)
         keys = score(job, pairs)
-        c = int(np.argmax(keys))
-        if found is None or keys[c] > found[0]:
-            found = (float(keys[c]), job, *pairs[c])
-    if found is None:
+        top = np.argsort(-keys, kind="stable")[:REFINE_STARTS]
+        found += [(float(keys[c]), job, *pairs[c]) for c in top.tolist()]
+    if not found:
         return modes.copy()
-    # refine the best grid point: line searches over every distinct input cap, then every slack floor,
-    # within REFINE_WINDOW (a share of the round's users) of the point
-    key, job, cap, floor = found
+    # refine the best grid points: line searches over every distinct input cap, then every slack
+    # floor, within REFINE_WINDOW (a share of the round's users) of the point; the best result wins
     inputs, slacks = np.sort(rnd.input_tokens), np.sort(rnd.slack_s)
     half = max(1, int(REFINE_WINDOW * k / 2))
-    for _ in range(REFINE_PASSES):
-        for axis, values in ((0, _window(inputs, cap, half)), (1, _window(slacks, floor, half))):
-            pairs = np.tile([cap, floor], (len(values), 1)).astype(float)
-            pairs[:, axis] = values
-            keys = score(job, pairs)
-            c = int(np.argmax(keys))
-            if keys[c] > key:
-                key, cap, floor = float(keys[c]), *pairs[c]
+    best_point = None
+    for key, job, cap, floor in sorted(found, key=lambda f: -f[0])[:REFINE_STARTS]:
+        for _ in range(REFINE_PASSES):
+            for axis, values in ((0, _window(inputs, cap, half)), (1, _window(slacks, floor, half))):
+                pairs = np.tile([cap, floor], (len(values), 1)).astype(float)
+                pairs[:, axis] = values
+                keys = score(job, pairs)
+                c = int(np.argmax(keys))
+                if keys[c] > key:
+                    key, cap, floor = float(keys[c]), *pairs[c]
+        if best_point is None or key > best_point[0]:
+            best_point = (key, job, cap, floor)
+    key, job, cap, floor = best_point
     count = int(np.ceil(key))  # key = count - TIE_WEIGHT * fullness, fullness in [0, 1]
     if count <= best_count:
         return modes.copy()
