@@ -128,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.http_queue < 0 or args.http_max_tokens < 1 or args.http_max_prompt_tokens < 1:
             raise SystemExit(f"--http-queue must be >= 0 (got {args.http_queue}), --http-max-tokens and --http-max-prompt-tokens >= 1 "
                              f"(got {args.http_max_tokens}, {args.http_max_prompt_tokens})")
+    if args.profile is not None and args.placement == "on":
+        raise SystemExit("--profile calibrates the direct mode's start depth; with --placement on the server's plan sets it (drop one)")
     if not 0 < args.alpha < 1:
         raise SystemExit(f"--alpha must lie in (0, 1), got {args.alpha}")
     for path in (args.log, args.summary):

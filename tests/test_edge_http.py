@@ -207,7 +207,7 @@ def test_bad_listen_arguments_fail_fast():
 
     for args, words in ((["--listen", "nohost"], "--listen"), (["--listen", "127.0.0.1:70000"], "--listen"),
                         (["--listen", "--placement", "on"], "--placement off"), (["--listen", "--http-queue", "-1"], "--http-queue"),
-                        (["--alpha", "1.5"], "--alpha")):
+                        (["--alpha", "1.5"], "--alpha"), (["--profile", "split_cpu1_specsched-pair", "--placement", "on"], "--placement on")):
         with pytest.raises(SystemExit) as exc:
             parse_args(["--server", "127.0.0.1:1", *args])
         assert words in str(exc.value), args
