@@ -204,10 +204,12 @@ class EdgeScheduleV1Env(gym.Env):
 
     Speed (issue #13: a step <= 3x a CartPole step): ``reset`` turns the round into what the steps
     read -- each user's :meth:`SplitScalarPlan.prepare` arguments as Python scalars, and
-    :func:`observation_rows` (the user-dependent part of every observation) -- so a step is one
-    ``prepare`` (memoised pass times), a row copy and one slice assignment; each mode's six batch
-    features are recomputed only when that mode admits. Every value is computed by the same
-    operations as before (``tests/test_env_v1_golden.py`` pins 300 trajectories bit for bit).
+    :func:`observation_rows` (the user-dependent part of every observation, progress included) -- so
+    a step is one ``prepare`` (memoised pass times), a row copy and two slice assignments (the head, a
+    float32 array, and the mask, converted once per distinct pattern: :meth:`_set_masks`); each mode's
+    six batch features are recomputed only when that mode admits, the SD depth feature only when SD
+    does. Every value is computed by the same operations as before (``tests/test_env_v1_golden.py``
+    pins 300 trajectories bit for bit).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}

@@ -34,6 +34,11 @@ class SplitScalarPlan:
     Under random play the AD memo hits about one call in five (its key holds the batch maxima with
     the user's own); the SD memo, keyed without ``J``, serves every user that leaves the SD batch's
     ``(b, S, N)`` unchanged, and so does the ED memo (one batch's verify passes serve all depths).
+    Until a round's first SD admission fixes its depth, all G depths are priced by one
+    :func:`sd_parts_all1` (the depth-free passes once); after it, SD is one straight-line check. ED
+    depths run over the allowed ones only, budget first, and stop at the first depth whose KV does not
+    fit (the KV never falls with the depth); candidates are kept only for allowed actions.
+    ``tests/test_split_plan.py`` compares all of this with the exact check, on random and binding rounds.
     """
 
     MEMO_MAX = 1 << 14  #: entries per memo before it is emptied (bounds memory on long runs)
