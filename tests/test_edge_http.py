@@ -211,3 +211,31 @@ def test_bad_listen_arguments_fail_fast():
         with pytest.raises(SystemExit) as exc:
             parse_args(["--server", "127.0.0.1:1", *args])
         assert words in str(exc.value), args
+
+
+def test_the_edge_process_drafts_its_first_block_at_the_models_calibrated_depth(tmp_path, pair):
+    """``--profile``: the prompt-list mode's controllers start at the rule's depth for ``--rtt-ms``
+    (the first iteration of every request's first client is drafted at it), reported in the summary."""
+    from runtime.edge_profile import calibrated_start
+    from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
+
+    server = subprocess.Popen([sys.executable, "-m", "runtime.split_server", "--preset", "tiny", "--port", "0", "--idle-exit-s", "1"],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        addr = _started(server, "listening on ")
+        edge = subprocess.run([sys.executable, "-m", "runtime.edge", "--preset", "tiny", "--server", addr, "--clients", "2", "--requests", "1",
+                               "--max-new-tokens", "24", "--rtt-ms", "5", "--depth", "auto", "--profile", "split_cpu1_specsched-pair", "--alpha", "0.8",
+                               "--log", str(tmp_path / "log.jsonl"), "--summary", str(tmp_path / "summary.json")],
+                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert edge.returncode == 0, edge.stderr[-2000:]
+    finally:
+        _stop(server)
+    prompts = [pair.tokenizer.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
+    context = sum(len(p) for p in prompts) / len(prompts) + 24 / 2
+    expected = calibrated_start("split_cpu1_specsched-pair", 0.8, 0.005, 2, context, 8)
+    assert expected.depth != 4  # the start without a profile: the check discriminates
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["calibrated"] == expected.as_dict() and summary["outcomes"] == {"length": 2}
+    logs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    firsts = [log["depth"] for log in logs if log["iteration"] == 0]
+    assert firsts == [expected.depth] * 2, (firsts, expected)
