@@ -69,7 +69,7 @@ send)`` by fixed-point iteration from the lower bound ``network + own cohort's v
 **Server-only SD** (the baseline, zero network): the same draft passes batched on the server
 (``tau_S(b, width, c)``) then the verify pass: ``T = sum_l tau_S(b, w_l, c_l) + tau_L(b, q, c + q)``.
 
-**SpecEdge's engines** (two opt-in switches, off by default so the v1 environment is unchanged; read
+**SpecEdge's engines** (three opt-in switches, off by default so the v1 environment is unchanged; read
 from ``kaist-ina/specedge`` @ ``1edcaf0``):
 
 * ``server_only_widths="padded"``: SpecEdge's server-only baseline (``src/script/server_only.py``)

@@ -68,19 +68,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic
-from agents.balance import Balance
-from agents.balance_ed import BalanceED
-from agents.edge_first import EdgeFirst
-from agents.paired_stats import paired_difference
-from envs import CostModel
-from envs.config import EnvConfig
 from envs.profile import load_profile
 from envs.split_cost import (
     PROACTIVE_GAINS,
@@ -90,22 +83,22 @@ from envs.split_cost import (
     SplitCostModel,
     SplitOptions,
 )
-from envs.split_plan import check_plan_split, ed_users
-from envs.workload import make_rounds
+from experiments.specedge_hybrid import HYBRID_PROFILE, SEED, hybrid_rows, hybrid_summary
 from experiments.specedge_scorecard import (
     CODE_FACTS,
     HEADLINE_CLIENTS,
     HEADLINE_RTT_MS,
     PUBLISHED,
     SWEEP_CLIENTS,
+    _setting,
     engine_table,
+    figure,
     published_implies,
     scorecard,
     verdict,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SEED = 1000003  #: the test stream's seed (as in experiments.learned and experiments.optimality)
 ALPHA = 0.8
 PROMPT_TOKENS, OUTPUT_TOKENS = 512, 256
 CONTEXT = PROMPT_TOKENS + OUTPUT_TOKENS / 2.0  #: a client's mean context over its request
@@ -120,7 +113,7 @@ ENGINE_SETTINGS = (("tree", False, False), ("padded", False, False), ("tree", Tr
                    ("padded", True, True))
 ENGINE_CLIENTS = (2, 4, 8, 16, 32)  #: client counts of the engine-switch table
 DRAFTS = {
-    "chain": ("split_a100-40gb_llama2-7b_tinyllama-1.1b", DraftTree.chain(FIXED_DEPTH)),
+    "chain": (HYBRID_PROFILE, DraftTree.chain(FIXED_DEPTH)),  # the hybrid (part 2) runs on the chain drafts' profile
     "tree": (TREE_PROFILES["timed"], DraftTree(budget=32, beams=32, branch=16, depth=FIXED_DEPTH)),
 }
 VARIANTS = {
@@ -129,8 +122,6 @@ VARIANTS = {
     "no_proactive": dict(proactive=False, pipeline=True, calibrated=True),
     "no_pipeline": dict(proactive=True, pipeline=False, calibrated=True),
 }
-HYBRID_PROFILE = DRAFTS["chain"][0]
-HYBRID_SCHEDULERS = (Balance, BalanceED, EdgeFirst)
 
 
 def with_depth(tree: DraftTree, depth: int) -> DraftTree:
@@ -269,64 +260,7 @@ def engine_rows(baseline: str = "same_batch", proactive_gain: str = "tokens") ->
     return pd.DataFrame(rows)
 
 
-# ------------------------------------------------------------------------------------------ hybrid
-def hybrid_rows(ks: list[int], fractions: list[float], rounds: int, progress: bool = True) -> pd.DataFrame:
-    """Part 2: served users per round, scheduler, K and edge fraction (BALANCE once per K: it ignores edges)."""
-    rows = []
-    total = len(ks) * (1 + (len(HYBRID_SCHEDULERS) - 1) * sum(f > 0 for f in fractions)) * rounds
-    done, start = 0, time.perf_counter()
-    for k in ks:
-        for frac in fractions:
-            cfg = EnvConfig(num_users=k, profile=HYBRID_PROFILE, edge_fraction=frac)
-            cost = CostModel.from_config(cfg)
-            split = SplitCostModel(cost.profile)
-            # BALANCE ignores edges and rounds share their users across fractions (common random
-            # numbers): it runs once per K, at fraction 0, where the ED schedulers are BALANCE
-            schedulers = [Balance] if frac == 0 else [cls for cls in HYBRID_SCHEDULERS if cls is not Balance]
-            for r, rnd in enumerate(make_rounds(cfg, rounds, SEED, split="test")):
-                users = ed_users(split, rnd, cfg.max_gamma)
-                for cls in schedulers:
-                    plan = cls(cost, cfg.max_gamma, 4).plan(rnd)
-                    depth = plan.ed_depth if plan.ed_depth is not None else np.zeros(k, dtype=np.int64)
-                    if not check_plan_split(cost, users, rnd, plan.modes, plan.gamma, depth).feasible:
-                        raise RuntimeError(f"{cls.name} returned an infeasible plan (K={k}, edge_fraction={frac}, round {r})")
-                    rows.append({"scheduler": cls.name, "num_users": k, "edge_fraction": frac, "round": r, "served": plan.admitted,
-                                 "served_ad": plan.admitted_ad, "served_sd": plan.admitted_sd, "served_ed": plan.admitted_ed,
-                                 "edge_users": int(np.count_nonzero(rnd.has_edge)) if rnd.has_edge is not None else 0,
-                                 "decision_s": plan.decision_s})
-                    done += 1
-                if progress and (r + 1) % max(1, rounds // 4) == 0:
-                    print(f"  hybrid K={k} edge_fraction={frac}: {r + 1}/{rounds} rounds ({done}/{total} plans, {time.perf_counter() - start:.0f} s)", flush=True)
-    return pd.DataFrame(rows)
-
-
-def hybrid_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per K and edge fraction: mean served by each scheduler and paired differences against BALANCE."""
-    out = []
-    base = df[df["scheduler"] == "balance"].set_index(["num_users", "round"])["served"]
-    for (k, frac), grp in df[df["scheduler"] != "balance"].groupby(["num_users", "edge_fraction"]):
-        b = base.loc[k].sort_index()
-        row = {"num_users": k, "edge_fraction": frac, "balance_served": float(b.mean())}
-        for name, g in grp.groupby("scheduler"):
-            a = g.set_index("round")["served"].sort_index()
-            diff = paired_difference(a.to_numpy(), b.loc[a.index].to_numpy())
-            row[f"{name}_served"] = float(a.mean())
-            row.update(diff.as_dict(prefix=f"{name}_minus_balance_"))
-            row[f"{name}_ed_share"] = float(g["served_ed"].sum() / max(g["served"].sum(), 1))
-        out.append(row)
-    return pd.DataFrame(out)
-
-
 # ------------------------------------------------------------------------------------------ report
-def _setting(tp: pd.DataFrame) -> tuple[str, str, str]:
-    """The run's baseline, tree profile and proactive gain (from the CSV's columns; older CSVs: the earlier method)."""
-    first = tp.iloc[0]
-    baseline = str(first["baseline"]) if "baseline" in tp else "equal_itl"
-    gain = str(first["proactive_gain"]) if "proactive_gain" in tp else "time"
-    tree = tp[tp["draft"] == "tree"]
-    return baseline, (str(tree["profile"].iloc[0]) if not tree.empty else "-"), gain
-
-
 def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFrame | None, command: str,
              sensitivity: pd.DataFrame | None = None, engines: pd.DataFrame | None = None) -> str:
     baseline, tree_profile, gain = _setting(tp)
@@ -434,47 +368,6 @@ def markdown(tp: pd.DataFrame, hybrid: pd.DataFrame | None, summary: pd.DataFram
                          f"{name}_minus_balance_p_value", f"{name}_ed_share"]
         lines += [summary[cols].to_markdown(index=False, floatfmt=".3g"), ""]
     return "\n".join(lines)
-
-
-def figure(tp: pd.DataFrame, summary: pd.DataFrame | None):
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    full = tp[(tp["variant"] == "full") & (tp["num_clients"] == HEADLINE_CLIENTS)]
-    for draft, g in full.groupby("draft"):
-        g = g.sort_values("rtt_ms")
-        axes[0].plot(g["rtt_ms"], g["throughput_ratio"], marker="o", label=f"{draft} (full)")
-    for variant in ("fixed_depth", "no_proactive", "no_pipeline"):
-        g = tp[(tp["variant"] == variant) & (tp["num_clients"] == HEADLINE_CLIENTS) & (tp["draft"] == "tree")].sort_values("rtt_ms")
-        if not g.empty:
-            axes[0].plot(g["rtt_ms"], g["throughput_ratio"], ls="--", label=f"tree ({variant})")
-    axes[0].axhline(PUBLISHED["throughput_ratio"], color="k", lw=0.8, ls=":", label="published 2.22x (tree, 15 ms)")
-    axes[0].axhline(1.0, color="grey", lw=0.5)
-    g = tp[(tp["variant"] == "full") & (tp["num_clients"] == SWEEP_CLIENTS) & (tp["draft"] == "tree")].sort_values("rtt_ms")
-    if not g.empty:
-        axes[0].plot(g["rtt_ms"], g["throughput_ratio"], ls="-.", marker="x", label=f"tree (full, N = {SWEEP_CLIENTS})")
-    baseline = _setting(tp)[0]
-    axes[0].set(xlabel="RTT (ms)", ylabel=f"server throughput ratio ({baseline})", title=f"SpecEdge / server-only SD, N = {HEADLINE_CLIENTS}")
-    axes[0].legend(fontsize=7)
-    for draft, g in full.groupby("draft"):
-        g = g.sort_values("rtt_ms")
-        axes[1].plot(g["rtt_ms"], 100 * g["itl_change"], marker="o", label=draft)
-    axes[1].axhline(100 * PUBLISHED["itl_change"], color="k", lw=0.8, ls=":", label="published -11.24 %")
-    axes[1].axhline(0.0, color="grey", lw=0.5)
-    axes[1].set(xlabel="RTT (ms)", ylabel="ITL change vs server-only (%)", title="Inter-token latency")
-    axes[1].legend(fontsize=7)
-    if summary is not None and not summary.empty:
-        for frac, g in summary.groupby("edge_fraction"):
-            g = g.sort_values("num_users")
-            axes[2].plot(g["num_users"], g["balance_ed_served"] / g["num_users"], marker="o", label=f"balance_ed, edge {frac:g}")
-        b = summary.groupby("num_users")["balance_served"].first()
-        axes[2].plot(b.index, b / b.index, color="k", marker="s", label="balance (AD/SD)")
-        axes[2].set(xlabel="K (users per round)", ylabel="served fraction", title="Hybrid: BALANCE with ED")
-        axes[2].legend(fontsize=7)
-    else:
-        axes[2].axis("off")
-    fig.tight_layout()
-    return fig
 
 
 def _list(text: str, name: str, cast, low) -> list:

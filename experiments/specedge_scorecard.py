@@ -3,9 +3,9 @@
 SpecEdge (NeurIPS 2025) reports 2.22x server throughput and -11.24 % inter-token latency (ITL)
 against server-only tree speculative decoding, tree drafts, ~15 ms RTT. This module turns the
 experiment's rows into the markdown that says what matches and what does not: per client count,
-under each setting of the two engine switches read from SpecEdge's code (``envs.split_cost``,
+under each setting of the three engine switches read from SpecEdge's code (``envs.split_cost``,
 "SpecEdge's engines"), with what the code establishes about the server-only baseline and, where the
-model cannot reach the published pair, the arithmetic of why.
+model cannot reach the published pair, the arithmetic of why; and it draws the experiment's figure.
 
 Every number it prints comes from the rows it is given (``specedge.csv``, ``specedge_engines.csv``);
 only the published figures and the code facts are constants here.
@@ -175,3 +175,53 @@ def engine_table(engines: pd.DataFrame) -> list[str]:
             "shapes at the A100's bandwidth, nothing fitted to 2.22x. "
             + HEADLINE_BATCH_NOTE, "",
             t[cols].to_markdown(index=False, floatfmt=".3g"), ""]
+
+
+def _setting(tp: pd.DataFrame) -> tuple[str, str, str]:
+    """The run's baseline, tree profile and proactive gain (from the CSV's columns; older CSVs: the earlier method)."""
+    first = tp.iloc[0]
+    baseline = str(first["baseline"]) if "baseline" in tp else "equal_itl"
+    gain = str(first["proactive_gain"]) if "proactive_gain" in tp else "time"
+    tree = tp[tp["draft"] == "tree"]
+    return baseline, (str(tree["profile"].iloc[0]) if not tree.empty else "-"), gain
+
+
+def figure(tp: pd.DataFrame, summary: pd.DataFrame | None):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    full = tp[(tp["variant"] == "full") & (tp["num_clients"] == HEADLINE_CLIENTS)]
+    for draft, g in full.groupby("draft"):
+        g = g.sort_values("rtt_ms")
+        axes[0].plot(g["rtt_ms"], g["throughput_ratio"], marker="o", label=f"{draft} (full)")
+    for variant in ("fixed_depth", "no_proactive", "no_pipeline"):
+        g = tp[(tp["variant"] == variant) & (tp["num_clients"] == HEADLINE_CLIENTS) & (tp["draft"] == "tree")].sort_values("rtt_ms")
+        if not g.empty:
+            axes[0].plot(g["rtt_ms"], g["throughput_ratio"], ls="--", label=f"tree ({variant})")
+    axes[0].axhline(PUBLISHED["throughput_ratio"], color="k", lw=0.8, ls=":", label="published 2.22x (tree, 15 ms)")
+    axes[0].axhline(1.0, color="grey", lw=0.5)
+    g = tp[(tp["variant"] == "full") & (tp["num_clients"] == SWEEP_CLIENTS) & (tp["draft"] == "tree")].sort_values("rtt_ms")
+    if not g.empty:
+        axes[0].plot(g["rtt_ms"], g["throughput_ratio"], ls="-.", marker="x", label=f"tree (full, N = {SWEEP_CLIENTS})")
+    baseline = _setting(tp)[0]
+    axes[0].set(xlabel="RTT (ms)", ylabel=f"server throughput ratio ({baseline})", title=f"SpecEdge / server-only SD, N = {HEADLINE_CLIENTS}")
+    axes[0].legend(fontsize=7)
+    for draft, g in full.groupby("draft"):
+        g = g.sort_values("rtt_ms")
+        axes[1].plot(g["rtt_ms"], 100 * g["itl_change"], marker="o", label=draft)
+    axes[1].axhline(100 * PUBLISHED["itl_change"], color="k", lw=0.8, ls=":", label="published -11.24 %")
+    axes[1].axhline(0.0, color="grey", lw=0.5)
+    axes[1].set(xlabel="RTT (ms)", ylabel="ITL change vs server-only (%)", title="Inter-token latency")
+    axes[1].legend(fontsize=7)
+    if summary is not None and not summary.empty:
+        for frac, g in summary.groupby("edge_fraction"):
+            g = g.sort_values("num_users")
+            axes[2].plot(g["num_users"], g["balance_ed_served"] / g["num_users"], marker="o", label=f"balance_ed, edge {frac:g}")
+        b = summary.groupby("num_users")["balance_served"].first()
+        axes[2].plot(b.index, b / b.index, color="k", marker="s", label="balance (AD/SD)")
+        axes[2].set(xlabel="K (users per round)", ylabel="served fraction", title="Hybrid: BALANCE with ED")
+        axes[2].legend(fontsize=7)
+    else:
+        axes[2].axis("off")
+    fig.tight_layout()
+    return fig
