@@ -87,7 +87,7 @@ class DepthController:
         if draft_s_per_token is not None and draft_s_per_token > 0:
             self.draft_s = self._mean(self.draft_s, draft_s_per_token)
         self.network_s = self._mean(self.network_s, max(network_s, 0.0))
-        d, v, k = float(depth or self.current), max(verify_s, 0.0), self.memory
+        d, v, k = float(self.current if depth is None else depth), max(verify_s, 0.0), self.memory  # depth 0 (no drafts) is a point of the fit too
         self._w, self._sd, self._sdd = k * self._w + 1, k * self._sd + d, k * self._sdd + d * d
         self._sv, self._sdv = k * self._sv + v, k * self._sdv + d * v
         self.verify_s = self._sv / self._w
