@@ -69,35 +69,9 @@ send)`` by fixed-point iteration from the lower bound ``network + own cohort's v
 **Server-only SD** (the baseline, zero network): the same draft passes batched on the server
 (``tau_S(b, width, c)``) then the verify pass: ``T = sum_l tau_S(b, w_l, c_l) + tau_L(b, q, c + q)``.
 
-**SpecEdge's engines** (three opt-in switches, off by default so the v1 environment is unchanged; read
-from ``kaist-ina/specedge`` @ ``1edcaf0``):
-
-* ``server_only_widths="padded"``: SpecEdge's server-only baseline (``src/script/server_only.py``)
-  drafts with ``strategy/edge_draft/specexec.py`` ``SpecExecEdgeDraft._grow_tree``, which runs all
-  ``max_beam_len`` levels (no early stop) and whose ``_process_candidates`` always builds
-  ``[max_batch_size, max_n_beams]`` inputs (padding at the junk slot ``max_len - 1``), replayed by
-  the one CUDA graph ``engine/graph.py`` ``BatchGraphEngine`` captures at ``(max_batch_size,
-  max_n_beams)``. So every one of the ``depth`` levels forwards ``beams`` tokens per row:
-  ``T = sum_{l<=depth} tau_S(b, beams, c_l) + verify``, the context still growing by the kept
-  tree's real nodes. ``"tree"`` (default) prices the tree's own widths, as on the edge.
-* ``dense_attention_len=L`` (SpecEdge: ``max_len`` 2048): ``model/qwen3.py``
-  ``Qwen3Attention._sdpa_attention`` attends over every one of a row's ``L`` KV slots
-  (``model/cache.py`` ``KVCache.update`` returns the whole layer) and materialises the grouped
-  K/V with ``repeat_kv`` before SDPA. Per row and pass that moves
-  ``layers * 2 * L * head_dim * dtype * (kv_heads + 2 heads)`` bytes (read K/V, write and re-read
-  the expanded copy; ``kv_heads`` only when ``heads == kv_heads``, where ``repeat_kv`` is a no-op)
-  instead of the roofline's ``c * kv_bytes_per_token``. Priced at the pass's device bandwidth (its
-  roofline efficiency) for **every row beyond the first**: the batch-1 pass time is taken as given
-  (the timed profile fits it to SpecEdge's published batch-1 timings, which already contain it), so
-  the switch prices how SpecEdge's passes grow with the batch. Roofline latencies only.
-* ``kv_staging_len=L`` (SpecEdge: 2048): the KV bookkeeping around each verify, per row beyond
-  the first, at the target's device bandwidth. SpecEdge's server
-  (``strategy/server_verify/specexec/grpc.py`` ``InferenceController._inference`` and
-  ``_reorder_kv_cache``) zeroes the batch cache, copies each client's whole ``L``-slot KV in,
-  compacts the accepted path (``model/cache.py`` ``KVCache.gather``: the kept ``c`` slots moved,
-  the tail zeroed) and copies the row back out: ``kv_L * (6 L + c)`` bytes per row. Server-only SD
-  (``strategy/edge_verify/specexec.py`` ``SpecExecEdgeVerify._reorder_by_sequence``) only compacts,
-  both models' caches: ``(kv_L + kv_S) * (L + c)`` per row. This one works against SpecEdge.
+**SpecEdge's engines** (three opt-in switches, off by default so the v1 environment is unchanged):
+``server_only_widths``, ``dense_attention_len`` and ``kv_staging_len``, each read from SpecEdge's code
+and documented with its formula in ``envs.split_engine``.
 
 **Memory.** ED server KV per client ``(c_max + budget + 1) kv_L`` (target only: no draft weights, no
 draft KV on the server); server-only SD ``(c_max + budget + 1)(kv_L + kv_S)`` plus ``W_S`` once.
@@ -117,11 +91,17 @@ import numpy as np
 
 from envs.draft_tree import PASS_WIDTHS, DraftTree, TreeShape, expected_tokens, tree_shape
 from envs.profile import Profile
+from envs.split_engine import (
+    SERVER_ONLY_WIDTHS,
+    SPECEDGE_MAX_LEN,
+    dense_attention_bytes,
+    extra_rows_s,
+    kv_staging_bytes,
+    padded_levels,
+)
 
 INTERRUPTS = ("step", "immediate")
 PROACTIVE_GAINS = ("time", "tokens")
-SERVER_ONLY_WIDTHS = ("tree", "padded")
-SPECEDGE_MAX_LEN = 2048  #: SpecEdge's ``max_len`` (KV slots per row; its configs' ``base.max_len``)
 __all__ = ["INTERRUPTS", "PASS_WIDTHS", "PROACTIVE_GAINS", "SERVER_ONLY_WIDTHS", "SPECEDGE_MAX_LEN", "DraftTree", "Proactive", "SplitCostModel", "SplitOptions", "SteadyState", "TreeShape",
            "expected_tokens", "tree_shape"]
 
@@ -256,32 +236,20 @@ class SplitCostModel:
         return self.tau_l.tau1(b, q, context + q) + self.dense_attention_s(self.tau_l, b, context + q) + self.kv_staging_s(b, context, server_only=True)
 
     def kv_staging_s(self, b: int, context: float, server_only: bool) -> float:
-        """Seconds of per-verify KV bookkeeping for rows beyond the first (0 when off); module docstring, "SpecEdge's engines"."""
+        """Seconds of per-verify KV bookkeeping for rows beyond the first (0 when off); ``envs.split_engine``."""
         span = self.options.kv_staging_len
-        if span is None or b <= 1:
+        if span is None:
             return 0.0
-        lat = self.tau_l
-        if not hasattr(lat, "bandwidth_efficiency"):
-            raise ValueError(f"split option 'kv_staging_len' needs roofline latencies; profile {self.profile.name!r} has {type(lat).__name__}")
-        c = min(float(context), float(span))
-        per_row = (self.kv_l + self.kv_s) * (span + c) if server_only else self.kv_l * (6.0 * span + c)
-        return (b - 1) * per_row / (lat.bandwidth_efficiency * lat.device.bandwidth_bytes_per_s)
+        return extra_rows_s(self.tau_l, b, kv_staging_bytes(self.kv_l, self.kv_s, span, context, server_only), "kv_staging_len", self.profile.name)
 
     def dense_attention_s(self, latency, b: int, context: float) -> float:
-        """Seconds SpecEdge's dense attention adds to a pass of ``b`` rows at ``context`` (0 when off or ``b <= 1``).
-
-        ``latency``: the pass's roofline (its model, device and bandwidth efficiency); module docstring, "SpecEdge's engines".
-        """
+        """Seconds SpecEdge's dense attention adds to a pass of ``b`` rows at ``context`` on ``latency``'s roofline (0 when off or ``b <= 1``)."""
         span = self.options.dense_attention_len
         if span is None or b <= 1:
             return 0.0
         m = getattr(latency, "model", None)
-        if m is None or not hasattr(latency, "bandwidth_efficiency"):
-            raise ValueError(f"split option 'dense_attention_len' needs roofline latencies; profile {self.profile.name!r} has {type(latency).__name__}")
-        heads = m.kv_heads if m.heads == m.kv_heads else m.kv_heads + 2 * m.heads  # repeat_kv copies only under grouped-query attention
-        dense = m.layers * 2.0 * span * m.head_dim * m.dtype_bytes * heads
-        per_row = max(dense - context * m.kv_bytes_per_token, 0.0)  # the roofline already reads the context's KV once
-        return (b - 1) * per_row / (latency.bandwidth_efficiency * latency.device.bandwidth_bytes_per_s)
+        per_row = 0.0 if m is None else dense_attention_bytes(m, span, context)
+        return extra_rows_s(latency, b, per_row, "dense_attention_len", self.profile.name)
 
     def reuse_probability(self, alpha: float, tree: DraftTree) -> float:
         beta = alpha if self.options.bonus_match is None else self.options.bonus_match
@@ -409,10 +377,8 @@ class SplitCostModel:
         shapes = [tree_shape(x, tree) for x in a]
         shape = max(shapes, key=lambda s: (len(s.pass_widths), sum(s.pass_widths)))
         widths, nodes_per_level = shape.pass_widths, shape.level_nodes
-        if self.options.server_only_widths == "padded":  # every level at full beam width (module docstring)
-            levels = tree.max_depth
-            widths = (tree.beams,) * levels
-            nodes_per_level = tuple(nodes_per_level[:levels]) + (0,) * (levels - len(nodes_per_level))
+        if self.options.server_only_widths == "padded":  # every level at full beam width (envs.split_engine)
+            widths, nodes_per_level = padded_levels(shape, tree)
         draft, done = 0.0, 0
         for w, nodes in zip(widths, nodes_per_level, strict=True):
             draft += self.tau_s.tau1(n, w, context + done + w) + self.dense_attention_s(self.tau_s, n, context + done + w)
