@@ -64,7 +64,7 @@ INPUT_QUANTILES = tuple(np.linspace(0.5, 1.0, 11).tolist())
 SLACK_QUANTILES = tuple(np.linspace(0.0, 0.5, 11).tolist())
 TIE_WEIGHT = 0.5  #: candidates serving as many: the emptier wins (0 = the first found)
 REFINE_STARTS = 1  #: grid points refined (the best first)
-REFINE_PASSES = 1  #: rounds of line searches (cap, then floor) around the best grid point
+REFINE_PASSES = 2  #: rounds of line searches (the cap line and the floor line at once) around the best grid point
 REFINE_WINDOW = 0.3  #: the line searches cover the caps / floors of this share of the users around the point
 
 
@@ -86,10 +86,11 @@ def _batch_use(cost: CostModel, rnd: Round, members: np.ndarray, mode: int, gamm
     return float(share_needed(cost.sd_time(b, s, n, j, gamma), b, u, sl)), float(cost.sd_memory(b, s, n, so, gamma))
 
 
-def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple[float, float], sd_used: bool) -> tuple[np.ndarray, np.ndarray]:
+def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple, sd_used) -> tuple[np.ndarray, np.ndarray]:
     """Per candidate row of ``eligible`` (C, K) over the users in ``order``: how many of its eligible
-    users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes),
-    and how full that plan is (the larger of compute share and memory used, 0..1).
+    users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes;
+    scalars or one per row; ``sd_used`` likewise), and how full that plan is (the larger of compute
+    share and memory used, 0..1).
 
     The batch aggregates of every prefix come from running sums / maxima; a prefix that fits stays
     fitting when shortened (downward closed), so each row's last fitting prefix is found by bisection
@@ -103,7 +104,9 @@ def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: 
     sl = np.minimum.accumulate(np.where(eligible, slack, np.inf), axis=1)
     so = np.cumsum(np.where(eligible, out, 0), axis=1)
     j = np.maximum.accumulate(np.where(eligible, sd_iterations(out, rnd.alpha[order], gamma), 0), axis=1) if mode == SD else None
-    budget = cost.memory_budget1(sd_used) * (1 + EPS)
+    budget = np.where(sd_used, cost.memory_budget1(True), cost.memory_budget1(False)) * (1 + EPS)
+    other_share, other_mem = (np.broadcast_to(np.asarray(x, dtype=float), (c,)) for x in other)
+    budget = np.broadcast_to(budget, (c,))
     rows = np.arange(c)
     used = np.zeros(c)
     lo, hi = np.full(c, -1), np.full(c, k)  # column lo fits (-1: the empty prefix), column hi does not (k: past the end)
@@ -116,11 +119,11 @@ def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: 
         else:
             t, mem = cost.sd_time(bb, ss, nn, j[at], gamma), cost.sd_memory(bb, ss, nn, oo, gamma)
         with np.errstate(invalid="ignore"):
-            share = share_needed(t, bb, u[at], sl[at]) + other[0]
-            fits = (share <= 1 + EPS) & (mem + other[1] <= budget)
+            share = share_needed(t, bb, u[at], sl[at]) + other_share
+            fits = (share <= 1 + EPS) & (mem + other_mem <= budget)
         fits |= bb == 0
         active = hi - lo > 1
-        used = np.where(active & fits, np.maximum(share, (mem + other[1]) / budget), used)
+        used = np.where(active & fits, np.maximum(share, (mem + other_mem) / budget), used)
         lo = np.where(active & fits, mid, lo)
         hi = np.where(active & ~fits, mid, hi)
     return np.where(lo >= 0, b[rows, np.clip(lo, 0, k - 1)], 0), used
@@ -155,48 +158,56 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
     jobs = [(AD, np.flatnonzero(modes == AD), np.where(modes == SD, SD, 0).astype(np.int8)), (SD, np.flatnonzero(modes == SD), np.where(modes == AD, AD, 0).astype(np.int8))]
     if (modes == SD).any():
         jobs.append((AD, np.flatnonzero(modes), np.zeros(k, dtype=np.int8)))
-    uses = []
-    for mode, _, keep in jobs:
-        kept = np.flatnonzero(keep)
-        other_mode = SD if mode == AD else AD
-        uses.append((_batch_use(cost, rnd, kept, other_mode, g), mode == SD or (other_mode == SD and len(kept) > 0), len(kept)))
+    kept_mask = np.stack([keep[by_output] != 0 for _, _, keep in jobs])  # (jobs, K)
+    n_kept = kept_mask.sum(axis=1)
+    uses = [_batch_use(cost, rnd, np.flatnonzero(keep), SD if mode == AD else AD, g) for mode, _, keep in jobs]
+    other = np.array(uses)  # (jobs, 2): the kept batch's share and bytes
+    sd_used = np.array([mode == SD or (mode == AD and n > 0) for (mode, _, _), n in zip(jobs, n_kept, strict=True)])
+    job_mode = np.array([mode for mode, _, _ in jobs])
 
-    def score(job: int, pairs: np.ndarray) -> np.ndarray:
-        """Users served by job ``job`` re-packed under each (input cap, slack floor) row of ``pairs``,
-        less half the plan's fullness: the most users, then the most room left (ties go to the plan
-        with more slack, which loses fewer users when outputs / acceptance differ from predictions)."""
-        mode, _, keep = jobs[job]
-        other, sd_used, n_kept = uses[job]
-        eligible = (keep[by_output] == 0) & (inp_sorted <= pairs[:, :1]) & (slack_sorted >= pairs[:, 1:])
-        counts, used = _longest_prefixes(cost, rnd, by_output, eligible, mode, g, other, sd_used)
-        return n_kept + counts - TIE_WEIGHT * np.minimum(used, 1.0)
+    def score(job: np.ndarray, caps: np.ndarray, floors: np.ndarray) -> np.ndarray:
+        """Users served by re-packing under each row (job, input cap, slack floor), less half the
+        plan's fullness: the most users, then the most room left (ties go to the plan with more
+        slack, which loses fewer users when outputs / acceptance differ from predictions). One
+        vectorised pass per mode."""
+        keys = np.empty(len(job))
+        eligible = ~kept_mask[job] & (inp_sorted <= caps[:, None]) & (slack_sorted >= floors[:, None])
+        for mode in (AD, SD):
+            sel = job_mode[job] == mode
+            if sel.any():
+                j = job[sel]
+                counts, used = _longest_prefixes(cost, rnd, by_output, eligible[sel], mode, g, (other[j, 0], other[j, 1]), sd_used[j])
+                keys[sel] = n_kept[j] + counts - TIE_WEIGHT * np.minimum(used, 1.0)
+        return keys
 
-    found = []  # (key, job, cap, floor) of every grid point
+    rows_job, rows_cap, rows_floor = [], [], []
     for job, (_, members, _) in enumerate(jobs):
         if len(members) == 0:
             continue
         caps = np.unique(np.concatenate([np.unique(rnd.input_tokens[members])[::-1][:S_VARIANTS], np.quantile(rnd.input_tokens, INPUT_QUANTILES)]))
         floors = np.unique(np.append(np.quantile(rnd.slack_s, SLACK_QUANTILES), rnd.slack_s[members].min()))
-        pairs = np.stack(np.meshgrid(caps, floors, indexing="ij"), axis=-1).reshape(-1, 2)
-        keys = score(job, pairs)
-        top = np.argsort(-keys, kind="stable")[:REFINE_STARTS]
-        found += [(float(keys[c]), job, *pairs[c]) for c in top.tolist()]
-    if not found:
+        rows_job.append(np.full(len(caps) * len(floors), job))
+        rows_cap.append(np.repeat(caps, len(floors)))
+        rows_floor.append(np.tile(floors, len(caps)))
+    if not rows_job:
         return modes.copy()
-    # refine the best grid points: line searches over every distinct input cap, then every slack
-    # floor, within REFINE_WINDOW (a share of the round's users) of the point; the best result wins
+    job_r, cap_r, floor_r = (np.concatenate(x) for x in (rows_job, rows_cap, rows_floor))
+    keys = score(job_r, cap_r.astype(float), floor_r)
+    # refine the best grid points: the line of every distinct input cap and the line of every slack
+    # floor through the point, within REFINE_WINDOW (a share of the round's users); the best wins
     inputs, slacks = np.sort(rnd.input_tokens), np.sort(rnd.slack_s)
     half = max(1, int(REFINE_WINDOW * k / 2))
     best_point = None
-    for key, job, cap, floor in sorted(found, key=lambda f: -f[0])[:REFINE_STARTS]:
+    for c in np.argsort(-keys, kind="stable")[:REFINE_STARTS].tolist():
+        key, job, cap, floor = float(keys[c]), int(job_r[c]), float(cap_r[c]), float(floor_r[c])
         for _ in range(REFINE_PASSES):
-            for axis, values in ((0, _window(inputs, cap, half)), (1, _window(slacks, floor, half))):
-                pairs = np.tile([cap, floor], (len(values), 1)).astype(float)
-                pairs[:, axis] = values
-                keys = score(job, pairs)
-                c = int(np.argmax(keys))
-                if keys[c] > key:
-                    key, cap, floor = float(keys[c]), *pairs[c]
+            line_caps, line_floors = _window(inputs, cap, half).astype(float), _window(slacks, floor, half)
+            caps = np.concatenate([line_caps, np.full(len(line_floors), cap)])
+            floors = np.concatenate([np.full(len(line_caps), floor), line_floors])
+            line = score(np.full(len(caps), job), caps, floors)
+            i = int(np.argmax(line))
+            if line[i] > key:
+                key, cap, floor = float(line[i]), float(caps[i]), float(floors[i])
         if best_point is None or key > best_point[0]:
             best_point = (key, job, cap, floor)
     key, job, cap, floor = best_point
