@@ -43,9 +43,11 @@ CODE_FACTS = [
     "and `_process_candidates` always builds `[max_batch_size, 32]` inputs (padding at slot `max_len - 1`), so every level forwards 32 "
     "tokens per row. Switch `--server-only-widths padded` (the edge's `GraphEngine` instead has one graph per width 1..32 and stops early).",
     "- *Target engine: eager.* Server-only builds its target `BatchGraphEngine(..., use_cuda_graph=False)`; SpecEdge's server "
-    "(`strategy/server_verify/specexec/grpc.py` `InferenceController`) replays a graph at (`max_batch_size`, 33). Not a switch: the 14B "
-    "verify is GPU-bound (~1.4 ms of GPU work per decoder layer at batch 1 here, against tens of microseconds to launch a layer's kernels), "
-    "and launches overlap GPU work unless the host blocks, so eager adds about nothing to it (our inference, not measured).",
+    "(`strategy/server_verify/specexec/grpc.py` `InferenceController`) replays a graph at (`max_batch_size`, 33). Not a switch: eager "
+    "launches run ahead of the GPU unless the host blocks (no synchronising op in the model's forward), so they cost time only where a "
+    "layer's host dispatch exceeds its GPU work; our own eager verifier on the H200 took 5.5 ms per call for 6 layers at batch 1 "
+    "(`results/gpu_check/verify_timing.md`, repeat), at most ~0.9 ms of host work per layer, under the 14B's ~1.4 ms of GPU work per "
+    "layer here (57.5 ms / 40). So eager adds about nothing to this verify (our inference from those two figures).",
     "- *Dense attention.* `model/qwen3.py` `Qwen3Attention._sdpa_attention` attends over all `max_len` = 2048 KV slots of a row "
     "(`model/cache.py` `KVCache.update` returns the whole layer) and materialises the grouped K/V with `repeat_kv` first, in every pass "
     "of both systems. Switch `--dense-attention on` (priced per batch row beyond the first).",
