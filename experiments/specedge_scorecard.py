@@ -27,7 +27,8 @@ TARGET_BAND = 0.20  #: the issue's tolerance on the published figures
 #: where the sources put the headline's batch (second-hand: configurations, not the paper's text)
 HEADLINE_BATCH_NOTE = ("The sources place the headline at server batch 1: SpecEdge's example config (`max_batch_size: 1`, two clients) and both "
                        "reproductions that state it (`ymdxe/fastsd` `baselines/specedge/configs/qwen3-14b-1p7b-*.yaml`: batch 1, two clients, "
-                       "budget 32; `mpieczaba/specedge` `wcss/README.md`: Table 1 at batch 1, larger batches only in a separate batch-size study). "
+                       "budget 32; `mpieczaba/specedge` `wcss/lib/generate_config.py` `phase_experiments`: Table 1 at batch 1 with two clients, larger batches "
+                       "only in a separate batch-size phase). "
                        "So a match at N = 16 or more is a match at a batch the headline does not use, not a reproduction of it.")
 
 #: what kaist-ina/specedge @ 1edcaf0 establishes about its server-only baseline (read, not run; no code copied)
