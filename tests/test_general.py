@@ -46,6 +46,7 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     assert "post_step" not in json.loads((tmp_path / "runs" / "seed0" / "policy.json").read_text())
     times = pd.read_csv(res / "general_timing.csv")
     assert list(times.K) == [12, 20] and times.balance_rounds.tolist() == [1, 0] and (times.policy_s_median > 0).all()
+    assert (times.policy_cpu_s_median > 0).all() and times.balance_cpu_s_median.notna().tolist() == [True, False]
 
 
 # --- agents.plan_repair.improve: the policy's post-step -----------------------------------------
