@@ -29,44 +29,36 @@ import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
-from pydantic import ValidationError
 
 from runtime.admission import SENT_HEADER, AnswerMargin, client_sent_lead_s
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
+from runtime.openai_requests import (
+    MODEL_ID,
+    BadRequest,
+    StreamChunks,
+    chat_messages,
+    chat_prompt,
+    completion_json,
+    encode_prompt,
+    parse_request,
+)
 from runtime.openai_schemas import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatDelta,
-    ChatMessageOut,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
     ModelCard,
     ModelList,
-    UnsupportedParameter,
     Usage,
     error_body,
-    plain_chat_prompt,
 )
 from runtime.pair import ModelPair
 from runtime.rounds import Refused, RoundServer
 from runtime.serve_config import ServeConfig
 from runtime.textstream import TextStream
 
-MODEL_ID = "specsched"
 ARRIVAL_KEY = "specsched.arrival"  #: ASGI scope key: monotonic time the request was sent (its stamp) or reached the app (before its body was read)
 SENT_LEAD_KEY = "specsched.sent_lead"  #: ASGI scope key: seconds from the client's send stamp to the app (0 without a stamp)
 LIVE_KEY = "specsched.live"  #: ASGI scope key: the request's LiveRequest, once queued (its answer's delay is measured)
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
 
 
 async def _send_json(send, status: int, body: dict, close: bool = False) -> None:
@@ -146,24 +138,6 @@ class BodyLimits:
         await self.direct.get(scope.get("path"), self.app)(scope, replay, counted)
 
 
-def _validation_message(err: ValidationError) -> tuple[str, str | None]:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
-    if first.get("type") == "json_invalid":
-        return f"request body is not valid JSON: {first.get('msg')}", None
-    if first.get("type") == "model_type" and not first.get("loc"):
-        return "request body must be a JSON object", None
-    return (f"'{loc}': {first.get('msg')}" if loc else str(first.get("msg"))), loc
-
-
-def chat_prompt(tokenizer, messages: list[tuple[str, str]]) -> str:
-    """The pair's chat template where its tokenizer has one, the documented plain template otherwise."""
-    hf = getattr(tokenizer, "tok", None)
-    if hf is not None and getattr(hf, "chat_template", None):
-        return hf.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True)
-    return plain_chat_prompt(messages)
-
-
 class ServeApp:
     """The ASGI app (limits around FastAPI) and the round server behind it."""
 
@@ -206,30 +180,8 @@ class ServeApp:
         async def crash(request, exc):
             return error(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
-        def parse(schema, body: bytes):
-            try:
-                req = schema.model_validate_json(body)
-                req.check_supported()
-            except ValidationError as err:
-                message, param = _validation_message(err)
-                raise BadRequest(400, message, param) from None
-            except UnsupportedParameter as err:
-                raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
-            if req.model not in (None, MODEL_ID):
-                raise BadRequest(404, f"model {req.model!r} does not exist; this server serves {MODEL_ID!r}", "model", "model_not_found")
-            return req
-
         def encode(text: str, param: str) -> list[int]:
-            try:
-                text.encode("utf-8")  # lone surrogates cannot be tokenised
-            except UnicodeEncodeError:
-                raise BadRequest(400, f"'{param}' is not valid Unicode text (lone surrogate)", param) from None
-            ids = tokenizer.encode(text)
-            if not ids:
-                raise BadRequest(400, f"'{param}' encodes to no tokens", param)
-            if len(ids) > cfg.max_prompt_tokens:
-                raise BadRequest(400, f"'{param}' has {len(ids)} tokens; the limit is {cfg.max_prompt_tokens} (max_prompt_tokens)", param, "context_length_exceeded")
-            return ids
+            return encode_prompt(tokenizer, text, param, cfg.max_prompt_tokens, "max_prompt_tokens")
 
         def admit(req, ids: list[int], max_tokens: int, scope: dict) -> LiveRequest:
             if not 1 <= max_tokens <= cfg.max_tokens_limit:
@@ -247,20 +199,17 @@ class ServeApp:
             try:
                 body = await request.body()
                 if chat:
-                    req = parse(ChatCompletionRequest, body)
-                    try:
-                        messages = [(m.role, m.text()) for m in req.messages]
-                    except UnsupportedParameter as err:
-                        raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
-                    ids = encode(chat_prompt(tokenizer, messages), "messages")
+                    req = parse_request(ChatCompletionRequest, body)
+                    ids = encode(chat_prompt(tokenizer, chat_messages(req)), "messages")
                     live = admit(req, ids, req.token_limit(), request.scope)
                 else:
-                    req = parse(CompletionRequest, body)
+                    req = parse_request(CompletionRequest, body)
                     live = admit(req, encode(req.prompt, "prompt"), req.max_tokens, request.scope)
             except BadRequest as err:
                 return error(err.status, str(err), err.param, err.code)
             except Refused as err:
                 return error(err.status, str(err), code="overloaded" if "queue" in str(err) else "shutting_down")
+
             def usage() -> Usage:
                 return Usage(prompt_tokens=len(live.prompt_ids), completion_tokens=live.completion_tokens, total_tokens=len(live.prompt_ids) + live.completion_tokens)
 
@@ -273,27 +222,10 @@ class ServeApp:
                     return error(429, f"rejected: {live.reason}", code="rejected", summary=live.summary())
                 if live.outcome == "error":
                     return error(500, live.reason, code="engine_fault" if live.reason.startswith("engine") else "shutdown", summary=live.summary())
-                common = dict(id=live.id, model=MODEL_ID, usage=usage(), specsched=live.summary())
-                if chat:
-                    body = ChatCompletionResponse(choices=[ChatChoice(message=ChatMessageOut(content=live.text.text), finish_reason=finish())], **common)
-                else:
-                    body = CompletionResponse(choices=[CompletionChoice(text=live.text.text, finish_reason=finish())], **common)
-                return JSONResponse(body.model_dump(exclude_none=True) | {"usage": common["usage"].model_dump()})
+                return JSONResponse(completion_json(chat, live.id, live.text.text, finish(), usage(), live.summary()))
             started = int(time.time())
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-            def chunk(text: str | None, finish_reason: str | None = None, specsched: dict | None = None, role: bool = False, usage_only: bool = False) -> str:
-                if chat:
-                    choices = [] if usage_only else [ChatChunkChoice(delta=ChatDelta(role="assistant" if role else None, content=text), finish_reason=finish_reason)]
-                    body = ChatCompletionChunk(id=live.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
-                else:
-                    choices = [] if usage_only else [CompletionChoice(text=text or "", finish_reason=finish_reason)]
-                    body = CompletionResponse(id=live.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
-                data = body.model_dump(exclude_none=True)
-                for c in data["choices"]:  # OpenAI sends these keys even when null
-                    c.setdefault("finish_reason", None)
-                    c.setdefault("logprobs", None)
-                return f"data: {json.dumps(data)}\n\n"
+            chunk = StreamChunks(chat, live.id, started, usage)
 
             def tail() -> str:
                 """The last events in one piece (one write): outcome, usage if asked, [DONE]."""

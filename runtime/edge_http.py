@@ -2,7 +2,7 @@
 
 The users of this edge send their requests here, not to the server: ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (streaming and not; the live server's schemas,
-:mod:`runtime.openai_schemas`, and its chat template, :func:`runtime.api.chat_prompt`),
+:mod:`runtime.openai_schemas`, and its chat template, :func:`runtime.openai_requests.chat_prompt`),
 ``GET /v1/models`` and ``GET /health``. Each request is handed to one of the ``--clients`` edge
 clients (:mod:`runtime.edge_pool`): a free one, or the bounded queue (``--http-queue``) -- when
 that is full it gets 429 at once, while shutting down 503. The client drafts it here and has it
@@ -23,7 +23,6 @@ free). Bodies are limited as on the server (:class:`runtime.api.BodyLimits`: 413
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import signal
 import socket
@@ -32,25 +31,25 @@ import uuid
 from collections.abc import Callable
 
 from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
-from pydantic import ValidationError
 
-from runtime.api import MODEL_ID, BadRequest, BodyLimits, _validation_message, chat_prompt
+from runtime.api import BodyLimits
 from runtime.edge_pool import FINISHED, EdgeJob, EdgePool, Refused
 from runtime.metrics import ServeMetrics
+from runtime.openai_requests import (
+    MODEL_ID,
+    BadRequest,
+    StreamChunks,
+    chat_messages,
+    chat_prompt,
+    completion_json,
+    encode_prompt,
+    parse_request,
+)
 from runtime.openai_schemas import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatDelta,
-    ChatMessageOut,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
     ModelCard,
     ModelList,
-    UnsupportedParameter,
     Usage,
     error_body,
 )
@@ -100,11 +99,7 @@ class EdgeHTTP:
             try:
                 req = self.parse(ChatCompletionRequest if chat else CompletionRequest, await request.body())
                 if chat:
-                    try:
-                        messages = [(m.role, m.text()) for m in req.messages]
-                    except UnsupportedParameter as err:
-                        raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
-                    ids, limit = self.encode(chat_prompt(tokenizer, messages), "messages"), req.token_limit()
+                    ids, limit = self.encode(chat_prompt(tokenizer, chat_messages(req)), "messages"), req.token_limit()
                 else:
                     ids, limit = self.encode(req.prompt, "prompt"), req.max_tokens
                 if not 1 <= limit <= max_tokens_limit:
@@ -129,27 +124,11 @@ class EdgeHTTP:
                 if outcome not in FINISHED:
                     status, code = FAILED.get(outcome, (500, "internal_error"))
                     return error(status, f"{outcome}: {job.outcome.error or 'no reason given'}", code=code, summary=job.summary())
-                common = dict(id=job.id, model=MODEL_ID, usage=usage(), specsched=job.summary())
-                if chat:
-                    body = ChatCompletionResponse(choices=[ChatChoice(message=ChatMessageOut(content=job.text.text), finish_reason=job.finish_reason)], **common)
-                else:
-                    body = CompletionResponse(choices=[CompletionChoice(text=job.text.text, finish_reason=job.finish_reason)], **common)
-                return JSONResponse(body.model_dump(exclude_none=True) | {"usage": common["usage"].model_dump()})
+                return JSONResponse(completion_json(chat, job.id, job.text.text, job.finish_reason, usage(), job.summary()))
             started = int(time.time())
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-            def chunk(text: str | None, finish_reason: str | None = None, specsched: dict | None = None, role: bool = False, usage_only: bool = False) -> str:
-                if chat:
-                    choices = [] if usage_only else [ChatChunkChoice(delta=ChatDelta(role="assistant" if role else None, content=text), finish_reason=finish_reason)]
-                    body = ChatCompletionChunk(id=job.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
-                else:
-                    choices = [] if usage_only else [CompletionChoice(text=text or "", finish_reason=finish_reason)]
-                    body = CompletionResponse(id=job.id, created=started, model=MODEL_ID, choices=choices, usage=usage() if usage_only else None, specsched=specsched)
-                data = body.model_dump(exclude_none=True)
-                for c in data["choices"]:  # OpenAI sends these keys even when null
-                    c.setdefault("finish_reason", None)
-                    c.setdefault("logprobs", None)
-                return f"data: {json.dumps(data)}\n\n"
+            chunk = StreamChunks(chat, job.id, started, usage)
 
             async def events():
                 try:
@@ -191,33 +170,14 @@ class EdgeHTTP:
     @staticmethod
     def parse(schema, body: bytes):
         """A validated request, or :class:`BadRequest` naming the field (the server's messages)."""
-        try:
-            req = schema.model_validate_json(body)
-            req.check_supported()
-        except ValidationError as err:
-            message, param = _validation_message(err)
-            raise BadRequest(400, message, param) from None
-        except UnsupportedParameter as err:
-            raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
-        if req.model not in (None, MODEL_ID):
-            raise BadRequest(404, f"model {req.model!r} does not exist; this edge serves {MODEL_ID!r}", "model", "model_not_found")
+        req = parse_request(schema, body, served_by="this edge")
         if req.top_p != 1.0:
             raise BadRequest(400, f"'top_p' = {req.top_p} is not supported by the edge process (only 1.0: it drafts and verifies with temperature alone)",
                              "top_p", "unsupported_parameter")
         return req
 
     def encode(self, text: str, param: str) -> list[int]:
-        try:
-            text.encode("utf-8")  # lone surrogates cannot be tokenised
-        except UnicodeEncodeError:
-            raise BadRequest(400, f"'{param}' is not valid Unicode text (lone surrogate)", param) from None
-        ids = self.tokenizer.encode(text)
-        if not ids:
-            raise BadRequest(400, f"'{param}' encodes to no tokens", param)
-        if len(ids) > self.max_prompt_tokens:
-            raise BadRequest(400, f"'{param}' has {len(ids)} tokens; the limit is {self.max_prompt_tokens} (--http-max-prompt-tokens)", param,
-                             "context_length_exceeded")
-        return ids
+        return encode_prompt(self.tokenizer, text, param, self.max_prompt_tokens, "--http-max-prompt-tokens")
 
     async def _wait(self, job: EdgeJob, request: HTTPRequest, poll_s: float = 0.25) -> bool:
         """Wait for a non-streamed job's outcome; False when its client disconnected first (the
