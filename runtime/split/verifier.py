@@ -148,28 +148,57 @@ class BatchVerifier:
             del self._batches[key]  # nobody left to reuse it
         return found
 
+    def _kept_source(self, key: tuple[str, ...], fresh: list[bool], sessions: list[Session], past_len: list[int]):
+        """``_gather``'s answer from a kept batch, or None (then re-stack). The batch's clients must
+        all come from one kept batch: the same clients (its cache as it is), or some of them (their
+        rows selected: one copy per layer, then the columns no selected row uses dropped) -- with one
+        cohort cut in two by the batching window, each half keeps its own cache after one selection.
+        A row whose client just started a new request (its prompt prefilled into ``kv`` by
+        :meth:`_prefill`, or a one-token prompt with no past) takes its old row's place."""
+        olds = list({id(s.batch): s.batch for s in sessions if s.batch is not None}.values())
+        source = olds[0] if len(olds) == 1 else (self._batches.get(key) if not olds else None)
+        if source is None or not set(key) <= set(source.clients):
+            return None
+        if not all(s.batch is source or (s.batch is None and (fresh[b] or s.kv is not None)) for b, s in enumerate(sessions)):
+            return None
+        new = [b for b, s in enumerate(sessions) if s.batch is None]
+        longest_new = max((past_len[b] for b in new), default=0)
+        if key == source.clients:
+            kept, before, valid, cache = source, source.snapshot(), source.valid.clone(), source.cache
+        else:
+            rows = torch.tensor([source.clients.index(c) for c in key])
+            valid = source.valid.index_select(0, rows)
+            valid[new] = 0  # dead rows use no column
+            used = valid.any(0).nonzero()
+            width = max(source.width - (int(used[0]) if len(used) else source.width), longest_new)
+            lo = source.width - width
+            if lo < 0:
+                return None
+            cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, rows)[:, :, lo:], layer.values.index_select(0, rows)[:, :, lo:])
+                                                 for layer in source.cache.layers])
+            valid = valid[:, lo:].clone()
+            kept = BatchKV(key, cache, valid)
+            before = kept.snapshot()
+        w = kept.width
+        if longest_new > w or w - max(past_len) > self.max_excess * max(*past_len, 32):
+            return None
+        for b in new:  # the row's old KV is dead: its new KV goes right-aligned into its row
+            kv, n = sessions[b].kv, past_len[b]
+            valid[b] = 0
+            valid[b, w - n :] = 1
+            if n:
+                for layer, (k, v) in zip(cache.layers, kv, strict=True):
+                    layer.keys[b, :, w - n :] = k[0]
+                    layer.values[b, :, w - n :] = v[0]
+        return cache, w, valid, kept, before
+
     def _gather(self, key: tuple[str, ...], fresh: list[bool], sessions: list[Session], past_len: list[int]):
         """The batch's past: ``(cache, width, valid (B, W), kept batch or None, its tensors before the forward)``."""
         if self.persistent:
-            kept = self._batches.get(key)
-            # a row whose client just started a new request (its prompt prefilled into ``kv`` by
-            # :meth:`_prefill`, or a one-token prompt with no past) takes its old row's place
-            new = [b for b, s in enumerate(sessions) if s.batch is None]
-            fits = kept is not None and all(s.batch is kept or (s.batch is None and (fresh[b] or s.kv is not None)) for b, s in enumerate(sessions))
-            if fits and all(past_len[b] <= kept.width for b in new):
-                if kept.width - max(past_len) <= self.max_excess * max(*past_len, 32):
-                    valid = kept.valid.clone()
-                    before = kept.snapshot()
-                    for b in new:  # the row's old KV is dead: its new KV goes right-aligned into its row
-                        kv, n, w = sessions[b].kv, past_len[b], kept.width
-                        valid[b] = 0
-                        valid[b, w - n :] = 1
-                        if n:
-                            for layer, (k, v) in zip(kept.cache.layers, kv, strict=True):
-                                layer.keys[b, :, w - n :] = k[0]
-                                layer.values[b, :, w - n :] = v[0]
-                    self.timing["reused"] += 1
-                    return kept.cache, kept.width, valid, kept, before
+            found = self._kept_source(key, fresh, sessions, past_len)
+            if found is not None:
+                self.timing["reused"] += 1
+                return found
         pasts = [None if f else s.past() for f, s in zip(fresh, sessions, strict=True)]
         if [kv_length(p) for p in pasts] != past_len:
             raise RuntimeError(f"target KV lengths {[kv_length(p) for p in pasts]} do not match the sessions' {past_len}")
