@@ -34,7 +34,7 @@ sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
 
 Where the split loses on one CPU box (measured; the columns show it):
 
-- the verification itself is not where: in one process on one thread the verifier costs ~1.15-1.25x
+- the verification itself is not where: in one process on one thread the verifier costs 1.09-1.27x
   less CPU per emitted token than the SD engine at the same batch and depth (no draft passes, and
   finished rows leave the batch): ``python -m runtime.split.verify_timing --vs-engine``;
 - ``verify_cpu_share``: the rest of the server process (gRPC, (de)serialisation, a thread per
