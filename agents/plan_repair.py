@@ -158,12 +158,14 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
     the batch's least slack and ``SLACK_QUANTILES`` of the round's. With the batch's own cap and
     floor its users are all eligible, and -- when uplinks do not bind -- any ``m`` eligible users
     with the smallest outputs need no more memory, padding or time than ``m`` of its own; the result
-    is in any case never worse than ``modes``, which wins ties. **AD only** is the
-    same over every admitted user with AD alone (no SLM weights: what wins when memory binds). The
-    candidate serving the most (``modes`` itself on ties) is returned after one exact check
-    (``envs.feasibility.check_plans``). This is BALANCE's per-threshold step (take the eligible users
-    in ascending contribution, as many as fit) on a small grid of thresholds around the scheduler's
-    own; it costs O(K log K) + O(K) numpy per candidate threshold tuple.
+    is in any case never worse than ``modes``, which wins ties. **AD only** is the same over every
+    admitted user with AD alone (no SLM weights: what wins when memory binds). The best grid point
+    (most users; among those the emptier plan, ``TIE_WEIGHT``) is refined by line searches over
+    every distinct cap and floor within ``REFINE_WINDOW`` of it, and the winner is returned after
+    one exact check (``envs.feasibility.check_plans``) if it serves more than ``modes``. This is
+    BALANCE's per-threshold step (the eligible users in ascending contribution, as many as fit) on a
+    small grid of thresholds around the scheduler's own; O(K log K) plus O(K) numpy per threshold
+    pair, in a handful of vectorised calls.
     """
     modes = np.asarray(modes, dtype=np.int8)
     k = len(modes)
