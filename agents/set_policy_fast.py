@@ -84,7 +84,9 @@ class CachedSetActor:
             self.query, self.key, self.value, self.out = (_mlp(m) for m in (ex.query, ex.key, ex.value, ex.out))
             self.null_key, self.null_value = _np(ex.null_key), _np(ex.null_value)
             d = self.null_key.shape[0]
-            self._rows_d, self._cols_h = np.arange(d), np.arange(d) // (d // self.heads)  # the block-diagonal query's entries
+            # the block-diagonal layout of the query: entry (i, i // dh) holds q[i]
+            self._q_mask = (np.arange(d)[:, None] // (d // self.heads) == np.arange(self.heads)[None, :]).astype(np.float32)
+            self._diag = np.arange(self.heads)
         self.actor = _mlp(model.policy.mlp_extractor.policy_net) + _mlp(model.policy.action_net)
         self.reset()
 
@@ -134,8 +136,7 @@ class CachedSetActor:
         dh = d // h
         q = _run(self.query, ctx) / math.sqrt(dh)
         # one matmul for every head's scores: q laid out block-diagonally, (d, h)
-        q_blocks = np.zeros((d, h), dtype=np.float32)
-        q_blocks[self._rows_d, self._cols_h] = q
+        q_blocks = q[:, None] * self._q_mask
         scores = np.empty((n + 1, h), dtype=np.float32)
         scores[0] = self.null_key @ q_blocks
         scores[1:] = self._keys[start:] @ q_blocks
@@ -143,7 +144,7 @@ class CachedSetActor:
         w = np.exp(scores)
         w /= w.sum(axis=0)
         # (h, d) = every head's weights over every value column; keep each head's own columns
-        read = (w[1:].T @ self._values[start:] + w[:1].T * self.null_value).reshape(h, h, dh)[np.arange(h), np.arange(h)]
+        read = (w[1:].T @ self._values[start:] + w[:1].T * self.null_value).reshape(h, h, dh)[self._diag, self._diag]
         return np.concatenate([ctx, _run(self.out, read.reshape(-1)), mean, [size]])
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
