@@ -149,7 +149,14 @@ def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: 
 
 
 def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int) -> np.ndarray:
-    """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``).
+    """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``):
+    :func:`_improve`'s modes."""
+    return _improve(cost, rnd, modes, gamma, max_gamma)[0]
+
+
+def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int):
+    """``(modes, report)``: a feasible plan serving at least as many users as the feasible plan
+    ``modes`` (SD at ``gamma``), and its exact check (None when ``modes`` is returned unchanged).
 
     **Re-pack**: one batch (AD or SD) is emptied -- the other kept -- and refilled, in ascending
     predicted output, with the users inside a cap on input (the padding) and a floor on slack (the
@@ -170,7 +177,7 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
     modes = np.asarray(modes, dtype=np.int8)
     k = len(modes)
     if k == 0:
-        return modes.copy()
+        return modes.copy(), None
     g = int(min(max(gamma, 1), max_gamma))
     by_output = np.lexsort((rnd.input_tokens, rnd.output_tokens))
     inp_sorted, slack_sorted = rnd.input_tokens[by_output], rnd.slack_s[by_output]
@@ -202,16 +209,17 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
         return keys
 
     rows_job, rows_cap, rows_floor = [], [], []
+    input_caps, slack_floors = np.quantile(rnd.input_tokens, INPUT_QUANTILES), np.quantile(rnd.slack_s, SLACK_QUANTILES)
     for job, (_, members, _) in enumerate(jobs):
         if len(members) == 0:
             continue
-        caps = np.unique(np.concatenate([np.unique(rnd.input_tokens[members])[::-1][:S_VARIANTS], np.quantile(rnd.input_tokens, INPUT_QUANTILES)]))
-        floors = np.unique(np.append(np.quantile(rnd.slack_s, SLACK_QUANTILES), rnd.slack_s[members].min()))
+        caps = np.unique(np.concatenate([np.unique(rnd.input_tokens[members])[::-1][:S_VARIANTS], input_caps]))
+        floors = np.unique(np.append(slack_floors, rnd.slack_s[members].min()))
         rows_job.append(np.full(len(caps) * len(floors), job))
         rows_cap.append(np.repeat(caps, len(floors)))
         rows_floor.append(np.tile(floors, len(caps)))
     if not rows_job:
-        return modes.copy()
+        return modes.copy(), None
     job_r, cap_r, floor_r = (np.concatenate(x) for x in (rows_job, rows_cap, rows_floor))
     keys = score(job_r, cap_r.astype(float), floor_r)
     # refine the best grid points: the line of every distinct input cap and the line of every slack
@@ -234,22 +242,22 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
     key, job, cap, floor = best_point
     count = int(np.ceil(key))  # key = count - TIE_WEIGHT * fullness, fullness in [0, 1]
     if count <= best_count:
-        return modes.copy()
+        return modes.copy(), None
     mode, _, keep = jobs[job]
     eligible = (keep[by_output] == 0) & (inp_sorted <= cap) & (slack_sorted >= floor)
     out = keep.astype(np.int8).copy()
     out[by_output[eligible][: count - int((keep != 0).sum())]] = mode
     # the candidate was scored with the same formulas; one exact check guards against any drift
-    return out if check_plans(cost, rnd, out[None], g).feasible[0] else modes.copy()
+    rep = check_plans(cost, rnd, out[None], g)
+    return (out, rep) if rep.feasible[0] else (modes.copy(), None)
 
 
 def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int) -> Plan:
     """:func:`improve` on a :class:`~envs.plan.Plan`: the same plan if nothing serves more, else the
     improved modes with valid shares ``(z, lam)`` (``envs.feasibility.shares_for``)."""
     old = np.asarray(plan.modes, dtype=np.int8)
-    modes = improve(cost, rnd, old, plan.gamma, max_gamma)
-    if (modes != 0).sum() <= (old != 0).sum():
+    modes, rep = _improve(cost, rnd, old, plan.gamma, max_gamma)
+    if rep is None or (modes != 0).sum() <= (old != 0).sum():
         return plan
-    rep = check_plans(cost, rnd, modes[None], plan.gamma)
     z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())
     return Plan(modes, gamma=plan.gamma, z=float(np.ravel(z)[0]), lam=float(np.ravel(lam)[0]))
