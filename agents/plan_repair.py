@@ -61,13 +61,14 @@ def repair(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int) -> np.nda
 
 S_VARIANTS = 4  #: padding caps tried per batch from its own largest distinct inputs
 #: padding caps (quantiles of the round's inputs) and slack floors (of its slacks) tried besides the
-#: batch's own; chosen on validation rounds at K = 200 with the speed target (one pass, window 0.2: 0.9978x BALANCE at
-#: 3.5 ms CPU per round under load; two passes: 0.9989x at 3.9 ms)
-INPUT_QUANTILES = tuple(np.linspace(0.5, 1.0, 11).tolist())
-SLACK_QUANTILES = tuple(np.linspace(0.0, 0.5, 11).tolist())
+#: batch's own; chosen with the refinement on 20 validation rounds at K = 200 under the speed target
+#: (CPU per round, loaded host): 8 x 8 and two passes 0.9984x BALANCE at 2.7 ms; 11 x 11 and one
+#: pass 0.9978x at 2.9 ms; 6 x 6 and one pass 0.9967x at 1.9 ms
+INPUT_QUANTILES = tuple(np.linspace(0.5, 1.0, 8).tolist())
+SLACK_QUANTILES = tuple(np.linspace(0.0, 0.5, 8).tolist())
 TIE_WEIGHT = 0.5  #: candidates serving as many: the emptier wins (0 = the first found)
 REFINE_STARTS = 1  #: grid points refined (the best first)
-REFINE_PASSES = 1  #: rounds of line searches (the cap line and the floor line at once) around the best grid point
+REFINE_PASSES = 2  #: rounds of line searches (the cap line and the floor line at once) around the best grid point
 REFINE_WINDOW = 0.2  #: the line searches cover the caps / floors of this share of the users around the point
 
 
