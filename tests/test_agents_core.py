@@ -541,7 +541,7 @@ def test_certify_with_warm_plans_split_bound_and_milp():
     plan = certify(cost, rnd, 2, 1e4, [two], bound_step=0.1, exhaustive_share=0.0)
     ev = _events(plan)
     assert ev[:2] == [("warm start", 2, 6), ("split bound", 2, 3)]
-    assert all(e[0].startswith("MILP") or e[0] == "relaxation cannot beat the incumbent" for e in ev[2:])
+    assert all(e[0].startswith("MILP") or e[0] in ("joint bound", "relaxation cannot beat the incumbent") for e in ev[2:])
     assert plan.extra["milp_solves"] >= 1 and plan.admitted == 3 and plan.extra["optimal"]
 
 
