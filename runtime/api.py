@@ -34,20 +34,19 @@ from runtime.admission import SENT_HEADER, AnswerMargin, client_sent_lead_s
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
 from runtime.openai_requests import (
-    MODEL_ID,
     BadRequest,
     StreamChunks,
+    add_openai_routes,
     chat_messages,
     chat_prompt,
     completion_json,
     encode_prompt,
+    error_response,
     parse_request,
 )
 from runtime.openai_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
-    ModelCard,
-    ModelList,
     Usage,
     error_body,
 )
@@ -143,9 +142,7 @@ class ServeApp:
 
     def __init__(self, cfg: ServeConfig, pair: ModelPair):
         from fastapi import FastAPI
-        from fastapi.exceptions import RequestValidationError
         from fastapi.responses import JSONResponse, Response, StreamingResponse
-        from starlette.exceptions import HTTPException
 
         self.cfg, self.pair = cfg, pair
         self.metrics = ServeMetrics()
@@ -165,20 +162,9 @@ class ServeApp:
 
         app = FastAPI(title="SpecSched", lifespan=lifespan)
 
-        def error(status: int, message: str, param: str | None = None, code: str | None = None, summary: dict | None = None) -> JSONResponse:
-            return JSONResponse(error_body(status, message, param, code, summary), status_code=status)
-
-        @app.exception_handler(HTTPException)
-        async def http_error(request, exc):
-            return error(exc.status_code, str(exc.detail))
-
-        @app.exception_handler(RequestValidationError)
-        async def validation_error(request, exc):
-            return error(400, str(exc.errors()[0].get("msg")))
-
         @app.exception_handler(Exception)
         async def crash(request, exc):
-            return error(500, f"internal error: {type(exc).__name__}", code="internal_error")
+            return error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
         def encode(text: str, param: str) -> list[int]:
             return encode_prompt(tokenizer, text, param, cfg.max_prompt_tokens, "max_prompt_tokens")
@@ -206,9 +192,9 @@ class ServeApp:
                     req = parse_request(CompletionRequest, body)
                     live = admit(req, encode(req.prompt, "prompt"), req.max_tokens, request.scope)
             except BadRequest as err:
-                return error(err.status, str(err), err.param, err.code)
+                return error_response(err.status, str(err), err.param, err.code)
             except Refused as err:
-                return error(err.status, str(err), code="overloaded" if "queue" in str(err) else "shutting_down")
+                return error_response(err.status, str(err), code="overloaded" if "queue" in str(err) else "shutting_down")
 
             def usage() -> Usage:
                 return Usage(prompt_tokens=len(live.prompt_ids), completion_tokens=live.completion_tokens, total_tokens=len(live.prompt_ids) + live.completion_tokens)
@@ -219,9 +205,9 @@ class ServeApp:
             if not req.stream:
                 await live.done.wait()
                 if live.outcome == "rejected":
-                    return error(429, f"rejected: {live.reason}", code="rejected", summary=live.summary())
+                    return error_response(429, f"rejected: {live.reason}", code="rejected", summary=live.summary())
                 if live.outcome == "error":
-                    return error(500, live.reason, code="engine_fault" if live.reason.startswith("engine") else "shutdown", summary=live.summary())
+                    return error_response(500, live.reason, code="engine_fault" if live.reason.startswith("engine") else "shutdown", summary=live.summary())
                 return JSONResponse(completion_json(chat, live.id, live.text.text, finish(), usage(), live.summary()))
             started = int(time.time())
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -248,22 +234,7 @@ class ServeApp:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        @app.post("/v1/completions")
-        async def completions(request: HTTPRequest):
-            return await handle(request, chat=False)
-
-        @app.post("/v1/chat/completions")
-        async def chat_completions(request: HTTPRequest):
-            return await handle(request, chat=True)
-
-        @app.get("/v1/models")
-        async def models():
-            return ModelList(data=[ModelCard(id=MODEL_ID, created=created)]).model_dump()
-
-        @app.get("/health")
-        async def health():
-            body = rounds.health()
-            return JSONResponse(body, status_code=503 if body["status"] == "closing" else 200)
+        add_openai_routes(app, handle, rounds.health, created)
 
         @app.get("/metrics")
         async def metrics():
@@ -286,7 +257,7 @@ class ServeApp:
                 try:
                     response = await handle(HTTPRequest(scope, receive, send), chat=chat)
                 except Exception as exc:  # noqa: BLE001 - as the app's crash handler
-                    response = error(500, f"internal error: {type(exc).__name__}", code="internal_error")
+                    response = error_response(500, f"internal error: {type(exc).__name__}", code="internal_error")
                 await response(scope, receive, send)
 
             return endpoint

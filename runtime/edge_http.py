@@ -36,22 +36,20 @@ from runtime.api import BodyLimits
 from runtime.edge_pool import FINISHED, EdgeJob, EdgePool, Refused
 from runtime.metrics import ServeMetrics
 from runtime.openai_requests import (
-    MODEL_ID,
     BadRequest,
     StreamChunks,
+    add_openai_routes,
     chat_messages,
     chat_prompt,
     completion_json,
     encode_prompt,
+    error_response,
     parse_request,
 )
 from runtime.openai_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
-    ModelCard,
-    ModelList,
     Usage,
-    error_body,
 )
 from runtime.serve_config import ServeConfig
 from runtime.textstream import TextStream
@@ -74,26 +72,13 @@ class EdgeHTTP:
 
     def __init__(self, pool: EdgePool, tokenizer, server: str, max_tokens_limit: int = 512, max_prompt_tokens: int = 2048):
         from fastapi import FastAPI
-        from fastapi.exceptions import RequestValidationError
         from fastapi.responses import JSONResponse, StreamingResponse
-        from starlette.exceptions import HTTPException
 
         self.pool, self.tokenizer, self.server = pool, tokenizer, server
         self.max_tokens_limit, self.max_prompt_tokens = max_tokens_limit, max_prompt_tokens
         self.metrics = ServeMetrics()  # BodyLimits counts every response by status here
         created = int(time.time())
         app = FastAPI(title="SpecSched edge")
-
-        def error(status: int, message: str, param: str | None = None, code: str | None = None, summary: dict | None = None) -> JSONResponse:
-            return JSONResponse(error_body(status, message, param, code, summary), status_code=status)
-
-        @app.exception_handler(HTTPException)
-        async def http_error(request, exc):
-            return error(exc.status_code, str(exc.detail))
-
-        @app.exception_handler(RequestValidationError)
-        async def validation_error(request, exc):
-            return error(400, str(exc.errors()[0].get("msg")))
 
         async def handle(request: HTTPRequest, chat: bool):
             try:
@@ -109,9 +94,9 @@ class EdgeHTTP:
                               TextStream(tokenizer.decode, req.stop_list()), loop, stream=req.stream, pieces=asyncio.Queue() if req.stream else None)
                 pool.submit(job)
             except BadRequest as err:
-                return error(err.status, str(err), err.param, err.code)
+                return error_response(err.status, str(err), err.param, err.code)
             except Refused as err:
-                return error(err.status, str(err), code=err.code)
+                return error_response(err.status, str(err), code=err.code)
 
             def usage() -> Usage:
                 n = job.text.tokens
@@ -119,11 +104,11 @@ class EdgeHTTP:
 
             if not req.stream:
                 if not await self._wait(job, request):
-                    return error(499, "the client closed the request", code="client_closed_request")
+                    return error_response(499, "the client closed the request", code="client_closed_request")
                 outcome = job.outcome.outcome
                 if outcome not in FINISHED:
                     status, code = FAILED.get(outcome, (500, "internal_error"))
-                    return error(status, f"{outcome}: {job.outcome.error or 'no reason given'}", code=code, summary=job.summary())
+                    return error_response(status, f"{outcome}: {job.outcome.error or 'no reason given'}", code=code, summary=job.summary())
                 return JSONResponse(completion_json(chat, job.id, job.text.text, job.finish_reason, usage(), job.summary()))
             started = int(time.time())
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -144,22 +129,7 @@ class EdgeHTTP:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        @app.post("/v1/completions")
-        async def completions(request: HTTPRequest):
-            return await handle(request, chat=False)
-
-        @app.post("/v1/chat/completions")
-        async def chat_completions(request: HTTPRequest):
-            return await handle(request, chat=True)
-
-        @app.get("/v1/models")
-        async def models():
-            return ModelList(data=[ModelCard(id=MODEL_ID, created=created)]).model_dump()
-
-        @app.get("/health")
-        async def health():
-            body = {**pool.health(), "server": server}
-            return JSONResponse(body, status_code=503 if body["status"] == "closing" else 200)
+        add_openai_routes(app, handle, lambda: {**pool.health(), "server": server}, created)
 
         self.fastapi = app
         self.asgi = BodyLimits(app, ServeConfig(), self.metrics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
 from pydantic import ValidationError
 
 from runtime.openai_schemas import (
@@ -20,8 +21,11 @@ from runtime.openai_schemas import (
     ChatMessageOut,
     CompletionChoice,
     CompletionResponse,
+    ModelCard,
+    ModelList,
     UnsupportedParameter,
     Usage,
+    error_body,
     plain_chat_prompt,
 )
 
@@ -123,3 +127,45 @@ class StreamChunks:
             c.setdefault("finish_reason", None)
             c.setdefault("logprobs", None)
         return f"data: {json.dumps(data)}\n\n"
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None, summary: dict | None = None):
+    """OpenAI's error body (plus the ``specsched`` summary when given) as a JSON response."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error_body(status, message, param, code, summary), status_code=status)
+
+
+def add_openai_routes(app, handle: Callable, health: Callable[[], dict], created: int) -> None:
+    """The routes and error handlers the server and the edge share: ``POST /v1/completions`` and
+    ``/v1/chat/completions`` (``await handle(request, chat=...)``), ``GET /v1/models``, ``GET /health``
+    (``health()``'s body; 503 while its ``status`` is ``closing``), and OpenAI error bodies for
+    FastAPI's own HTTP and validation errors."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc):
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc):
+        return error_response(400, str(exc.errors()[0].get("msg")))
+
+    @app.post("/v1/completions")
+    async def completions(request: HTTPRequest):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: HTTPRequest):
+        return await handle(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return ModelList(data=[ModelCard(id=MODEL_ID, created=created)]).model_dump()
+
+    @app.get("/health")
+    async def health_route():
+        body = health()
+        return JSONResponse(body, status_code=503 if body["status"] == "closing" else 200)
