@@ -176,15 +176,30 @@ class CostModel:
         """:meth:`sd_time1`'s prefill and per-iteration seconds (``b >= 1``): ``sd_time1 = prefill +
         float(j_max) * iteration``, so a caller can memoise them without ``j_max`` (envs.split_builder)."""
         s = max(float(s_max), 1.0)
-        g = float(gamma)
         c = s + float(n_max) / 2.0
         prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
-        iteration = g * self.tau_s.tau1(b, 1.0, c) + self.tau_l.tau1(b, g + 1.0, c + g)
+        return prefill, self._sd_iteration1(b, float(gamma), c, self.tau_s.tau1(b, 1.0, c))
+
+    def sd_parts_all1(self, b: int, s_max: int, n_max: int, g_max: int) -> tuple[float, ...]:
+        """``(prefill, iteration(1), ..., iteration(G))``: :meth:`sd_parts1` at every depth 1..G with
+        the depth-free passes (both prefills, the draft's decode step) priced once, by the same
+        operations, so the floats are sd_parts1's. A round prices every depth until its first SD
+        admission fixes one (``envs.split_builder``): 2 + G passes instead of 4 G."""
+        s = max(float(s_max), 1.0)
+        c = s + float(n_max) / 2.0
+        draft = self.tau_s.tau1(b, 1.0, c)
+        prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
+        return (prefill, *(self._sd_iteration1(b, float(g), c, draft) for g in range(1, g_max + 1)))
+
+    def _sd_iteration1(self, b: int, g: float, c: float, draft_step_s: float) -> float:
+        """One SD iteration at depth ``g`` and mean context ``c``: ``g`` draft steps of ``draft_step_s``,
+        the verify pass, a non-overlapped verify's compute and the engine's host work."""
+        iteration = g * draft_step_s + self.tau_l.tau1(b, g + 1.0, c + g)
         if self.verify_s_per_flop is not None:
             iteration = iteration + float(self.profile.llm.flops(float(b), g + 1.0, c + g)) * self.verify_s_per_flop
         if self.engine is not None:
             iteration = iteration + float(self.engine.sd(b, g))
-        return prefill, iteration
+        return iteration
 
     def ad_memory1(self, b: int, s_max: int, n_max: int, sum_out: int) -> float:
         if self.kv_memory == "per_user":

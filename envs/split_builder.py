@@ -35,7 +35,7 @@ class SplitScalarPlan:
     the user's own); the SD memo, keyed without ``J``, serves every user that leaves the SD batch's
     ``(b, S, N)`` unchanged, and so does the ED memo (one batch's verify passes serve all depths).
     Until a round's first SD admission fixes its depth, all G depths are priced by one
-    :func:`sd_parts_all1` (the depth-free passes once); after it, SD is one straight-line check. ED
+    :meth:`~envs.cost_model.CostModel.sd_parts_all1` (the depth-free passes once); after it, SD is one straight-line check. ED
     depths run over the allowed ones only, budget first, and stop at the first depth whose KV does not
     fit (the KV never falls with the depth); candidates are kept only for allowed actions.
     ``tests/test_split_plan.py`` compares all of this with the exact check, on random and binding rounds.
@@ -49,7 +49,7 @@ class SplitScalarPlan:
         self._ad_memo: dict[tuple[int, int, int], float] = {}
         self._sd_memo: dict[tuple, object] = {}  # (b, S, N, g) -> (prefill, iteration) seconds; (b, S, N, J, g) -> seconds for an overridden sd_time1
         self._sd_parts = type(cost).sd_time1 is CostModel.sd_time1 and hasattr(cost, "sd_parts1")
-        # sd_parts_all1 repeats CostModel.sd_parts1's operations: only for a cost model that keeps them
+        # CostModel.sd_parts_all1 matches sd_parts1 only for a cost model that keeps the base sd_parts1
         self._sd_all = self._sd_parts and type(cost).sd_parts1 is CostModel.sd_parts1
         self._sd_all_memo: dict[tuple[int, int, int], tuple[float, ...]] = {}  # (b, S, N) -> (prefill, iteration at depth 1, ..., G) seconds
         self._ed_memo: dict[tuple[int, int, int], dict[int, float]] = {}  # (b, S, N) -> {q: tau_L verify pass; 0: the prefill pass}
@@ -140,7 +140,7 @@ class SplitScalarPlan:
             key = (b_s, s_s, n_s)
             all_depths = self._sd_all_memo.get(key)
             if all_depths is None:
-                all_depths = self._sd_all_memo[key] = sd_parts_all1(c, b_s, s_s, n_s, g_max)
+                all_depths = self._sd_all_memo[key] = c.sd_parts_all1(b_s, s_s, n_s, g_max)
         for g in (() if gamma > 0 and self._sd_parts else (gamma,) if gamma > 0 else range(1, g_max + 1)):
             j_s = sd_iterations1(out, alpha, g)
             j_s = j_s if j_s > j_max else j_max
@@ -254,29 +254,6 @@ class SplitScalarPlan:
     def candidate_ad_share(self) -> float:
         """The AD batch's least share if the prepared user joined it (1.0 when none is prepared)."""
         return self._prepared[1][5] if self._prepared is not None else 1.0
-
-
-def sd_parts_all1(cost: CostModel, b: int, s_max: int, n_max: int, g_max: int) -> tuple[float, ...]:
-    """``(prefill, iteration(1), ..., iteration(G))`` seconds of an SD batch: ``CostModel.sd_parts1``
-    at every depth 1..G with the depth-free passes (both prefills, the draft's decode step) priced
-    once -- the same operations in the same order per depth, so the floats are sd_parts1's
-    (``tests/test_split_plan.py`` compares them). A round prices every depth until its first SD
-    admission fixes one: 2 + G passes instead of 4 G."""
-    tau_l, tau_s = cost.tau_l.tau1, cost.tau_s.tau1
-    s = max(float(s_max), 1.0)
-    c = s + float(n_max) / 2.0
-    draft = tau_s(b, 1.0, c)
-    out = [tau_l(b, s, s) + tau_s(b, s, s)]
-    per_flop, engine = cost.verify_s_per_flop, cost.engine
-    for gamma in range(1, g_max + 1):
-        g = float(gamma)
-        iteration = g * draft + tau_l(b, g + 1.0, c + g)
-        if per_flop is not None:
-            iteration = iteration + float(cost.profile.llm.flops(float(b), g + 1.0, c + g)) * per_flop
-        if engine is not None:
-            iteration = iteration + float(engine.sd(b, g))
-        out.append(iteration)
-    return tuple(out)
 
 
 class SplitPlanBuilder:

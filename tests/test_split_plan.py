@@ -359,13 +359,12 @@ def test_sd_parts_all1_equals_sd_parts1_at_every_depth(profile, verify_eff):
     """sd_parts_all1 (every depth at once, shared passes priced once) gives sd_parts1's floats bit for
     bit -- with a table/roofline latency, a measured engine overhead and a non-overlapped verify."""
     from envs.model_choices import ModelChoices
-    from envs.split_builder import sd_parts_all1
 
     cost = CostModel(load_profile(profile), "per_user", ModelChoices(verify_flops_efficiency=verify_eff))
     rng = np.random.default_rng(7)
     points = [(1, 0, 0), (1, 1, 1), (64, 1000, 1000)] + [tuple(int(x) for x in rng.integers([1, 0, 0], [65, 2001, 2001])) for _ in range(60)]
     for b, s, n in points:
-        parts = sd_parts_all1(cost, b, s, n, 9)
+        parts = cost.sd_parts_all1(b, s, n, 9)
         assert len(parts) == 10
         for g in range(1, 10):
             pre, it = cost.sd_parts1(b, s, n, g)
