@@ -178,7 +178,7 @@ class CostModel:
         s = max(float(s_max), 1.0)
         c = s + float(n_max) / 2.0
         prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
-        return prefill, self._sd_iteration1(b, float(gamma), c, self.tau_s.tau1(b, 1.0, c))
+        return prefill, self._sd_iterations1(b, (gamma,), c, self.tau_s.tau1(b, 1.0, c))[0]
 
     def sd_parts_all1(self, b: int, s_max: int, n_max: int, g_max: int) -> tuple[float, ...]:
         """``(prefill, iteration(1), ..., iteration(G))``: :meth:`sd_parts1` at every depth 1..G with
@@ -189,17 +189,23 @@ class CostModel:
         c = s + float(n_max) / 2.0
         draft = self.tau_s.tau1(b, 1.0, c)
         prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
-        return (prefill, *(self._sd_iteration1(b, float(g), c, draft) for g in range(1, g_max + 1)))
+        return (prefill, *self._sd_iterations1(b, range(1, g_max + 1), c, draft))
 
-    def _sd_iteration1(self, b: int, g: float, c: float, draft_step_s: float) -> float:
-        """One SD iteration at depth ``g`` and mean context ``c``: ``g`` draft steps of ``draft_step_s``,
-        the verify pass, a non-overlapped verify's compute and the engine's host work."""
-        iteration = g * draft_step_s + self.tau_l.tau1(b, g + 1.0, c + g)
-        if self.verify_s_per_flop is not None:
-            iteration = iteration + float(self.profile.llm.flops(float(b), g + 1.0, c + g)) * self.verify_s_per_flop
-        if self.engine is not None:
-            iteration = iteration + float(self.engine.sd(b, g))
-        return iteration
+    def _sd_iterations1(self, b: int, gammas, c: float, draft_step_s: float) -> list[float]:
+        """One SD iteration's seconds at each depth of ``gammas`` and mean context ``c``: ``g`` draft
+        steps of ``draft_step_s``, the verify pass, a non-overlapped verify's compute and the
+        engine's host work (one loop: the v1 builder prices every depth on each new batch maximum)."""
+        tau_l, per_flop, engine = self.tau_l.tau1, self.verify_s_per_flop, self.engine
+        out = []
+        for gamma in gammas:
+            g = float(gamma)
+            iteration = g * draft_step_s + tau_l(b, g + 1.0, c + g)
+            if per_flop is not None:
+                iteration = iteration + float(self.profile.llm.flops(float(b), g + 1.0, c + g)) * per_flop
+            if engine is not None:
+                iteration = iteration + float(engine.sd(b, g))
+            out.append(iteration)
+        return out
 
     def ad_memory1(self, b: int, s_max: int, n_max: int, sum_out: int) -> float:
         if self.kv_memory == "per_user":
