@@ -148,6 +148,16 @@ class CachedSetActor:
         return np.concatenate([ctx, _run(self.out, read.reshape(-1)), mean, [size]])
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
-        """The deterministic action among those ``mask`` allows (as ``MaskedArgmax``)."""
+        """The deterministic action among those ``mask`` allows (as ``MaskedArgmax``).
+
+        A decision the mask forces (one action allowed -- most of a large round once the GPU is full)
+        skips the network: ``MaskedArgmax`` would pick that action whatever the logits. The cache
+        stays in step, as the skipped observation shows one user fewer than the last."""
+        allowed = np.asarray(mask) > 0.5
+        if np.count_nonzero(allowed) == 1:
+            # a live cache (see features) steps one user on; any other state is dropped, so the next
+            # decision re-encodes from its own observation (never a stale round)
+            self._n_prev = self._n_prev - 1 if 0 < self._n_prev < self.k_max else -1
+            return int(np.flatnonzero(allowed)[0])
         logits = _run(self.actor, self.features(obs))
-        return int(np.argmax(np.where(np.asarray(mask) > 0.5, logits, -1e8)))
+        return int(np.argmax(np.where(allowed, logits, -1e8)))

@@ -63,10 +63,19 @@ class ScalarPlan:
         sl_s = min(self.slack_min[1], slack)
         budget_sd = c.memory_budget1(True) * (1 + EPS)
         sd = {}
-        depths = [self.gamma] if self.gamma > 0 else range(1, self.g_max + 1)
+        # sd_time1 = prefill + float(j) * iteration: before the round's depth is fixed every depth is
+        # priced in one call (the depth-free passes once; the same floats as sd_time1's)
+        if self.gamma > 0:
+            depths = [self.gamma]
+            prefill, iteration = c.sd_parts1(b_s, s_s, n_s, self.gamma)
+            iterations = {self.gamma: iteration}
+        else:
+            depths = range(1, self.g_max + 1)
+            prefill, *per_depth = c.sd_parts_all1(b_s, s_s, n_s, self.g_max)
+            iterations = dict(zip(depths, per_depth, strict=True))
         for g in depths:
             j_s = max(self.j_max, sd_iterations1(out, alpha, g))
-            share_s = share_needed1(c.sd_time1(b_s, s_s, n_s, j_s, g), b_s, u_s, sl_s)
+            share_s = share_needed1(prefill + float(j_s) * iterations[g], b_s, u_s, sl_s)
             mem_s = c.sd_memory1(b_s, s_s, n_s, self.sum_out[1] + out, g)
             sd[g] = (j_s, share_s, mem_s)
             masks[1 + g] = self.share[0] + share_s <= 1 + EPS and self.mem[0] + mem_s <= budget_sd

@@ -250,9 +250,13 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
              f"(best validation score) in `policies/general/`. Test stream, seed {SEED}; BALANCE at the paper's fixed gamma = 4.", "",
              "Every policy runs a post-step on its plan (`policy.json` `post_step: improve`, `agents.plan_repair.improve`, inside the "
              "timed decision): the policy's batches are re-packed -- one batch emptied and refilled in ascending predicted output under "
-             "a small grid of input caps x slack floors (BALANCE's per-threshold step, vectorised), then line searches around the best "
-             "point -- and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. "
-             "`raw_ratio_to_balance` / `raw s<seed>` are the same seeds without it (as trained).", "",
+             "a small grid of input caps x slack floors (BALANCE's per-threshold step, vectorised), then two refinement passes around "
+             "the best point (the lines of every nearby cap and floor, and the square of the 12 distinct caps x floors either side) -- "
+             "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The refinement "
+             "was chosen on validation rounds (`results/improve_tuning.md`; at K = 200 it matches the best AD-only re-pack over every "
+             "cap and floor, and the rounds still short of BALANCE are those where BALANCE mixes AD and SD). "
+             "Decisions the mask forces (one action allowed) skip the network. "
+             "`raw_ratio_to_balance` / `raw s<seed>` are the same seeds without the post-step (as trained).", "",
              "Caveat: part of any gain comes from the draft depth -- the policies admit SD users at gamma = 2, BALANCE at 4 -- most of all "
              "under prediction error, where BALANCE with the best gamma per round (`balance_gamma`) is itself 1.20x BALANCE at K = 50 "
              "(`results/learned.md`).", "",

@@ -205,6 +205,48 @@ def test_cached_actor_takes_the_same_actions_as_the_uncached_forward(tmp_path, p
         CachedSetActor(MaskablePPO("MlpPolicy", EdgeScheduleSB3VecEnv(1, cfg.to_dict()), device="cpu"))
 
 
+@pytest.mark.parametrize("pool", ["attention", "mean_max"])
+def test_cached_actor_skips_forced_decisions_and_stays_exact(pool):
+    """A decision whose mask allows one action skips the network; the decisions after it (forced
+    runs of any length, at the start, the middle and the end of a round, rounds back to back with
+    no reset, a full look-ahead) still equal the uncached forward, and a round fitting the
+    look-ahead is encoded once however many decisions were forced."""
+    from agents.masked_policy import MaskedArgmax
+    from agents.set_policy_fast import CachedSetActor
+
+    cfg = EnvConfig(num_users=10, max_users=40)
+    from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
+
+    model = MaskablePPO("MlpPolicy", EdgeScheduleSB3VecEnv(1, cfg.to_dict()), seed=0, device="cpu",
+                        policy_kwargs={"net_arch": [16], **set_policy_kwargs({"extractor": "set", "embed_dim": 16, "heads": 2, "pool": pool}, G)})
+    with torch.no_grad():
+        model.policy.action_net.weight.mul_(50.0)
+    actor, net = CachedSetActor(model), MaskedArgmax(model).eval()
+    encodes = []
+    real_encode = actor._encode
+    actor._encode = lambda users: (encodes.append(len(users)), real_encode(users))
+    rng = np.random.default_rng(7)
+    forced = free = 0
+    for k, seed in ((30, 0), (30, 1), (41, 2), (5, 3), (30, 4)):
+        _, obs, masks = _round_decisions(k=k, seed=seed)
+        masks = masks.copy()
+        # force runs of decisions: the first ones, a stretch in the middle, the last ones
+        for i in {0, 1, *range(k // 3, min(k, k // 3 + 5)), k - 2, k - 1, *rng.choice(k, size=k // 4).tolist()}:
+            allowed = np.flatnonzero(masks[i])
+            masks[i] = 0
+            masks[i, rng.choice(allowed)] = 1
+        with torch.no_grad():
+            want = net(torch.as_tensor(obs), torch.as_tensor(masks, dtype=torch.float32)).numpy()
+        n_before = len(encodes)
+        for i, (o, m) in enumerate(zip(obs, masks, strict=True)):
+            assert actor.act(o, m) == want[i], (k, seed, i)
+            forced += int(m.sum() == 1)
+            free += int(m.sum() > 1)
+        if k <= 40:  # every user to come fits the look-ahead: one encoding for the round (none if all forced)
+            assert len(encodes) - n_before == int((masks.sum(axis=1) > 1).any()), (k, seed, encodes[n_before:])
+    assert forced > 30 and free > 30
+
+
 def test_imitation_replays_balance_and_clones_it(tmp_path):
     """Expert data: BALANCE's plan replayed through the env serves what BALANCE serves; a tiny clone runs."""
     from agents.imitation import (
