@@ -9,7 +9,8 @@ The parts, one concept each:
 
 - :mod:`runtime.serve_config` -- every setting, validated in full before anything is loaded;
 - :mod:`runtime.api` -- HTTP: OpenAI schemas (:mod:`runtime.openai_schemas`), limits, errors, streaming;
-- :mod:`runtime.rounds` -- the queue, deadline-aware admission, planning, faults, shutdown;
+- :mod:`runtime.rounds` -- the queue, deadline-aware admission, the round loop, faults, shutdown;
+- :mod:`runtime.round_runner` -- one round: planning it, running its batches, learning the calibration;
 - :mod:`runtime.executor` -- running a plan's AD / SD batches (time-slicing or two devices);
 - :mod:`runtime.calibration` -- real / predicted step time per mode, scaling the profile;
 - :mod:`runtime.metrics` -- Prometheus counters, histograms and gauges;

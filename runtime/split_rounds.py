@@ -102,8 +102,8 @@ class SplitRoundServer(RoundServer):
             return PolicyV1Scheduler(self.cost, EnvConfig.max_gamma, draft_depth=self.cfg.draft_depth, seed=0, path=self.cfg.policy_path)
         return super().make_scheduler()
 
-    def _round(self, batch: list[LiveRequest], now: float) -> Round:
-        rnd = super()._round(batch, now)
+    def as_round(self, batch: list[LiveRequest], now: float) -> Round:
+        rnd = super().as_round(batch, now)
         rnd.has_edge = np.array([isinstance(r, EdgeRequest) for r in batch], dtype=bool)
         rnd.rtt_s = np.array([r.rtt_s if isinstance(r, EdgeRequest) else 0.0 for r in batch], dtype=float)
         return rnd
