@@ -11,7 +11,8 @@
 #             (envs/outcome.py), the env's action handling (envs/actions.py: action_index,
 #             action_indices; both step()s of envs/edge_schedule.py, the v0 scalar and vector envs;
 #             the envs.edge_schedule.x_action_index* globs match runs from before actions.py existed);
-#   agents -- the per-mode solver, BALANCE and the optimum (agents/mode_solver.py, balance.py, optimal.py).
+#   agents -- the per-mode solver, BALANCE and the optimum (agents/mode_solver.py, balance.py, optimal.py,
+#             exact_search.py: the exhaustive search, moved out of optimal.py).
 # Runs on a scratch copy of the committed tree (MUTATION_SOURCE=worktree copies the work tree
 # instead), so concurrent edits never mix in; the copy is kept for `mutmut show NAME` there.
 # Slow (tens of minutes on 2 shared cores): not part of the default test run -- run it on demand and
@@ -42,12 +43,12 @@ TIMEOUT[agents]=2
 FILES[envs]="envs/cost_model.py envs/feasibility.py envs/plan_builder.py envs/outcome.py envs/actions.py envs/edge_schedule.py"
 TESTS[envs]="tests/test_golden.py tests/test_binding.py tests/test_env_actions.py tests/test_feasibility.py tests/test_env.py tests/test_fidelity.py"
 GLOBS[envs]="envs.cost_model.* envs.feasibility.* envs.plan_builder.* envs.outcome.* envs.actions.* envs.edge_schedule.x_action_index__mutmut_* envs.edge_schedule.x_action_indices__mutmut_* envs.edge_schedule.xǁEdgeScheduleEnvǁstep__mutmut_* envs.edge_schedule.xǁEdgeScheduleVectorEnvǁstep__mutmut_*"
-FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py"
+FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py agents/exact_search.py"
 # the agents group runs only fast tests with exact expected values (brute force on tiny rounds,
 # hand-walked rounds); the slower hypothesis / brute-force suites (test_mode_solver.py,
 # test_schedulers.py, test_optimal.py) stay in the default run, out of the per-mutant selection
 TESTS[agents]="tests/test_agents_core.py tests/test_golden.py tests/test_binding.py"
-GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.*"
+GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.* agents.exact_search.*"
 
 SELECTED=("$@")
 [ ${#SELECTED[@]} -gt 0 ] || SELECTED=(envs agents)

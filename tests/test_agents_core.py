@@ -1,7 +1,8 @@
 """Fast, sharp tests of the agents core: the per-mode solver, BALANCE and the optimum.
 
 These are the tests the mutation run (``bash scripts/mutation.sh agents``) selects for every
-mutant of ``agents/mode_solver.py``, ``agents/balance.py`` and ``agents/optimal.py``, so they run
+mutant of ``agents/mode_solver.py``, ``agents/balance.py``, ``agents/optimal.py`` and
+``agents/exact_search.py``, so they run
 in seconds and every expected value comes from outside the code under test:
 
 * brute force on tiny rounds (K <= 6): every subset for one mode (``2^K``), every plan (``3^K``),
@@ -26,11 +27,11 @@ from adversarial_rounds import mode_cost_and_memory, subset_masks
 
 from agents.balance import Balance, BalanceGammaSearch, grid, split_search
 from agents.cost_envelope import CostEnvelope
+from agents.exact_search import node_bound
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.optimal import (
     Exhaustive,
     Optimal,
-    _node_bound,
     certify,
     exhaustive_search,
     split_upper_bound,
@@ -424,7 +425,7 @@ def test_node_bound_is_valid_and_exact_when_only_one_user_fits():
         k = rnd.num_users
         order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
         env = CostEnvelope(cost, rnd, gamma)
-        alive, bound = _node_bound(PlanBuilder(cost, 1, gamma), np.ones((1, k), dtype=bool), np.zeros(1, dtype=np.int64), (env, rnd, order, gamma), 0)
+        alive, bound = node_bound(PlanBuilder(cost, 1, gamma), np.ones((1, k), dtype=bool), np.zeros(1, dtype=np.int64), (env, rnd, order, gamma), 0)
         assert bound[0] >= brute_optimum(cost, rnd, gamma)
         assert bound[0] <= k and alive.shape == (1, k)
     # KV budget 70_000 B: one AD user (I=6, O=9: 15 tokens * 2000 = 30_000 B) fits twice, but
@@ -435,7 +436,7 @@ def test_node_bound_is_valid_and_exact_when_only_one_user_fits():
     assert brute_optimum(cost, rnd, 2) == 1
     env = CostEnvelope(cost, rnd, 2)
     order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
-    alive, bound = _node_bound(PlanBuilder(cost, 1, 2), np.ones((1, 3), dtype=bool), np.zeros(1, dtype=np.int64), (env, rnd, order, 2), 0)
+    alive, bound = node_bound(PlanBuilder(cost, 1, 2), np.ones((1, 3), dtype=bool), np.zeros(1, dtype=np.int64), (env, rnd, order, 2), 0)
     assert bound.tolist() == [1] and alive.tolist() == [[True, True, True]]
 
 
@@ -842,12 +843,12 @@ class _Clock:
 def test_exhaustive_search_stopped_mid_search_bounds_what_is_left(monkeypatch):
     """The clock reads 1 s at the start and one more second per popped stack entry, so a limit
     of 2.5 s stops the search at its third entry, with entries still on the stack."""
-    import agents.optimal as opt_mod
+    import agents.exact_search as search_mod
 
     for i, (cost, rnd) in enumerate(CASES[:6]):
         gamma = 1 + i % 3
         opt = brute_optimum(cost, rnd, gamma)
-        monkeypatch.setattr(opt_mod, "time", _Clock())
+        monkeypatch.setattr(search_mod, "time", _Clock())
         modes, complete, ub = exhaustive_search(cost, rnd, gamma, time_limit_s=2.5, chunk=1)
         monkeypatch.undo()
         if complete:  # searches this small may finish in three entries
@@ -866,7 +867,7 @@ def _node_bounds(cost, rnd, gamma):
     k = rnd.num_users
     order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")
     ctx = (CostEnvelope(cost, rnd, gamma), rnd, order, gamma)
-    _, root = _node_bound(PlanBuilder(cost, 1, gamma), np.ones((1, k), dtype=bool), np.zeros(1, dtype=np.int64), ctx, 0)
+    _, root = node_bound(PlanBuilder(cost, 1, gamma), np.ones((1, k), dtype=bool), np.zeros(1, dtype=np.int64), ctx, 0)
     user = order[0]
     arrays = (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s)
     b = PlanBuilder(cost, 3, gamma)
@@ -874,7 +875,7 @@ def _node_bounds(cost, rnd, gamma):
     actions = np.array([0, 1, 1 + gamma])
     ok = masks[np.arange(3), actions]
     b.apply(np.where(ok, actions, 0))
-    _, children = _node_bound(b, np.ones((3, k), dtype=bool), np.array([0, 1, 1]) * ok, ctx, 1)
+    _, children = node_bound(b, np.ones((3, k), dtype=bool), np.array([0, 1, 1]) * ok, ctx, 1)
     return user, int(root[0]), [(mode, int(children[i])) for i, mode in enumerate((0, AD, SD)) if ok[i]]
 
 
