@@ -96,7 +96,7 @@ def log_policy_artifact(run, folder: Path, metadata: dict[str, Any], aliases: tu
 
 
 def hparams_of(cfg: Any) -> dict[str, int | float | str | bool]:
-    """The hyperparameters of a :class:`agents.train.TrainConfig`, flat, as TensorBoard's HParams plugin takes them."""
+    """The hyperparameters of a :class:`agents.train_config.TrainConfig`, flat, as TensorBoard's HParams plugin takes them."""
     hp: dict[str, Any] = {"algo": cfg.agent.algo, "policy": cfg.agent.policy, "net_arch": str(list(cfg.agent.net_arch)), "seed": cfg.seed,
                           "n_envs": cfg.n_envs, "total_timesteps": cfg.total_timesteps, "curriculum": str(list(cfg.curriculum)),
                           "env/num_users": cfg.env.num_users, "env/max_users": cfg.env.k_max, "env/user_order": cfg.env.user_order,
