@@ -180,7 +180,7 @@ def engine_table(engines: pd.DataFrame) -> list[str]:
             t[cols].to_markdown(index=False, floatfmt=".3g"), ""]
 
 
-def _setting(tp: pd.DataFrame) -> tuple[str, str, str]:
+def run_setting(tp: pd.DataFrame) -> tuple[str, str, str]:
     """The run's baseline, tree profile and proactive gain (from the CSV's columns; older CSVs: the earlier method)."""
     first = tp.iloc[0]
     baseline = str(first["baseline"]) if "baseline" in tp else "equal_itl"
@@ -206,7 +206,7 @@ def figure(tp: pd.DataFrame, summary: pd.DataFrame | None):
     g = tp[(tp["variant"] == "full") & (tp["num_clients"] == SWEEP_CLIENTS) & (tp["draft"] == "tree")].sort_values("rtt_ms")
     if not g.empty:
         axes[0].plot(g["rtt_ms"], g["throughput_ratio"], ls="-.", marker="x", label=f"tree (full, N = {SWEEP_CLIENTS})")
-    baseline = _setting(tp)[0]
+    baseline = run_setting(tp)[0]
     axes[0].set(xlabel="RTT (ms)", ylabel=f"server throughput ratio ({baseline})", title=f"SpecEdge / server-only SD, N = {HEADLINE_CLIENTS}")
     axes[0].legend(fontsize=7)
     for draft, g in full.groupby("draft"):
