@@ -55,7 +55,9 @@ Where the split loses on one CPU box (measured; the columns show it):
   round trip beyond the emulated WAN (``runtime.split.transport_timing`` measures gRPC against the
   in-process link alone).
 
-Timings need an idle machine; every number comes with the command line in the markdown.
+Timings need an idle machine; every number comes with the command line in the markdown. This
+module runs and measures; the comparison of the runs with the baseline and the target checks are
+:mod:`experiments.split_bench_analysis`.
 """
 
 from __future__ import annotations
@@ -75,17 +77,19 @@ import pandas as pd
 import torch
 
 from agents.artefacts import write_csv_atomic, write_text_atomic
+from experiments.split_bench_analysis import (
+    THROUGHPUT,
+    THROUGHPUT_WORDS,
+    checks,
+    cohort_alternation,
+    compare,
+    drafted_hit_rate,
+    run_row,
+)
 from runtime.engines import drain, sd_steps
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
-#: throughput definition -> (split column, baseline column)
-THROUGHPUT = {"cpu": ("server_tokens_per_cpu_s", "tokens_per_cpu_s"), "busy": ("server_tokens_per_busy_s", "tokens_per_s"),
-              "wall": ("server_tokens_per_s", "tokens_per_s")}
-
-THROUGHPUT_WORDS = {"cpu": "tokens per CPU second of the server process while serving (server-only SD: per CPU second of its process).",
-                    "busy": "tokens per second inside the server's verification forwards (server-only SD: per wall second).",
-                    "wall": "tokens per wall second of the server's span (server-only SD: per wall second)."}
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -262,106 +266,6 @@ def baseline_sweep(args, pair) -> pd.DataFrame:
                      "itl_ms": sum(itls) / len(itls) if itls else float("nan")})
         print(f"[split_bench] server-only SD batch {batch} gamma {gamma}: {rows[-1]['tokens_per_s']:.1f} tok/s, ITL {rows[-1]['itl_ms']:.2f} ms", flush=True)
     return pd.DataFrame(rows)
-
-
-def cohort_alternation(logs: list[dict]) -> float | None:
-    """Of consecutive verification batches (rebuilt from the edge's iteration log: a batch is the
-    iterations with one cohort and one server start time), the fraction that switch cohort: ~1
-    when two cohorts take turns (one verifies while the other drafts and travels), 0 with one."""
-    starts = sorted({(round(x["arrived_at"] + x["queue_wait_ms"] / 1e3, 4), x["cohort"]) for x in logs})
-    cohorts = [c for _, c in starts]
-    return sum(a != b for a, b in zip(cohorts[:-1], cohorts[1:], strict=True)) / (len(cohorts) - 1) if len(cohorts) > 1 else None
-
-
-def drafted_hit_rate(logs: list[dict]) -> float | None:
-    """Proactive hits among the iterations that drafted ahead at all (``proactive_ms`` > 0) and had
-    a next block (not a request's last): on a shared draft device a client often gets no turn
-    before its reply, which the plain hit rate counts as a miss."""
-    last = {}
-    for x in logs:
-        last[x["request_id"]] = max(last.get(x["request_id"], -1), x["iteration"])
-    drafted = [x["proactive_hit"] for x in logs if x["proactive_ms"] > 0 and x["iteration"] < last[x["request_id"]]]
-    return sum(drafted) / len(drafted) if drafted else None
-
-
-def best_baseline(base: pd.DataFrame, itl_ms: float, column: str = "tokens_per_s") -> tuple[pd.Series, bool]:
-    """The baseline configuration with the most ``column`` among those whose ITL is within
-    ``itl_ms`` (and True), else the lowest-ITL one (and False)."""
-    ok = base[base.itl_ms <= itl_ms]
-    if len(ok):
-        return ok.loc[ok[column].idxmax()], True
-    return base.loc[base.itl_ms.idxmin()], False
-
-
-def best_split(df: pd.DataFrame) -> pd.Series:
-    """The headline configuration: among the runs at the first (smallest) RTT, the one with the
-    highest throughput_ratio -- each run's ratio is against the best server-only SD configuration
-    whose ITL is no worse than that run's own (equal ITL, the baseline's side of the tie)."""
-    five = df[df.rtt_ms == df.rtt_ms.min()]
-    return five.loc[five.throughput_ratio.idxmax()]
-
-
-def checks(df: pd.DataFrame) -> list[str]:
-    lines = []
-    five = df[df.rtt_ms == df.rtt_ms.min()]
-    if len(five):
-        best = best_split(df)
-        name = f" ({best.throughput} throughput)" if "throughput" in five else ""
-        others = ", ".join(f"{c[6:]} {best[c]:.2f}x" for c in ("ratio_cpu", "ratio_busy", "ratio_wall") if c in five)
-        config = (f" ({int(best.clients)} clients, {int(best.cohorts)} cohort(s), proactive {best.proactive}; ITL {best.itl_ms:.2f} ms vs the "
-                  f"baseline's {best.baseline_itl_ms:.2f} ms at batch {int(best.baseline_batch)}, gamma {int(best.baseline_gamma)})") if "baseline_itl_ms" in five else ""
-        lines.append(f"- split vs server-only SD at equal ITL, RTT {five.rtt_ms.iloc[0]:g} ms: best throughput ratio{name} {five.throughput_ratio.max():.2f}x "
-                     f"(target >= 1.15x){config}" + (f"; same run by definition: {others}" if others else ""))
-    keys = ["rtt_ms", "clients"] if "clients" in df else ["rtt_ms"]
-    for key, g in df.groupby([*keys, "cohorts"]):
-        on, off = g[g.proactive == "on"], g[g.proactive == "off"]
-        if len(on) and len(off):
-            gain = 1 - on.itl_ms.iloc[0] / off.itl_ms.iloc[0]
-            who = f", {key[1]} clients" if len(keys) == 2 else ""
-            lines.append(f"- proactive on vs off, RTT {key[0]:g} ms{who}, {key[-1]} cohort(s): ITL {on.itl_ms.iloc[0]:.2f} vs {off.itl_ms.iloc[0]:.2f} ms, "
-                         f"{100 * gain:.1f} % lower (target >= 5 %)")
-    for key, g in df.groupby([*keys, "proactive"]):
-        one, two = g[g.cohorts == 1], g[g.cohorts == 2]
-        if len(one) and len(two):
-            who = f", {key[1]} clients" if len(keys) == 2 else ""
-            lines.append(f"- two cohorts vs one, RTT {key[0]:g} ms{who}, proactive {key[-1]}: server utilisation {two.server_utilisation.iloc[0]:.2f} vs "
-                         f"{one.server_utilisation.iloc[0]:.2f} = {two.server_utilisation.iloc[0] / one.server_utilisation.iloc[0]:.2f}x (target >= 1.5x)")
-    return lines
-
-
-def run_row(args, rtt: float, proactive: str, cohorts: int, clients: int, run: dict) -> dict:
-    """One split run's measurements (before the comparison with the baseline)."""
-    edge, server = run["edge"], run["server"]
-    busy, cpu = server.get("busy_s"), server.get("cpu_s")
-    timing = server.get("verify_timing") or {}
-    return {"rtt_ms": rtt, "proactive": proactive, "cohorts": cohorts, "clients": clients, "depth": args.depth,
-            "server_tokens_per_s": server["tokens_per_s"], "server_tokens_per_busy_s": server["tokens"] / busy if busy else float("nan"),
-            "server_tokens_per_cpu_s": server["tokens"] / cpu if cpu else float("nan"),
-            "server_cpu_s": cpu, "server_busy_s": busy, "itl_ms": edge["itl_ms"], "server_utilisation": server["utilisation"],
-            "mean_batch": server["mean_batch"], "cohort_alternation": server["cohort_alternation"], "mean_depth": edge["mean_depth"],
-            "accepted_per_iteration": edge["accepted_per_iteration"], "proactive_hit_rate": edge["proactive_hit_rate"], "network_ms": edge["network_ms"],
-            # what the round trip took beyond the emulated WAN (mean RTT + mean jitter both ways): gRPC, serialisation, threads
-            "transport_overhead_ms": edge["network_ms"] - rtt - args.jitter_ms, "queue_wait_ms": edge["queue_wait_ms"],
-            "server_compute_ms": edge["server_compute_ms"],
-            # where the server's CPU goes: the batcher thread's CPU inside verification / the process's serving CPU (the rest:
-            # gRPC, (de)serialisation, thread handoffs); within verification the forward's share and how often a batch kept its cache
-            "verify_cpu_share": server["verify_cpu_s"] / cpu if cpu and server.get("verify_cpu_s") is not None else float("nan"),
-            "forward_share": timing["forward_s"] / busy if busy and "forward_s" in timing else float("nan"),
-            "kv_reused": timing["reused"] / (timing["reused"] + timing["stacked"]) if timing.get("reused", 0) + timing.get("stacked", 0) else float("nan"),
-            "proactive_hit_rate_drafted": server.get("proactive_hit_rate_drafted"),
-            "host_load_1min": run["load"], "outcomes": json.dumps(edge["outcomes"])}
-
-
-def compare(row: dict, base: pd.DataFrame, throughput: str) -> dict:
-    """``row`` with the best baseline at its ITL and the split/server-only ratios under every definition."""
-    ratios = {}
-    for name, (split_col, base_col) in THROUGHPUT.items():
-        best, _ = best_baseline(base, row["itl_ms"], base_col)
-        ratios[f"ratio_{name}"] = row[split_col] / best[base_col]
-    ref, within = best_baseline(base, row["itl_ms"], THROUGHPUT[throughput][1])
-    return {**row, "baseline_tokens_per_s": ref.tokens_per_s, "baseline_tokens_per_cpu_s": ref.tokens_per_cpu_s, "baseline_itl_ms": ref.itl_ms,
-            "baseline_batch": int(ref.batch), "baseline_gamma": int(ref.gamma), "baseline_within_itl": within,
-            "throughput": throughput, "throughput_ratio": ratios[f"ratio_{throughput}"], **ratios}
 
 
 def main(argv: list[str] | None = None) -> None:

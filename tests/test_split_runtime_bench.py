@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.split_bench import best_baseline, checks, parse_args
+from experiments.split_bench import parse_args
+from experiments.split_bench_analysis import best_baseline, checks
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -93,7 +94,7 @@ def test_verify_timing_times_every_schedule(tmp_path):
 
 
 def test_cohort_alternation_counts_cohort_switches_between_batches():
-    from experiments.split_bench import cohort_alternation
+    from experiments.split_bench_analysis import cohort_alternation
 
     def it(start, cohort):
         return {"arrived_at": start, "queue_wait_ms": 0.0, "cohort": cohort}
@@ -105,7 +106,7 @@ def test_cohort_alternation_counts_cohort_switches_between_batches():
 
 
 def test_headline_is_the_best_ratio_at_the_first_rtt_and_checks_group_by_clients():
-    from experiments.split_bench import best_split
+    from experiments.split_bench_analysis import best_split
 
     df = pd.DataFrame({"rtt_ms": [5.0, 5.0, 5.0, 5.0, 10.0], "clients": [8, 8, 32, 32, 32], "proactive": ["on", "off", "on", "off", "off"],
                        "cohorts": [2, 2, 2, 2, 2], "throughput_ratio": [0.9, 1.0, 1.1, 1.2, 3.0], "itl_ms": [10.0, 10.0, 20.0, 22.0, 30.0],
@@ -119,7 +120,7 @@ def test_headline_is_the_best_ratio_at_the_first_rtt_and_checks_group_by_clients
 
 
 def test_drafted_hit_rate_counts_only_iterations_that_drafted_ahead():
-    from experiments.split_bench import drafted_hit_rate
+    from experiments.split_bench_analysis import drafted_hit_rate
 
     def it(rid, k, ms, hit):
         return {"request_id": rid, "iteration": k, "proactive_ms": ms, "proactive_hit": hit}
