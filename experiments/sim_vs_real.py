@@ -48,12 +48,15 @@ plans and costs with the per-mode factors the server ended with, read from ``/st
 The server runs with one torch thread by default: on a 2-core machine shared with the HTTP stack
 and the load generator, two OpenMP threads made the same replay's real p50 swing between 0.71 and
 0.94 s over three runs (one thread: 0.93-0.96 s), more than the target error.
+
+This module serves and replays (and holds the CLI); the simulator side is
+:mod:`experiments.sim_vs_real_simulate` and the comparison tables and report
+:mod:`experiments.sim_vs_real_report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import socket
 import subprocess
 import sys
@@ -61,30 +64,21 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from agents.artefacts import write_csv_atomic, write_text_atomic
-from agents.registry import make_scheduler
-from envs.config import EnvConfig
-from envs.cost_model import CostModel
-from envs.outcome import evaluate_plan
-from envs.plan import AD, SD
-from envs.profile import load_profile
-from envs.workload import Round
-from runtime.calibration import CalibratedCostModel, StepCalibration
+from experiments.sim_vs_real_report import compare, compare_by_mode, write_report
+from experiments.sim_vs_real_simulate import DEFAULT_SHARING, simulate
 from runtime.loadgen import run as loadgen
 from runtime.machine_profile import AUTO, PlanningProfile, resolve_profile
 from runtime.pair import build_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
-#: the simulator's default sharing model: the executor's whole-step rule (see the module docstring)
-DEFAULT_SHARING = "steps"
 
 
 def free_port() -> int:
+    """A TCP port free on loopback now (for a server started next)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -127,78 +121,6 @@ def server_calibration(url: str) -> dict[str, float]:
     """The per-mode factors (real / predicted step time) the server plans with now (``/stats``)."""
     factors = httpx.get(f"{url}/stats", timeout=10).json()["calibration"]
     return {mode: float(factors[mode]) for mode in ("ad", "sd")}
-
-
-def measured_alpha(g: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:
-    """Per-request acceptance the server measured (SD requests with a full iteration), else ``fallback``."""
-    if "sd_accepted" not in g:
-        return fallback
-    acc, rej = g.sd_accepted.to_numpy(dtype=float), g.sd_rejections.to_numpy(dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        a = acc / (acc + rej)
-    return np.where(np.isfinite(a), np.clip(a, 0.0, 0.999), fallback)
-
-
-def simulate(df: pd.DataFrame, scheduler: str, window_s: float, alpha: float, completion: str, sharing: str, profile: str,
-             factors: dict[str, float] | None = None) -> pd.DataFrame:
-    """Plan each round as the server did (same inputs, same acceptance estimate) and cost it.
-
-    Two outcomes: ``sim`` realises the estimate (what the environment predicts), ``sim_measured``
-    realises each SD request's measured acceptance (isolating the cost model from acceptance).
-    ``factors``: the server's online calibration (real / predicted step time per mode); planning
-    and costing both scale the profile's AD and SD batch times by them, as the server's planner does.
-    """
-    cost = CostModel(load_profile(profile))
-    if factors is not None:
-        calibration = StepCalibration()
-        for mode, f in factors.items():
-            calibration.update(mode, f, 1.0)  # the first sample is the factor (no smoothing, no margin)
-        cost = CalibratedCostModel(cost, calibration)
-    sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0)  # the server's largest draft depth (runtime.rounds)
-    rows = []
-    for r, g in df.groupby("round"):
-        n = len(g)
-        planned = g.alpha_planned.dropna() if "alpha_planned" in g else pd.Series(dtype=float)
-        a_plan = float(planned.iloc[0]) if len(planned) else alpha
-        # as the server builds its rounds (runtime.rounds): measured requests, no link time over loopback
-        rnd = Round.from_requests(g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6), np.full(n, a_plan),
-                                  uplink_s=0.0, downlink_s=0.0)
-        plan = sched.plan(rnd)
-        measured = dataclasses.replace(rnd, realized_alpha=measured_alpha(g, rnd.alpha))
-        # sharing "steps": the profile's engine steps, each scaled by its mode's calibration factor as the batch times are
-        out, out_m = (evaluate_plan(cost, x, plan, completion=completion, sharing=sharing) for x in (rnd, measured))
-        prefill = prefill_s(cost.profile, rnd, plan, factors)
-        for k, (_, row) in enumerate(g.iterrows()):
-            lat = out.latency_s[k] + window_s if np.isfinite(out.latency_s[k]) else np.nan
-            lat_m = out_m.latency_s[k] + window_s if np.isfinite(out_m.latency_s[k]) else np.nan
-            rows.append({"round": r, "user": row.user, "sim_mode": {AD: "ad", SD: "sd"}.get(int(plan.modes[k]), "-"),
-                         "sim_served": bool(out.served[k]), "sim_latency_s": lat,
-                         "sim_measured_served": bool(out_m.served[k]), "sim_measured_latency_s": lat_m, "sim_prefill_s": prefill[k]})
-    return pd.DataFrame(rows)
-
-
-def prefill_s(profile, rnd: Round, plan, factors: dict[str, float] | None = None) -> np.ndarray:
-    """Per user, the simulated time to its batch's first token: the batch's first engine step on the
-    whole device -- AD: the target's pass over the padded prompts; SD: both models' prefills and one
-    draft-verify iteration (``runtime.engines`` yields only after it) -- NaN for rejected users.
-
-    Not at the batch's compute share: ``runtime.executor.run_shared`` runs a step whole, so a
-    batch's first step starts at once or after the other batch's first step, at full speed. (Dividing
-    by the share, as the fluid sharing model spreads it, put the AD prefill at 0.41 s against 0.26 s
-    real in a BALANCE run, and so moved ~0.15 s of the same compute time from "decode" to "prefill".)
-    """
-    out = np.full(rnd.num_users, np.nan)
-    iteration = CostModel(profile).sd_iteration_time
-    for mode, key in ((AD, "ad"), (SD, "sd")):
-        members = plan.modes == mode
-        if not members.any():
-            continue
-        b, s = int(members.sum()), int(rnd.input_tokens[members].max())
-        t = float(profile.tau_llm.tau(b, s, s))
-        if mode == SD:
-            t += float(profile.tau_slm.tau(b, s, s)) + float(iteration(b, s, int(plan.gamma)))
-        out[members] = t * (factors or {}).get(key, 1.0)
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,100 +240,6 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
 def cpu_hog() -> subprocess.Popen:
     """One CPU-bound process (a busy Python loop) beside the server, until killed."""
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def profile_lines(planning: PlanningProfile) -> list[str]:
-    """Which profile and calibration the run planned with, for the report."""
-    s = planning.summary()
-
-    def short(path: str) -> str:  # repository-relative, or ~ for the home folder's cache
-        return path.replace(str(ROOT) + "/", "").replace(str(Path.home()), "~")
-
-    return [f"- profile: `{short(s['profile'])}` ({s['source']}; base `{short(s['base'])}`; this machine's key `{s['machine key']}`)",
-            f"- this machine: {s['this machine']}", f"- table measured on: {s['table measured on']}", f"- calibration measured on: {s['calibration measured on']}",
-            f"- calibration (measured / table pass time, per model and new tokens q): {s['calibration']}",
-            f"- engine overhead (engine wall time beyond the calibrated passes): {s['engine overhead']}"]
-
-
-def write_report(args, planning: PlanningProfile, df: pd.DataFrame, table: pd.DataFrame, modes: pd.DataFrame) -> None:
-    # another simulator sharing model than the default writes beside the default's report, not over it
-    stem = ("sim_vs_real_cpu_hog" if args.cpu_hog else "sim_vs_real") + ("" if args.sharing == DEFAULT_SHARING else f"_sharing_{args.sharing}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(df, args.out / f"{stem}.csv")  # a reader never sees half a table
-    if args.from_csv is None:  # the profile both sides planned with, beside the CSV: --from-csv can re-simulate it later
-        write_text_atomic(args.out / f"{stem}_profile.yaml", Path(planning.path).read_text())
-    cmd = f"python -m experiments.sim_vs_real --schedulers {args.schedulers} --rounds {args.rounds} --users {args.users}" + (f" --devices {args.devices}" if args.devices else "")
-    cmd += (f" --profile {args.profile}" if args.profile != AUTO else "") + ("" if args.auto_profile else " --no-auto-profile")
-    cmd += (" --cpu-hog" if args.cpu_hog else "") + (" --pair PATH" if args.pair else "")
-    cmd += ("" if args.sharing == DEFAULT_SHARING else f" --sharing {args.sharing}") + ("" if args.completion == "own" else f" --completion {args.completion}")
-    if args.from_csv is not None:
-        cmd += f" --from-csv {args.from_csv}"
-    setting = ("one CPU-bound process (a busy loop) ran beside the server throughout; each scheduler ran with the server's online calibration on "
-               "(the simulator plans and costs with the per-mode factors the server ended with: columns *factor*) and off (both plan with the bare profile). "
-               if args.cpu_hog else "the server's online calibration pinned at 1 (it plans with the bare profile, as the simulator does). ")
-    text = "\n".join([
-        "# Simulated vs real" + (" with a CPU hog" if args.cpu_hog else ""), "",
-        *([f"Re-simulated from the real rows of `{args.from_csv}` (no server ran for this report).", ""] if args.from_csv is not None else []),
-        f"{args.rounds} rounds x {args.users} requests per scheduler, deadlines x {args.time_scale}, outputs x {args.token_scale}, round window {args.window_s} s; "
-        f"the project's pair on this CPU, server with {args.threads} torch thread(s){f' per device, devices {args.devices}' if args.devices else ''}; {setting}"
-        f"Simulator outcome: completion `{args.completion}`, sharing `{args.sharing}`. "
-        "Latency is from the request's arrival to its last token (the round window included). "
-        "*sim* realises the acceptance estimate the server planned with (what the environment predicts); *sim, measured acceptance* realises each SD request's measured acceptance.", "",
-        "Server and simulator planned with:", "", *profile_lines(planning), "",
-        table.to_markdown(index=False, floatfmt=".3g"), "",
-        "By mode (requests that ran in that mode in both). Compute = latency - wait - planning (real), latency - window (simulated); "
-        "prefill = time to the first token - wait - planning (real), the batch's first engine step on the whole device (simulated: AD its prefill, SD both prefills and one iteration; the executor runs a step whole); decode = compute - prefill:", "",
-        modes.to_markdown(index=False, floatfmt=".3g"), "",
-        f"Reproduce: `{cmd}`" + ("" if args.from_csv is not None else f" (the profile it planned with is saved as `{stem}_profile.yaml`"
-                                  + (")" if args.cpu_hog else f"; re-simulate this run with `--from-csv {stem}.csv --profile {stem}_profile.yaml`)")), "",
-    ])
-    write_text_atomic(args.out / f"{stem}.md", text)
-    print(text)
-
-
-def compare(both: pd.DataFrame, name: str, window_s: float) -> dict:
-    """Served count and p50 latency, real vs simulated, for one scheduler (and its compute p50 error per mode)."""
-    done = both.outcome.isin(["served", "late"])
-    real_served = int((both.outcome == "served").sum())
-    real_p50 = both.latency_s[done].median()
-    row = {"scheduler": name, "requests": len(both), "served (real)": real_served}
-    for label, col in (("sim", "sim"), ("sim, measured acceptance", "sim_measured")):
-        served = int(both[f"{col}_served"].sum())
-        row[f"served ({label})"] = served
-        row[f"served error % ({label})"] = (served - real_served) / max(real_served, 1) * 100
-    row["late (real)"] = int((both.outcome == "late").sum())
-    row["p50 latency real (s)"] = real_p50
-    for label, col in (("sim", "sim"), ("sim, measured acceptance", "sim_measured")):
-        p50 = both[f"{col}_latency_s"].dropna().median()
-        row[f"p50 ({label}) (s)"] = p50
-        row[f"p50 error % ({label})"] = (p50 - real_p50) / real_p50 * 100 if real_p50 else np.nan
-    row["same modes (%)"] = float((both["mode"].fillna("-") == both.sim_mode).mean() * 100)
-    for mode_row in compare_by_mode(both, name, window_s):  # where a latency gap comes from
-        row[f"{mode_row['mode'].upper()} compute p50 error %"] = mode_row["error %"]
-    return row
-
-
-def compare_by_mode(both: pd.DataFrame, name: str, window_s: float) -> list[dict]:
-    """Compute time per mode, real vs simulated, split into prefill (to the first token) and decoding."""
-    rows = []
-    for mode in ("ad", "sd"):
-        m = both[(both["mode"] == mode) & (both.sim_mode == mode) & both.outcome.isin(["served", "late"])]
-        if m.empty:
-            continue
-        real = (m.latency_s - m.wait_s - m.plan_s) if "wait_s" in m else pd.Series(np.nan, index=m.index)
-        sim = m.sim_latency_s - window_s
-        real_pre = (m.ttft_s - m.wait_s - m.plan_s) if "ttft_s" in m and "wait_s" in m else pd.Series(np.nan, index=m.index)
-        sim_pre = m.sim_prefill_s if "sim_prefill_s" in m else pd.Series(np.nan, index=m.index)
-        row = {"scheduler": name, "mode": mode, "requests": len(m), "compute p50 real (s)": real.median(), "compute p50 sim (s)": sim.median(),
-               "error %": _err(sim.median(), real.median()), "prefill p50 real (s)": real_pre.median(), "prefill p50 sim (s)": sim_pre.median(),
-               "prefill error %": _err(sim_pre.median(), real_pre.median()), "decode p50 real (s)": (real - real_pre).median(),
-               "decode p50 sim (s)": (sim - sim_pre).median(), "decode error %": _err((sim - sim_pre).median(), (real - real_pre).median())}
-        rows.append(row)
-    return rows
-
-
-def _err(sim: float, real: float) -> float:
-    return (sim - real) / real * 100 if real and np.isfinite(real) else np.nan
 
 
 if __name__ == "__main__":

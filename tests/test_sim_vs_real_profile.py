@@ -12,6 +12,8 @@ from envs.cost_model import CostModel
 from envs.plan import AD, REJECT, SD, Plan
 from envs.profile import load_profile
 from experiments import sim_vs_real as svr
+from experiments import sim_vs_real_report as svr_report
+from experiments import sim_vs_real_simulate as svr_simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,11 +44,11 @@ def _both(window=0.3):
 
 
 def test_by_mode_splits_the_compute_gap_into_prefill_and_decode():
-    (row,) = svr.compare_by_mode(_both(), "x", 0.3)
+    (row,) = svr_report.compare_by_mode(_both(), "x", 0.3)
     assert row["compute p50 real (s)"] == pytest.approx(1.1) and row["compute p50 sim (s)"] == pytest.approx(0.9)
     assert row["prefill p50 real (s)"] == pytest.approx(0.45) and row["prefill error %"] == pytest.approx((0.3 - 0.45) / 0.45 * 100)
     assert row["decode p50 real (s)"] == pytest.approx(0.65) and row["decode p50 sim (s)"] == pytest.approx(0.6)
-    summary = svr.compare(_both(), "x", 0.3)
+    summary = svr_report.compare(_both(), "x", 0.3)
     assert summary["AD compute p50 error %"] == pytest.approx((0.9 - 1.1) / 1.1 * 100) and "SD compute p50 error %" not in summary
 
 
@@ -58,12 +60,12 @@ def test_simulated_prefill_is_the_batch_first_step_on_the_whole_device():
     cfg = EnvConfig(num_users=1, profile="cpu1_specsched-pair", input_tokens=[1, 1 << 20], output_tokens=[1, 1 << 20], deadline_s=[1e-6, 1e6], max_users=64)
     rnd = Round.from_arrays(cfg, np.array([100, 150, 80, 60]), np.array([10, 10, 10, 10]), np.full(4, 10.0), np.full(4, 0.9), np.full(4, cfg.min_distance_m))
     plan = Plan(modes=np.array([AD, AD, SD, REJECT]), gamma=4, z=0.25, lam=0.5)
-    pre = svr.prefill_s(prof, rnd, plan, {"ad": 2.0, "sd": 1.0})
+    pre = svr_simulate.prefill_s(prof, rnd, plan, {"ad": 2.0, "sd": 1.0})
     assert pre[0] == pre[1] == pytest.approx(float(prof.tau_llm.tau(2, 150, 150)) * 2.0)  # not / z: the executor runs a step whole
     iteration = CostModel(prof).sd_iteration_time(1, 80, 4)
     assert iteration > 0 and pre[2] == pytest.approx(float(prof.tau_llm.tau(1, 80, 80)) + float(prof.tau_slm.tau(1, 80, 80)) + float(iteration))
     assert np.isnan(pre[3])
-    alone = svr.prefill_s(prof, rnd, Plan(modes=np.array([AD, REJECT, REJECT, REJECT]), gamma=4, z=0.25, lam=0.5))
+    alone = svr_simulate.prefill_s(prof, rnd, Plan(modes=np.array([AD, REJECT, REJECT, REJECT]), gamma=4, z=0.25, lam=0.5))
     assert alone[0] == pytest.approx(float(prof.tau_llm.tau(1, 100, 100)))  # one batch: the whole device
 
 
