@@ -86,6 +86,7 @@ from experiments.split_bench_analysis import (
     drafted_hit_rate,
     run_row,
 )
+from runtime.cpu_pinning import available_cpus, pin_process
 from runtime.engines import drain, sd_steps
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
 
@@ -171,6 +172,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shared-device", choices=["on", "off"], default="on",
                     help="runtime.edge --shared-device: on, the edge's clients draft one after another on its one device (staggered "
                          "arrivals); off, they draft concurrently (interleaved on one thread, arriving together)")
+    # on one machine the edge and the server share its cores: unpinned, the edge's (proactive) drafting
+    # slowed the server's forwards by 6-25 % (server_compute_ms, proactive on vs off); a testbed has two devices
+    ap.add_argument("--pin-cpus", choices=["on", "off"], default="on" if len(available_cpus()) >= 2 else "off",
+                    help="on (default where 2+ CPUs are available): the server process and the server-only baseline on one CPU, the "
+                         "edge process on another (runtime.cpu_pinning), as on a testbed of two devices; off: both anywhere")
     ap.add_argument("--baseline", type=Path, default=None, help="reuse this baseline.csv (from an earlier run on the same settings) instead of sweeping")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per split run")
     ap.add_argument("--throughput", choices=list(THROUGHPUT), default=None,
@@ -185,6 +191,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sweep_clients = args.sweep_clients or max(args.clients)
     if args.sweep_clients < 1:
         raise SystemExit(f"--sweep-clients must be >= 1, got {args.sweep_clients}")
+    cpus = sorted(available_cpus())
+    if args.pin_cpus == "on" and len(cpus) < 2:
+        raise SystemExit(f"--pin-cpus on needs 2 CPUs this process may use, got {len(cpus)} ({cpus}): use --pin-cpus off")
+    #: (server and baseline CPU, edge CPU), or None
+    args.cpu_pair = (cpus[0], cpus[1]) if args.pin_cpus == "on" else None
     args.out.mkdir(parents=True, exist_ok=True)
     return args
 
@@ -197,7 +208,8 @@ def _env() -> dict:
 def _pair_flags(args, edge: bool = False) -> list[str]:
     device = (args.edge_device or args.device) if edge else args.device
     dtype = (args.edge_dtype or args.dtype) if edge else args.dtype
-    return [*(["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]), "--device", device, "--dtype", dtype]
+    pin = ["--cpus", str(args.cpu_pair[1 if edge else 0])] if args.cpu_pair else []
+    return [*(["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]), "--device", device, "--dtype", dtype, *pin]
 
 
 def split_run(args, rtt: float, proactive: str, cohorts: int, clients: int, folder: Path) -> dict:
@@ -241,7 +253,19 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, clients: int, fold
 
 
 def baseline_sweep(args, pair) -> pd.DataFrame:
-    """Server-only SD on the split's requests (same prompts, same token limit) in batches, one process, one torch thread."""
+    """Server-only SD on the split's requests (same prompts, same token limit) in batches, one process, one torch thread
+    (with ``--pin-cpus on`` on the split server's CPU)."""
+    if args.cpu_pair is None:
+        return _baseline_sweep(args, pair)
+    before = available_cpus()
+    pin_process({args.cpu_pair[0]})
+    try:
+        return _baseline_sweep(args, pair)
+    finally:
+        pin_process(before)
+
+
+def _baseline_sweep(args, pair) -> pd.DataFrame:
     torch.set_num_threads(1)
     tok = pair.tokenizer
     prompts = [tok.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
@@ -300,7 +324,9 @@ def main(argv: list[str] | None = None) -> None:
     md = ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
           f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({args.sweep_clients} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens; "
           f"batching window {args.window_ms:g} ms, edge clients {'one after another' if args.shared_device == 'on' else 'concurrently'} on one draft device; "
-          f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process.", "",
+          f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process; "
+          + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "
+             "of its own, as on a testbed of two devices)." if args.cpu_pair else "processes not pinned (`--pin-cpus off`: the edge and the server share the cores)."), "",
           f"Host: {os.cpu_count()} CPUs, load average (1 min) {load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end "
           f"(per run: host_load_1min); server-only SD swept {len(sweeps)} time(s) (before and after the split runs) and averaged.", "",
           f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "

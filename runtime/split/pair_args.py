@@ -14,6 +14,8 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads in this process (>= 1)")
+    ap.add_argument("--cpus", default=None, help="pin this process to these CPUs, e.g. 0, 0,2 or 1-3 (Linux; default: any): on one "
+                    "machine, the edge and the server each on cores of their own, as on a testbed of two devices")
 
 
 def load_pair_from_args(args: argparse.Namespace):
@@ -21,6 +23,13 @@ def load_pair_from_args(args: argparse.Namespace):
 
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if getattr(args, "cpus", None) is not None:
+        from runtime.cpu_pinning import parse_cpus, pin_process
+
+        try:
+            pin_process(parse_cpus(args.cpus))  # before torch starts its thread pool: its threads inherit the CPUs
+        except (ValueError, RuntimeError) as exc:
+            raise SystemExit(str(exc)) from None
     torch.set_num_threads(args.threads)
     try:
         path = args.pair or build_pair(recipe=args.preset, progress=False)
