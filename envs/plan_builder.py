@@ -65,7 +65,11 @@ class ScalarPlan:
         sd = {}
         # sd_time1 = prefill + float(j) * iteration: before the round's depth is fixed every depth is
         # priced in one call (the depth-free passes once; the same floats as sd_time1's)
-        if self.gamma > 0:
+        if type(c).sd_time1 is not CostModel.sd_time1 or type(c).sd_parts1 is not CostModel.sd_parts1:
+            # a cost model with its own SD time (e.g. runtime.calibration's): priced through it, per depth
+            depths = [self.gamma] if self.gamma > 0 else range(1, self.g_max + 1)
+            prefill, iterations = None, {}
+        elif self.gamma > 0:
             depths = [self.gamma]
             prefill, iteration = c.sd_parts1(b_s, s_s, n_s, self.gamma)
             iterations = {self.gamma: iteration}
@@ -75,7 +79,8 @@ class ScalarPlan:
             iterations = dict(zip(depths, per_depth, strict=True))
         for g in depths:
             j_s = max(self.j_max, sd_iterations1(out, alpha, g))
-            share_s = share_needed1(prefill + float(j_s) * iterations[g], b_s, u_s, sl_s)
+            t_s = c.sd_time1(b_s, s_s, n_s, j_s, g) if prefill is None else prefill + float(j_s) * iterations[g]
+            share_s = share_needed1(t_s, b_s, u_s, sl_s)
             mem_s = c.sd_memory1(b_s, s_s, n_s, self.sum_out[1] + out, g)
             sd[g] = (j_s, share_s, mem_s)
             masks[1 + g] = self.share[0] + share_s <= 1 + EPS and self.mem[0] + mem_s <= budget_sd
