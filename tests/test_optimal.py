@@ -216,18 +216,21 @@ def _joint(cost: CostModel, rnd, **kw) -> int | None:
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), k=st.integers(1, 8), tight=st.booleans(), step=st.sampled_from([0.02, 0.1, 0.5]), buckets=st.integers(1, 6))
-def test_joint_bound_covers_brute_force(seed, name, k, tight, step, buckets):
-    """Random rounds, every setting, coarse and fine grids: never below the optimum of 3^K plans."""
+@given(seed=st.integers(0, 10**6), name=st.sampled_from(sorted(SETTINGS)), k=st.integers(1, 8), tight=st.booleans(), step=st.sampled_from([0.02, 0.1, 0.5]), buckets=st.integers(1, 6),
+       rows=st.sampled_from([0, 1, 2, 16]))
+def test_joint_bound_covers_brute_force(seed, name, k, tight, step, buckets, rows):
+    """Random rounds, every setting, coarse and fine grids, with and without the per-row step:
+    never below the optimum of 3^K plans."""
     cfg, cost, rnd = _setup(name, k, seed, tight)
-    jb = _joint(cost, rnd, z_step=step, buckets=buckets)
+    jb = _joint(cost, rnd, z_step=step, buckets=buckets, row_levels=rows)
     if jb is not None:
         assert jb >= _brute_force(cost, rnd)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), k=st.integers(2, 7), kind=st.sampled_from(["adversarial", "tight_memory", "mixed"]), buckets=st.integers(1, 8))
-def test_joint_bound_covers_brute_force_on_adversarial_rounds(seed, k, kind, buckets):
+@given(seed=st.integers(0, 10**6), k=st.integers(2, 7), kind=st.sampled_from(["adversarial", "tight_memory", "mixed"]), buckets=st.integers(1, 8),
+       rows=st.sampled_from([1, 3, 16]))
+def test_joint_bound_covers_brute_force_on_adversarial_rounds(seed, k, kind, buckets, rows):
     """Deadlines between neighbouring batch costs, a KV budget equal to one subset's need, or
     plans that need both modes (``tests/adversarial_rounds.py``)."""
     from adversarial_rounds import adversarial_round, brute_force_optimum, mixed_round
@@ -240,7 +243,7 @@ def test_joint_bound_covers_brute_force_on_adversarial_rounds(seed, k, kind, buc
     else:
         case = adversarial_round(rng, cfg, cost, k, tight_memory=kind == "tight_memory")
         rnd, cost = case.rnd, case.cost
-    jb = _joint(cost, rnd, buckets=buckets)
+    jb = _joint(cost, rnd, buckets=buckets, row_levels=rows)
     if jb is not None:
         assert jb >= brute_force_optimum(cost, rnd, 4)
 
@@ -277,6 +280,26 @@ def test_joint_bound_keeps_given_bound_and_incumbent():
         joint_upper_bound(cost, rnd, 4, z_step=0.0)
     with pytest.raises(ValueError, match="buckets"):
         joint_upper_bound(cost, rnd, 4, buckets=0)
+    with pytest.raises(ValueError, match="row_levels"):
+        joint_upper_bound(cost, rnd, 4, row_levels=-1)
+
+
+def test_joint_bound_per_row_step_tightens_and_never_loosens():
+    """Step 4 (each batch in one relaxed row) only removes combinations: never a larger bound, and on
+    a K = 120 round where the union of rows lets users share a batch they cannot, a smaller one --
+    still at least every scheduler's plan. Past its deadline ``possible`` refutes nothing."""
+    from agents.balance import grid, split_search
+    from agents.joint_bound import JointBound, joint_upper_bound
+
+    cfg, cost, rnd = _setup("paper", 120, 3)
+    served = max(split_search(cost, rnd, 4, grid(0.05), grid(0.05)).admitted, make_scheduler("ad_only", cost, cfg.max_gamma, seed=0).plan(rnd).admitted)
+    union_only = joint_upper_bound(cost, rnd, 4, incumbent=served, row_levels=0)
+    per_row = joint_upper_bound(cost, rnd, 4, incumbent=served)
+    assert served <= per_row < union_only
+    coarse, union = (JointBound(cost, rnd, 4, buckets=8, levels=8, row_levels=r) for r in (4, 0))
+    for n in range(served, union_only + 3):
+        assert coarse.possible(n, deadline=0.0) == union.possible(n)  # out of time: the union test alone
+        assert union.possible(n) or not coarse.possible(n)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
