@@ -157,7 +157,8 @@ def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: 
 
     ``joint_share``: at most this share of the time left for the joint bound's tests of ``n``
     (:mod:`agents.joint_bound`, after the split bound; 0 skips it). Its tables are built in one go
-    (K = 200: some 7 s on a loaded CPU) and its tests are cheap, hence all the time by default.
+    (K = 200: some 6-8 s, the per-row step included) and its tests take seconds at most (up to ~10 s at
+    K = 200 when many combinations pass the union filter), hence all the time by default.
 
     Why the bound is valid: it is the minimum of proven bounds -- the split bound; the joint bound; ``T - 1`` for
     every target ``T`` a complete exhaustive search found no plan for; and the value (or HiGHS's dual bound) of the MILP
