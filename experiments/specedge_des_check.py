@@ -35,7 +35,8 @@ import pandas as pd
 from agents.artefacts import write_csv_atomic, write_text_atomic
 from envs.profile import load_profile
 from envs.split_cost import DraftTree, SplitCostModel, SplitOptions, tree_shape
-from envs.split_des import DesConfig, DraftShape, SplitPrimitives, simulate
+from envs.split_des import simulate
+from envs.split_des_config import DesConfig, DraftShape, SplitPrimitives
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 0.10  #: the issue's criterion: |DES / closed form - 1| <= 10 %

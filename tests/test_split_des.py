@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envs.split_des import DesConfig, DesConfigError, DraftShape, SplitPrimitives, simulate
+from envs.split_des import simulate
+from envs.split_des_config import DesConfig, DesConfigError, DraftShape, SplitPrimitives
 
 
 def linear_verify(b: int, q: int, c: float) -> float:
