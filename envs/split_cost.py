@@ -54,17 +54,10 @@ The discrete-event check (``envs.split_des``) models ``"time"`` only.
 **Edge iteration** (the part of a client's iteration off the server):
 ``X = edge draft - proactive saving + interrupt delay + network``.
 
-**Pipeline-aware cohorts** (steady state, N clients, alternating by index into cohorts A, B of
-sizes ``ceil(N/2)``, ``floor(N/2)``; the server batches a cohort once all of it has arrived):
-period ``T = max(V_A + V_B, V_A + X_A, V_B + X_B)`` with ``V`` each cohort's verify pass and ``X``
-its slowest client's edge iteration. Proactive reuse is random per client, so ``X`` of a cohort is
-the maximum of independent two-point variables (``hit`` with the reuse probability, else ``miss``):
-a block reused by some clients of a cohort saves nothing unless all of them reuse. The closed form
-takes ``E[T]`` over those maxima (exact for independent cycles; carry-over between cycles ignored). Without pipelining (one cohort): ``T = V_N + X``. Every
-client's iteration takes ``T``; server occupancy ``(V_A + V_B) / T``; server throughput
-``sum_k E_k / T``; inter-token latency ``ITL = N T / sum_k E_k`` (SpecEdge's metric: all clients'
-iteration time over all their tokens). Proactive waits solve ``wait = T - (edge time before
-send)`` by fixed-point iteration from the lower bound ``network + own cohort's verify``.
+**Pipeline-aware cohorts** (the steady state of N clients): ``envs.split_cohorts`` -- clients
+alternate into two cohorts that the server verifies in turn, the period ``E[T]`` over each cohort's
+slowest edge iteration (random proactive reuse), ITL, throughput and occupancy, and the fixed point of
+the period and the proactive waits.
 
 **Server-only SD** (the baseline, zero network): the same draft passes batched on the server
 (``tau_S(b, width, c)``) then the verify pass: ``T = sum_l tau_S(b, w_l, c_l) + tau_L(b, q, c + q)``.
@@ -91,6 +84,13 @@ import numpy as np
 
 from envs.draft_tree import PASS_WIDTHS, DraftTree, TreeShape, expected_tokens, tree_shape
 from envs.profile import Profile
+from envs.split_cohorts import (
+    Proactive,
+    SteadyState,
+    check_num_clients,
+    cohort_indices,
+    solve_period,
+)
 from envs.split_engine import (
     SERVER_ONLY_WIDTHS,
     SPECEDGE_MAX_LEN,
@@ -145,33 +145,6 @@ class SplitOptions:
             raise ValueError(f"split option 'bonus_match' must be null or in [0, 1], got {self.bonus_match!r}")
         if self.interrupt not in INTERRUPTS:
             raise ValueError(f"split option 'interrupt' must be one of {list(INTERRUPTS)}, got {self.interrupt!r}")
-
-
-@dataclass(frozen=True)
-class Proactive:
-    """Expected effect of proactive drafting on one iteration."""
-
-    reuse_probability: float
-    saved_s: float  #: expected edge seconds saved (reuse probability x passes done in the wait)
-    delay_s: float  #: interrupt delay (a pass in flight finishing after the verdict)
-    done_s: float = 0.0  #: seconds of the next block's passes finished within the wait (saved on reuse)
-    levels: int = 0  #: draft passes (levels) finished within the wait
-
-
-@dataclass(frozen=True)
-class SteadyState:
-    """N clients in steady state (module docstring: pipeline-aware cohorts)."""
-
-    num_clients: int
-    iteration_s: float  #: every client's iteration (period T)
-    itl_s: float  #: N T / sum E_k
-    throughput_tok_s: float  #: sum E_k / T, the server's tokens per second
-    server_busy: float  #: fraction of T the server spends verifying (occupancy)
-    tokens_per_iteration: float  #: mean E_k
-    verify_s: tuple[float, ...]  #: each cohort's verify pass
-    edge_s: tuple[float, ...]  #: each cohort's expected slowest edge iteration E[max_k X_k] (empty for server-only)
-    memory_bytes: float  #: server memory for the clients' KV (+ draft weights for server-only SD)
-    fits_memory: bool
 
 
 class SplitCostModel:
@@ -337,31 +310,18 @@ class SplitCostModel:
         ``context``: mean context of a client's sequence over its life; ``context_max``: its largest
         (for memory; default ``context``). ``pipeline`` overrides the options' switch.
         """
-        n = _clients(num_clients)
+        n = check_num_clients(num_clients)
         a = np.broadcast_to(np.asarray(alpha, dtype=float), (n,))
         rtt = np.broadcast_to(np.asarray(self.net.rtt_s if rtt_s is None else rtt_s, dtype=float), (n,))
         pipe = self.options.pipeline if pipeline is None else pipeline
-        cohorts = [np.arange(0, n, 2), np.arange(1, n, 2)] if (pipe and n >= 2) else [np.arange(n)]
+        cohorts = cohort_indices(n, pipe)
         v = [self.verify_s(len(c), tree, context) for c in cohorts]
         draft = np.array([self.edge_draft_s(x, tree, context) for x in a])
         net = np.array([self.network_s(tree, r) for r in rtt])
         e = expected_tokens(a, tree) * np.ones(n)
-        # wait = E[T] - E[edge time before sending]; start from the lower bound net + own cohort's verify
-        wait = np.concatenate([net[c] + v[i] for i, c in enumerate(cohorts)])[np.argsort(np.concatenate(cohorts))]
-        period, edge = 0.0, ()
-        for _ in range(iterations):
-            pro = [self.proactive(x, tree, context, w) for x, w in zip(a, wait, strict=True)]
-            p = np.array([q.reuse_probability for q in pro])
-            done = np.array([q.done_s for q in pro])
-            miss = draft + np.array([q.delay_s for q in pro]) + net
-            dists = [_max_of_two_point(miss[c] - done[c], miss[c], p[c]) for c in cohorts]
-            new = _expected_period(v, dists)
-            edge = tuple(float(vals @ probs) for vals, probs in dists)
-            wait_new = np.maximum(new - (miss - net - p * done), net)
-            if abs(new - period) <= 1e-12 * max(new, 1.0) and np.allclose(wait_new, wait, rtol=1e-12, atol=0):
-                period = new
-                break
-            period, wait = new, wait_new
+        # the period and the waits it implies are solved together (envs.split_cohorts); each wait is priced by this model
+        period, edge, wait = solve_period(v, cohorts, draft, net, lambda w: [self.proactive(x, tree, context, t) for x, t in zip(a, w, strict=True)],
+                                          iterations)
         if self.options.proactive and self.options.proactive_gain == "tokens":  # the proactive levels drafted within the final waits
             pro = [self.proactive(x, tree, context, w) for x, w in zip(a, wait, strict=True)]
             e = e + np.array([self.proactive_tokens(float(x), tree, q.levels) for x, q in zip(a, pro, strict=True)])
@@ -371,7 +331,7 @@ class SplitCostModel:
 
     def server_only(self, num_clients: int, alpha, tree: DraftTree, context: float, context_max: float | None = None) -> SteadyState:
         """Server-only SD: the same draft passes and verify pass, batched on the server, no network."""
-        n = _clients(num_clients)
+        n = check_num_clients(num_clients)
         a = np.broadcast_to(np.asarray(alpha, dtype=float), (n,))
         # a batch drafts as wide as its widest shape (sequences of one batch step together)
         shapes = [tree_shape(x, tree) for x in a]
@@ -413,29 +373,3 @@ class SplitCostModel:
                     best, best_gap = g, gap
             out[idx] = best
         return int(out) if out.ndim == 0 else out
-
-
-def _max_of_two_point(hit: np.ndarray, miss: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distribution ``(values, probabilities)`` of ``max_k X_k``, ``X_k = hit_k`` w.p. ``p_k`` else ``miss_k`` (independent)."""
-    vals = np.unique(np.concatenate([hit, miss]))
-    below = np.where(vals[:, None] >= miss[None, :], 1.0, np.where(vals[:, None] >= hit[None, :], p[None, :], 0.0))
-    pmf = np.diff(np.concatenate([[0.0], np.prod(below, axis=1)]))
-    keep = pmf > 0
-    return vals[keep], pmf[keep]
-
-
-def _expected_period(verify: list[float], dists: list[tuple[np.ndarray, np.ndarray]]) -> float:
-    """``E[T]``: one cohort ``V + X``; two ``max(V_A + V_B, V_A + X_A, V_B + X_B)``, X the cohorts' edge maxima."""
-    if len(verify) == 1:
-        vals, probs = dists[0]
-        return float((verify[0] + vals) @ probs)
-    (xa, pa), (xb, pb) = dists
-    va, vb = verify
-    t = np.maximum(np.maximum(va + vb, va + xa[:, None]), vb + xb[None, :])
-    return float(pa @ t @ pb)
-
-
-def _clients(num_clients: int) -> int:
-    if not isinstance(num_clients, int | np.integer) or isinstance(num_clients, bool) or num_clients < 1:
-        raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
-    return int(num_clients)

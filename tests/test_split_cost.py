@@ -170,10 +170,10 @@ def test_pass_widths_beam_search_and_kept_tree():
 
 
 def test_cohort_edge_time_is_the_expected_maximum_of_random_reuse():
-    from envs.split_cost import _max_of_two_point
+    from envs.split_cohorts import max_of_two_point
 
     # two clients: hit 1 / miss 3 with p = 0.5, and hit 2 / miss 2.5 with p = 0.2
-    vals, probs = _max_of_two_point(np.array([1.0, 2.0]), np.array([3.0, 2.5]), np.array([0.5, 0.2]))
+    vals, probs = max_of_two_point(np.array([1.0, 2.0]), np.array([3.0, 2.5]), np.array([0.5, 0.2]))
     # max = 3 unless client 1 hits (0.5); then 2 if client 2 hits (0.2) else 2.5
     assert dict(zip(vals.tolist(), probs.tolist(), strict=True)) == pytest.approx({2.0: 0.1, 2.5: 0.4, 3.0: 0.5})
 
