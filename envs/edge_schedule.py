@@ -109,6 +109,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from envs.actions import action_index, action_indices  # noqa: F401 (re-exported: the env's action rule)
 from envs.config import EnvConfig
 from envs.cost_model import CostModel, expected_tokens_per_iteration
+from envs.observation_rows import observation_rows
 from envs.outcome import evaluate_plan
 from envs.plan import AD, REJECT, SD, Plan
 from envs.plan_builder import PlanBuilder, ScalarPlan
@@ -262,6 +263,8 @@ class EdgeScheduleEnv(gym.Env):
         self._done = True
         self._obs_size = observation_size(self.cfg)
         self._budget = max(self.cost.memory_budget1(True), 1.0)
+        self._head = np.zeros(2 * BATCH_FEATURES + 1, dtype=np.float32)  #: the cached batch features and SD depth (_encode)
+        self._rows = np.zeros((1, self._obs_size), dtype=np.float32)  #: set by reset (_observation_rows)
 
     @property
     def round(self) -> Round | None:
@@ -291,6 +294,8 @@ class EdgeScheduleEnv(gym.Env):
         self._modes[:] = REJECT
         self._done = False
         self._masks = self._plan.prepare(*self._users[0])
+        self._rows = self._observation_rows()
+        self._refresh_head(REJECT)
         return self._encode(), {}
 
     def action_masks(self) -> np.ndarray:
@@ -305,6 +310,8 @@ class EdgeScheduleEnv(gym.Env):
         t = self._t
         mode = REJECT if not valid or a == 0 else (AD if a == 1 else SD)
         self._modes[t] = mode
+        if mode != REJECT:  # only the admitting mode's batch features (and SD's depth) change
+            self._refresh_head(mode)
         reward = 1.0 if (mode != REJECT and self.cfg.reward_timing == "admission") else 0.0
         info: dict[str, Any] = {"invalid_action": not valid}
         self._t = t + 1
@@ -320,27 +327,50 @@ class EdgeScheduleEnv(gym.Env):
         return self._encode(), reward, terminated, False, info
 
     def _encode(self) -> np.ndarray:
-        """The observation table of the module docstring (the same values as the vector env)."""
-        cfg, p, t, k = self.cfg, self._plan, self._t, self.cfg.num_users
-        obs = np.zeros(self._obs_size, dtype=np.float32)
-        live = t < k
-        if live:
-            obs[:USER_FEATURES] = self._data.feats[0, t]
-        i_hi, o_hi, t_hi = cfg.input_tokens[1], cfg.output_tokens[1], cfg.deadline_s[1]
-        head = []
-        for m in (0, 1):
-            slack = p.slack_min[m] if p.slack_min[m] != math.inf else t_hi
-            head += (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, slack / t_hi)
-        share_ad = p.candidate_ad_share() if (live and p.is_prepared) else 1.0
-        head += (p.gamma / cfg.max_gamma, share_ad, t / k)
-        col = USER_FEATURES + len(head)
-        obs[USER_FEATURES:col] = [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in head]
+        """The observation table of the module docstring (the same values as the vector env).
+
+        Why cached: a policy deciding a K = 200 round steps 200 times, and building every
+        observation from scratch (zeros, the head's Python loop, the look-ahead's copy) was a few
+        percent of its decision time. The parts that depend on ``t`` alone -- the current user,
+        the progress ``t / K`` and the look-ahead -- are one row of :meth:`_observation_rows`, built at
+        reset; the batch features change only when their mode admits a user (:meth:`step`); so a
+        step copies one row and writes the head and the mask."""
+        t = self._t
+        p = self._plan
+        obs = self._rows[t].copy()
+        obs[USER_FEATURES : USER_FEATURES + 2 * BATCH_FEATURES + 1] = self._head
+        v = p.candidate_ad_share() if (t < self.cfg.num_users and p.is_prepared) else 1.0
+        obs[USER_FEATURES + 2 * BATCH_FEATURES + 1] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+        col = USER_FEATURES + 2 * BATCH_FEATURES + 3
         obs[col : col + len(self._masks)] = self._masks
-        start = col + len(self._masks)
-        n = max(0, min(k - t - 1, cfg.k_max))
-        if n:
-            obs[start : start + n * USER_FEATURES] = self._data.feats[0, t + 1 : t + 1 + n].ravel()
         return obs
+
+    def _observation_rows(self) -> np.ndarray:
+        """(K + 1, obs) float32: row ``t`` holds step ``t``'s current user (zeros at ``t = K``), its
+        progress ``t / K`` and the next ``K_max`` users (zero-padded past the round's end); the head
+        and the mask are written per step (:meth:`_encode`)."""
+        k = self.cfg.num_users
+        head = USER_FEATURES + 2 * BATCH_FEATURES + 3
+        rows = observation_rows(self._data.feats[0], self.cfg.k_max, self._obs_size, head + 2 + self.cfg.max_gamma)
+        # Python's t / k and numpy's division of the same integers are one IEEE division: the same float
+        rows[:, head - 1] = np.arange(k + 1) / k
+        return rows
+
+    def _batch_row(self, m: int) -> list[float]:
+        """Mode ``m``'s six batch features (0 = AD, 1 = SD), clipped to [0, 1]."""
+        cfg, p, k = self.cfg, self._plan, self.cfg.num_users
+        t_hi = cfg.deadline_s[1]
+        slack = p.slack_min[m] if p.slack_min[m] != math.inf else t_hi
+        row = (p.b[m] / k, p.s_max[m] / cfg.input_tokens[1], p.n_max[m] / cfg.output_tokens[1], p.share[m], p.mem[m] / self._budget, slack / t_hi)
+        return [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in row]
+
+    def _refresh_head(self, mode: int) -> None:
+        """Recompute the cached batch features that ``mode`` (AD, SD; REJECT: all) changed."""
+        for m in ((0, 1) if mode == REJECT else ((0,) if mode == AD else (1,))):
+            self._head[BATCH_FEATURES * m : BATCH_FEATURES * (m + 1)] = self._batch_row(m)
+        if mode != AD:
+            v = self._plan.gamma / self.cfg.max_gamma
+            self._head[2 * BATCH_FEATURES] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
 
     def render(self):
         """``ansi``: a text table; ``rgb_array``: an (H, W, 3) uint8 picture of the plan (envs/render.py)."""

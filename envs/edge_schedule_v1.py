@@ -95,6 +95,7 @@ from envs.actions import action_index
 from envs.config import ConfigError, EnvConfig
 from envs.cost_model import CostModel, expected_tokens_per_iteration
 from envs.edge_schedule import UPLINK_SCALE_S
+from envs.observation_rows import observation_rows
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan
 from envs.split_cost import SplitCostModel, SplitOptions
@@ -179,24 +180,6 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
         "rejected": rnd.num_users - admitted, "late": admitted - outcome.served_count, "gamma": gamma, "z": z,
         "ed_share": ed_share, "lam": lam, "modes": modes, "ed_depth": depth,
     }
-
-
-def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) -> np.ndarray:
-    """(K + 1, obs_size) float32: row ``t`` holds the parts of step ``t``'s observation that depend
-    on ``t`` alone -- the current user's features (zeros at ``t = K``) and, from column ``tail`` on,
-    the next ``K_max`` users' (zero-padded past the round's end). Columns ``USER_FEATURES:tail``
-    (the head and the mask) are left unset: the env writes them into its copy of the row every step."""
-    k = feats.shape[0]
-    rows = np.empty((k + 1, obs_size), dtype=np.float32)
-    rows[:k, :USER_FEATURES] = feats
-    rows[k, :USER_FEATURES] = 0.0
-    width = k_max * USER_FEATURES
-    pad = np.zeros((k + 1 + k_max) * USER_FEATURES, dtype=np.float32)
-    pad[: k * USER_FEATURES] = feats.reshape(-1)
-    # row t's look-ahead is pad[(t + 1) * F : (t + 1) * F + width]: a strided view, copied once
-    size = pad.itemsize
-    rows[:, tail : tail + width] = np.ndarray((k + 1, width), dtype=np.float32, buffer=pad, offset=USER_FEATURES * size, strides=(USER_FEATURES * size, size))
-    return rows
 
 
 class EdgeScheduleV1Env(gym.Env):

@@ -124,11 +124,14 @@ def test_seeded_runs_repeat():
     assert np.array_equal(a[0], b[0]) and a[1] == b[1]
 
 
-def test_vector_env_equals_scalar_env():
-    n, k = 4, 12
-    venv = gym.make_vec(envs.ENV_ID, num_envs=n, vectorization_mode="vector_entry_point", num_users=k)
+@pytest.mark.parametrize("k,extra", [(12, {}), (30, {"max_users": 8}), (9, {"max_users": 40, "max_gamma": 5})])
+def test_vector_env_equals_scalar_env(k, extra):
+    """The vector env builds every observation from scratch; the scalar env caches its rows and
+    batch features (EdgeScheduleEnv._encode): both must agree bit for bit, look-ahead cut or padded."""
+    n = 4
+    venv = gym.make_vec(envs.ENV_ID, num_envs=n, vectorization_mode="vector_entry_point", num_users=k, **extra)
     assert isinstance(venv.unwrapped, EdgeScheduleVectorEnv)
-    scalars = [make() for _ in range(n)]
+    scalars = [make(num_users=k, **extra) for _ in range(n)]
     vobs, _ = venv.reset(seed=100)
     sobs = [e.reset(seed=100 + i)[0] for i, e in enumerate(scalars)]
     assert np.array_equal(vobs, np.stack(sobs))

@@ -1,0 +1,29 @@
+"""The per-step rows of a scalar environment's observation that depend on the step alone.
+
+Both scalar environments (``EdgeSchedule-v0`` and ``-v1``) observe, at step ``t``, the current
+user's features, a head (batch features, masks: written per step) and the next ``K_max`` users'
+features. The user parts depend on ``t`` only, so a reset builds them for every ``t`` at once and a
+step copies one row instead of assembling the observation (separate from the envs because both use
+it and neither should import the other's internals).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) -> np.ndarray:
+    """(K + 1, obs_size) float32 for ``feats`` (K, F), the round's users in presentation order: row
+    ``t`` holds step ``t``'s current user in columns ``:F`` (zeros at ``t = K``) and, from column
+    ``tail`` on, the next ``k_max`` users' (zero-padded past the round's end). Columns ``F:tail``
+    (the head and the mask) are zero: the env writes them into its copy of the row every step."""
+    k, f = feats.shape
+    rows = np.zeros((k + 1, obs_size), dtype=np.float32)
+    rows[:k, :f] = feats
+    width = k_max * f
+    pad = np.zeros((k + 1 + k_max) * f, dtype=np.float32)
+    pad[: k * f] = feats.reshape(-1)
+    # row t's look-ahead is pad[(t + 1) * F : (t + 1) * F + width]: a strided view, copied once
+    size = pad.itemsize
+    rows[:, tail : tail + width] = np.ndarray((k + 1, width), dtype=np.float32, buffer=pad, offset=f * size, strides=(f * size, size))
+    return rows
