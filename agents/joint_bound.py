@@ -131,12 +131,13 @@ def _reach(cost_rows: np.ndarray, elig: np.ndarray, budget: np.ndarray, shares: 
     covered = shares[:, None] * np.maximum(budget, 0.0)[None, :] * (1 + 1e-6) + 1e-12  # (cell, user) seconds
     usable = elig & (budget > 0)
     out = np.zeros((len(shares), n_rows_j, n_rows_l, k) if per_row else (len(shares), n_rows_j, k), dtype=np.int32)
+    # a cell with no share holds nothing (held 0), so its reach is <= 0 without a test of its own
     for j in range(n_rows_j):
-        for l in range(n_rows_l):
-            fits = np.searchsorted(cmin[j, l], covered, side="right") - 1  # (cell, user)
-            r = np.where(usable[j, l][None, :] & (shares > 0)[:, None], np.minimum(held[:, j, l, None], fits), 0)
+        for row in range(n_rows_l):
+            fits = np.searchsorted(cmin[j, row], covered, side="right") - 1  # (cell, user)
+            r = np.where(usable[j, row][None, :], np.minimum(held[:, j, row, None], fits), 0)
             if per_row:
-                out[:, j, l] = r
+                out[:, j, row] = r
             else:
                 np.maximum(out[:, j], r, out=out[:, j])
     return out
@@ -193,6 +194,7 @@ class JointBound:
         self.low_sd = np.stack([_smallest_sums(e, self.out, sizes[None, :]) for e in self.e_sd])
         self.low_ad[:, :, 0] = self.low_sd[:, :, 0] = 0.0
         self.kv_l, self.kv_sd = float(cost.kv_l), float(cost.kv_sd)
+        self.kv = min(self.kv_l, self.kv_sd)  #: every served user's outputs cost at least this per token (bytes)
         self.pad_ad = self.kv_l * sizes[None, :] * lo[:, None].astype(float)  # (bucket, size) bytes
         self.pad_sd = sizes[None, :] * (self.kv_sd * (lo[:, None] + gamma) + float(cost.sd_user_bytes))
         self.mem_sd_used = float(cost.memory_budget(True)) * (1 + EPS)
@@ -216,7 +218,7 @@ class JointBound:
         s = n - a
         limit = np.where(s > 0, self.mem_sd_used, self.mem_ad_only)  # (n+1,)
         pad = self.pad_ad[:, None, a] + self.pad_sd[None, :, s]  # (jA, jS, n+1)
-        kv = min(self.kv_l, self.kv_sd)  # every served user's outputs cost at least this per token
+        kv = self.kv
         for c in range(self.n_cells):
             # step 3 with each batch's members drawn from the union of its bucket's rows: a cheap filter
             sep = pad + self.kv_l * self.low_ad[c][:, None, a] + self.kv_sd * self.low_sd[c][None, :, s]
@@ -227,9 +229,10 @@ class JointBound:
                 continue
             union = self.e_ad[c, ja, a[ai]] | self.e_sd[c, js, s[ai]]
             low = _smallest_sums(union, self.out, n)
-            mem = pad[ja, js, ai] + kv * low + (self.kv_l - kv) * self.low_ad[c, ja, a[ai]] + (self.kv_sd - kv) * self.low_sd[c, js, s[ai]]
+            pad_c = pad[ja, js, ai]
+            mem = pad_c + kv * low + (self.kv_l - kv) * self.low_ad[c, ja, a[ai]] + (self.kv_sd - kv) * self.low_sd[c, js, s[ai]]
             survivors = np.flatnonzero(np.isfinite(mem) & (mem <= limit[ai]))
-            if len(survivors) and (self.rows_ad is None or self._rows_pass(c, ja[survivors], js[survivors], a[ai[survivors]], n, pad[ja, js, ai][survivors], limit[ai[survivors]], deadline)):
+            if len(survivors) and (self.rows_ad is None or self._rows_pass(c, ja[survivors], js[survivors], a[ai[survivors]], n, pad_c[survivors], limit[ai[survivors]], deadline)):
                 return True
         return False
 
@@ -240,7 +243,7 @@ class JointBound:
         s = n - a
         n_la, n_ls = self.rows_ad.shape[2], self.rows_sd.shape[2]
         chunk = max(1, 4_000_000 // (n_la * n_ls * self.k))
-        kv = min(self.kv_l, self.kv_sd)
+        kv = self.kv
         for lo in range(0, len(a), chunk):
             if time.perf_counter() > deadline:
                 return True  # out of time: nothing refuted

@@ -2,7 +2,7 @@
 
 SB3 does not use Gymnasium vector envs: it wants its own ``VecEnv`` with same-step autoreset,
 ``infos[i]["terminal_observation"]`` and Monitor-style ``infos[i]["episode"]``. This adapter gives
-exactly that around :class:`envs.edge_schedule.EdgeScheduleVectorEnv` (``autoreset_mode="same_step"``),
+exactly that around :class:`envs.edge_schedule_vector.EdgeScheduleVectorEnv` (``autoreset_mode="same_step"``),
 plus ``env_method("action_masks")`` for MaskablePPO.
 
 Training rounds come from the **train** stream (``envs.workload.train_env_seeds``): ``seed(s)``
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
-from envs.edge_schedule import EdgeScheduleVectorEnv
+from envs.edge_schedule_vector import EdgeScheduleVectorEnv
 from envs.workload import train_env_seeds
 
 FINAL_KEYS = ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma", "z", "lam")

@@ -34,7 +34,7 @@ class ValidationEvaluation:
 
     @staticmethod
     def _vector_env(env: EnvConfig, num_envs: int):
-        from envs.edge_schedule import EdgeScheduleVectorEnv
+        from envs.edge_schedule_vector import EdgeScheduleVectorEnv
 
         return EdgeScheduleVectorEnv(num_envs=num_envs, **env.to_dict())
 

@@ -23,7 +23,7 @@ if ENV_ID not in gym.registry:
     gym.register(
         id=ENV_ID,
         entry_point="envs.edge_schedule:EdgeScheduleEnv",
-        vector_entry_point="envs.edge_schedule:EdgeScheduleVectorEnv",
+        vector_entry_point="envs.edge_schedule_vector:EdgeScheduleVectorEnv",
     )
 
 V1_ENV_ID = "EdgeSchedule-v1"

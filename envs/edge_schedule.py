@@ -87,7 +87,7 @@ Rendering reads the state only: it never changes the episode or its random draws
 ## Vectorized environment
 
 ``gymnasium.make_vec("EdgeSchedule-v0", num_envs=N, vectorization_mode="vector_entry_point")``
-builds :class:`EdgeScheduleVectorEnv`, which runs ``N`` rounds at once in numpy (autoreset
+builds :class:`envs.edge_schedule_vector.EdgeScheduleVectorEnv`, which runs ``N`` rounds at once in numpy (autoreset
 ``NEXT_STEP``); sub-env ``i`` seeded with ``seed + i`` reproduces the scalar env seeded ``seed + i``.
 
 ## Version History
@@ -97,22 +97,19 @@ builds :class:`EdgeScheduleVectorEnv`, which runs ``N`` rounds at once in numpy 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.utils import seeding
-from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.actions import action_index, action_indices  # noqa: F401 (re-exported: the env's action rule)
 from envs.config import EnvConfig
 from envs.cost_model import CostModel, expected_tokens_per_iteration
-from envs.observation_rows import observation_rows
+from envs.observation_rows import batch_features, observation_rows
 from envs.outcome import evaluate_plan
 from envs.plan import AD, REJECT, SD, Plan
-from envs.plan_builder import PlanBuilder, ScalarPlan
+from envs.plan_builder import ScalarPlan
 from envs.render import PlanView, render_ansi, render_rgb
 from envs.workload import Round, sample_round
 
@@ -147,8 +144,9 @@ def user_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
     return np.clip(f, 0.0, 1.0).astype(np.float32)
 
 
-class _Rounds:
-    """The per-round arrays a builder consumes, stacked for N rounds in presentation order."""
+class RoundArrays:
+    """The per-round arrays a builder consumes, stacked for N rounds in presentation order (the scalar
+    env holds one, the vector env ``N``)."""
 
     def __init__(self, n: int, k: int):
         self.order = np.zeros((n, k), dtype=np.int64)
@@ -177,40 +175,8 @@ class _Rounds:
         return self.inp[rows, tt], self.out[rows, tt], self.alpha[rows, tt], self.up[rows, tt], self.slack[rows, tt]
 
 
-def _encode(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, data: _Rounds, t: np.ndarray, masks: np.ndarray) -> np.ndarray:
-    """The observation of N rounds whose current user index is ``t`` (the same table as above)."""
-    n, k = data.inp.shape
-    k_max = cfg.k_max
-    head = USER_FEATURES + 2 * BATCH_FEATURES + 3
-    obs = np.zeros((n, observation_size(cfg)), dtype=np.float32)
-    rows = np.arange(n)
-    live = t < k
-    obs[:, :USER_FEATURES] = data.feats[rows, np.minimum(t, k - 1)] * live[:, None]
-    budget = max(float(cost.memory_budget(True)), 1.0)
-    col = USER_FEATURES
-    for m in (0, 1):
-        slack = np.where(np.isfinite(builder.slack_min[m]), builder.slack_min[m], cfg.deadline_s[1])
-        for value in (builder.b[m] / k, builder.s_max[m] / cfg.input_tokens[1], builder.n_max[m] / cfg.output_tokens[1], builder.share[m], builder.mem[m] / budget, slack / cfg.deadline_s[1]):
-            obs[:, col] = value
-            col += 1
-    obs[:, col] = builder.gamma / cfg.max_gamma
-    obs[:, col + 1] = np.where(live, builder.candidate_shares()[0], 1.0) if builder.is_prepared else 1.0
-    obs[:, col + 2] = t / k
-    np.clip(obs[:, :head], 0.0, 1.0, out=obs[:, :head])
-    obs[:, head : head + masks.shape[1]] = masks
-    future = obs[:, head + masks.shape[1] :].reshape(n, k_max, USER_FEATURES)
-    t0 = int(t[0])
-    if np.all(t == t0):  # the usual case: every round is at the same user
-        m = max(0, min(k - t0 - 1, k_max))
-        future[:, :m] = data.feats[:, t0 + 1 : t0 + 1 + m]
-    else:
-        idx = t[:, None] + 1 + np.arange(k_max)[None, :]
-        present = idx < k
-        future[:] = data.feats[rows[:, None], np.minimum(idx, k - 1)] * present[:, :, None]
-    return obs
-
-
-def _final_info(cfg: EnvConfig, cost: CostModel, gamma: int, z: float, lam: float, rnd: Round, order: np.ndarray, modes_presented: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+def final_info(cfg: EnvConfig, cost: CostModel, gamma: int, z: float, lam: float, rnd: Round, order: np.ndarray, modes_presented: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+    """The episode's end ``info``: the round's plan from the presented modes, evaluated (served, late, ...)."""
     modes = np.zeros(rnd.num_users, dtype=np.int8)
     modes[order] = modes_presented
     plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam)
@@ -232,13 +198,15 @@ def _final_info(cfg: EnvConfig, cost: CostModel, gamma: int, z: float, lam: floa
 RENDER_MODES = ["ansi", "rgb_array"]
 
 
-def _check_render_mode(render_mode: str | None) -> str | None:
+def check_render_mode(render_mode: str | None) -> str | None:
+    """``render_mode`` if it is one of ``RENDER_MODES`` (or None), else ValueError naming the choices."""
     if render_mode is not None and render_mode not in RENDER_MODES:
         raise ValueError(f"render_mode must be one of {RENDER_MODES} or None, got {render_mode!r}")
     return render_mode
 
 
-def _draw(view: PlanView, render_mode: str, cost: CostModel, cfg: EnvConfig):
+def draw(view: PlanView, render_mode: str, cost: CostModel, cfg: EnvConfig):
+    """One frame of ``view`` in ``render_mode`` (``ansi`` text or an ``rgb_array`` picture)."""
     if render_mode == "ansi":
         return render_ansi(view)
     return render_rgb(view, cost, completion=cfg.completion, sharing=cfg.sharing)
@@ -251,12 +219,12 @@ class EdgeScheduleEnv(gym.Env):
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any):
         self.cfg = EnvConfig.from_kwargs(**kwargs)
-        self.render_mode = _check_render_mode(render_mode)
+        self.render_mode = check_render_mode(render_mode)
         self.cost = CostModel.from_config(self.cfg)
         self.action_space = spaces.Discrete(2 + self.cfg.max_gamma)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
         self._plan = ScalarPlan(self.cost, self.cfg.max_gamma)
-        self._data = _Rounds(1, self.cfg.num_users)
+        self._data = RoundArrays(1, self.cfg.num_users)
         self._t = 0
         self._modes = np.zeros(self.cfg.num_users, dtype=np.int8)
         self._masks = [True] + [False] * (1 + self.cfg.max_gamma)
@@ -265,6 +233,7 @@ class EdgeScheduleEnv(gym.Env):
         self._budget = max(self.cost.memory_budget1(True), 1.0)
         self._head = np.zeros(2 * BATCH_FEATURES + 1, dtype=np.float32)  #: the cached batch features and SD depth (_encode)
         self._rows = np.zeros((1, self._obs_size), dtype=np.float32)  #: set by reset (_observation_rows)
+        self._scales = (float(self.cfg.input_tokens[1]), float(self.cfg.output_tokens[1]), float(self.cfg.deadline_s[1]))  #: batch_features' ranges
 
     @property
     def round(self) -> Round | None:
@@ -295,7 +264,8 @@ class EdgeScheduleEnv(gym.Env):
         self._done = False
         self._masks = self._plan.prepare(*self._users[0])
         self._rows = self._observation_rows()
-        self._refresh_head(REJECT)
+        for mode in (AD, SD):
+            self._refresh_head(mode)
         return self._encode(), {}
 
     def action_masks(self) -> np.ndarray:
@@ -319,7 +289,7 @@ class EdgeScheduleEnv(gym.Env):
         if terminated:
             self._done = True
             z, lam = self._plan.shares()
-            info.update(_final_info(self.cfg, self.cost, self._plan.gamma, z, lam, self.round, self._data.order[0], self._modes, self.np_random))
+            info.update(final_info(self.cfg, self.cost, self._plan.gamma, z, lam, self.round, self._data.order[0], self._modes, self.np_random))
             reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
             self._masks = [True] + [False] * (1 + self.cfg.max_gamma)
         else:
@@ -356,19 +326,11 @@ class EdgeScheduleEnv(gym.Env):
         rows[:, head - 1] = np.arange(k + 1) / k
         return rows
 
-    def _batch_row(self, m: int) -> list[float]:
-        """Mode ``m``'s six batch features (0 = AD, 1 = SD), clipped to [0, 1]."""
-        cfg, p, k = self.cfg, self._plan, self.cfg.num_users
-        t_hi = cfg.deadline_s[1]
-        slack = p.slack_min[m] if p.slack_min[m] != math.inf else t_hi
-        row = (p.b[m] / k, p.s_max[m] / cfg.input_tokens[1], p.n_max[m] / cfg.output_tokens[1], p.share[m], p.mem[m] / self._budget, slack / t_hi)
-        return [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in row]
-
     def _refresh_head(self, mode: int) -> None:
-        """Recompute the cached batch features that ``mode`` (AD, SD; REJECT: all) changed."""
-        for m in ((0, 1) if mode == REJECT else ((0,) if mode == AD else (1,))):
-            self._head[BATCH_FEATURES * m : BATCH_FEATURES * (m + 1)] = self._batch_row(m)
-        if mode != AD:
+        """Recompute the cached features ``mode`` (AD or SD) changed: its batch's, and SD's depth."""
+        m = mode - 1  # AD, SD -> batch rows 0, 1
+        self._head[BATCH_FEATURES * m : BATCH_FEATURES * (m + 1)] = batch_features(self._plan, m, self.cfg.num_users, self._scales, self._budget)
+        if mode == SD:
             v = self._plan.gamma / self.cfg.max_gamma
             self._head[2 * BATCH_FEATURES] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
 
@@ -380,134 +342,4 @@ class EdgeScheduleEnv(gym.Env):
         z, lam = p.shares()
         view = PlanView(self.round, self._data.order[0].copy(), self._modes.copy(), self._t, p.gamma, z, lam,
                         (p.b[0], p.b[1]), (p.share[0], p.share[1]), (p.mem[0], p.mem[1]), self._budget, tuple(self._masks))
-        return _draw(view, self.render_mode, self.cost, self.cfg)
-
-
-def vector_reset_inputs(num_envs: int, num_users: int, seed: int | list[int] | None, options: dict | None) -> tuple[list[np.random.Generator] | None, list[Round] | None]:
-    """A vector env's ``reset(seed=, options=)`` checked: one generator per sub-env (``seed + i``, or
-    the given list; None without a seed) and the given ``options["rounds"]`` (None if absent)."""
-    rngs = None
-    if seed is not None:
-        seeds = [seed + i for i in range(num_envs)] if isinstance(seed, int) else list(seed)
-        if len(seeds) != num_envs:
-            raise ValueError(f"reset(seed=...) needs {num_envs} seeds, got {len(seeds)}")
-        rngs = [seeding.np_random(s)[0] for s in seeds]
-    rounds = (options or {}).get("rounds")
-    if rounds is not None and (len(rounds) != num_envs or any(r.num_users != num_users for r in rounds)):
-        raise ValueError(f"options['rounds'] must hold {num_envs} rounds of {num_users} users")
-    return rngs, rounds
-
-
-class EdgeScheduleVectorEnv(VectorEnv):
-    """``N`` independent rounds stepped together in numpy.
-
-    Sub-env ``i`` draws its rounds from its own generator seeded with ``seed + i``, so it
-    reproduces ``EdgeScheduleEnv`` reset with ``seed + i``. ``action_masks()`` returns (N, 2 + G).
-    ``autoreset_mode`` is ``"next_step"`` (Gymnasium's default) or ``"same_step"`` (an ended
-    sub-env resets inside the same ``step``; its last observation is in ``info["final_obs"]``).
-    ``reset(options={"rounds": [Round, ...]})`` plays the given rounds (one per sub-env) first.
-    """
-
-    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": RENDER_MODES, "render_fps": 4}
-
-    def __init__(self, num_envs: int = 8, autoreset_mode: str = "next_step", render_mode: str | None = None, **kwargs: Any):
-        self.render_mode = _check_render_mode(render_mode)
-        if autoreset_mode not in ("next_step", "same_step"):
-            raise ValueError(f"autoreset_mode must be 'next_step' or 'same_step', got {autoreset_mode!r}")
-        self._same_step = autoreset_mode == "same_step"
-        self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.SAME_STEP if self._same_step else AutoresetMode.NEXT_STEP}
-        self.cfg = EnvConfig.from_kwargs(**kwargs)
-        self.num_envs = int(num_envs)
-        if self.num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        self.cost = CostModel.from_config(self.cfg)
-        self.single_action_space = spaces.Discrete(2 + self.cfg.max_gamma)
-        self.single_observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
-        self.action_space = spaces.MultiDiscrete(np.full(self.num_envs, 2 + self.cfg.max_gamma))
-        self.observation_space = spaces.Box(0.0, 1.0, shape=(self.num_envs, observation_size(self.cfg)), dtype=np.float32)
-        self._builder = PlanBuilder(self.cost, self.num_envs, self.cfg.max_gamma)
-        self._data = _Rounds(self.num_envs, self.cfg.num_users)
-        self._t = np.zeros(self.num_envs, dtype=np.int64)
-        self._modes = np.zeros((self.num_envs, self.cfg.num_users), dtype=np.int8)
-        self._rngs = [seeding.np_random(None)[0] for _ in range(self.num_envs)]
-        self._needs_reset = np.ones(self.num_envs, dtype=bool)
-        self._masks = np.ones((self.num_envs, 2 + self.cfg.max_gamma), dtype=bool)
-
-    def _reset_envs(self, which: np.ndarray, rounds: list[Round] | None = None) -> None:
-        for i in np.flatnonzero(which):
-            rnd = rounds[i] if rounds is not None else sample_round(self._rngs[i], self.cfg)
-            self._data.load(i, rnd, self.cfg)
-        self._builder.reset(which)
-        self._t[which] = 0
-        self._modes[which] = REJECT
-        self._needs_reset[which] = False
-
-    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
-        rngs, rounds = vector_reset_inputs(self.num_envs, self.cfg.num_users, seed, options)
-        if rngs is not None:
-            self._rngs = rngs
-        self._reset_envs(np.ones(self.num_envs, dtype=bool), rounds)
-        self._masks = self._builder.prepare(*self._data.user(self._t))
-        return _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks), {}
-
-    def action_masks(self) -> np.ndarray:
-        return self._masks.copy()
-
-    def render(self) -> tuple | None:
-        """One frame per sub-env (as the scalar env renders it), or None without a render mode."""
-        if self.render_mode is None:
-            return None
-        b = self._builder
-        z, lam = b.shares()
-        budget = max(float(self.cost.memory_budget(True)), 1.0)
-        frames = []
-        for i in range(self.num_envs):
-            view = PlanView(self._data.rounds[i], self._data.order[i].copy(), self._modes[i].copy(), int(self._t[i]), int(b.gamma[i]), float(z[i]), float(lam[i]),
-                            (int(b.b[0, i]), int(b.b[1, i])), (float(b.share[0, i]), float(b.share[1, i])), (float(b.mem[0, i]), float(b.mem[1, i])), budget,
-                            tuple(bool(m) for m in self._masks[i]))
-            frames.append(_draw(view, self.render_mode, self.cost, self.cfg))
-        return tuple(frames)
-
-    def step(self, actions):
-        # -1 for an action outside Discrete(2 + G): the builder rejects it and it is flagged
-        actions = action_indices(actions, self.num_envs, 2 + self.cfg.max_gamma)
-        resetting = self._needs_reset.copy()
-        active = ~resetting
-        # sub-envs that ended last step reset now (their action is ignored: act as reject)
-        valid = self._builder.apply(np.where(active, actions, 0))
-        k = self.cfg.num_users
-        rows = np.flatnonzero(active)
-        mode = np.where(~valid | (actions == 0), REJECT, np.where(actions == 1, AD, SD)).astype(np.int8)
-        self._modes[rows, self._t[rows]] = mode[rows]
-        rewards = np.where(active & (mode != REJECT) & (self.cfg.reward_timing == "admission"), 1.0, 0.0)
-        self._t[active] += 1
-        terminated = active & (self._t >= k)
-        infos: dict[str, Any] = {"invalid_action": active & ~valid, "_invalid_action": active.copy()}
-        if terminated.any():
-            keys = ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma", "z", "lam")
-            final = {key: np.zeros(self.num_envs) for key in keys}
-            for i in np.flatnonzero(terminated):
-                z, lam = self._builder.shares()
-                fi = _final_info(self.cfg, self.cost, int(self._builder.gamma[i]), float(z[i]), float(lam[i]), self._data.rounds[i], self._data.order[i], self._modes[i], self._rngs[i])
-                for key in keys:
-                    final[key][i] = fi[key]
-                rewards[i] += -fi["late"] if self.cfg.reward_timing == "admission" else fi["served"]
-            for key in keys:
-                infos[key] = final[key]
-                infos[f"_{key}"] = terminated.copy()
-        if resetting.any():
-            self._reset_envs(resetting)
-        self._masks = self._builder.prepare(*self._data.user(self._t))
-        # an ended sub-env only allows reject until it resets
-        self._masks[terminated] = False
-        self._masks[terminated, 0] = True
-        obs = _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)
-        if self._same_step and terminated.any():
-            infos["final_obs"] = obs.copy()
-            infos["_final_obs"] = terminated.copy()
-            self._reset_envs(terminated)
-            self._masks = self._builder.prepare(*self._data.user(self._t))
-            obs = _encode(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)
-        else:
-            self._needs_reset = terminated
-        return obs, rewards, terminated, np.zeros(self.num_envs, dtype=bool), infos
+        return draw(view, self.render_mode, self.cost, self.cfg)

@@ -84,7 +84,6 @@ sub-env ``i`` seeded ``seed + i`` reproduces this env seeded ``seed + i``.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import gymnasium as gym
@@ -95,7 +94,7 @@ from envs.actions import action_index
 from envs.config import ConfigError, EnvConfig
 from envs.cost_model import CostModel, expected_tokens_per_iteration
 from envs.edge_schedule import UPLINK_SCALE_S
-from envs.observation_rows import observation_rows
+from envs.observation_rows import batch_features, observation_rows
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan
 from envs.split_cost import SplitCostModel, SplitOptions
@@ -325,12 +324,8 @@ class EdgeScheduleV1Env(gym.Env):
         return obs, reward, False, False, info
 
     def _batch_row(self, m: int) -> list[float]:
-        """Mode ``m``'s six batch features, clipped to [0, 1] (they change only when ``m`` admits a user)."""
-        p, k = self._plan, self._k
-        i_hi, o_hi, t_hi = self._scales
-        sl = p.slack_min[m]
-        row = (p.b[m] / k, p.s_max[m] / i_hi, p.n_max[m] / o_hi, p.share[m], p.mem[m] / self._budget, (sl if sl != math.inf else t_hi) / t_hi)
-        return [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in row]
+        """Mode ``m``'s six batch features (they change only when ``m`` admits a user)."""
+        return batch_features(self._plan, m, self._k, self._scales, self._budget)
 
     MASK_CACHE_MAX = 4096  #: distinct masks kept as arrays before the cache is emptied
 

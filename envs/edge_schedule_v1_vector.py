@@ -16,7 +16,6 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from envs.actions import action_indices
-from envs.edge_schedule import vector_reset_inputs
 from envs.edge_schedule_v1 import (
     HEAD,
     USER_FEATURES,
@@ -25,6 +24,7 @@ from envs.edge_schedule_v1 import (
     observation_size,
     round_features,
 )
+from envs.edge_schedule_vector import vector_reset_inputs
 from envs.plan import AD, ED, REJECT, SD
 from envs.split_builder import SplitPlanBuilder
 from envs.split_plan import EdUsers, ed_users, shares_split

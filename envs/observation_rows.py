@@ -4,10 +4,13 @@ Both scalar environments (``EdgeSchedule-v0`` and ``-v1``) observe, at step ``t`
 user's features, a head (batch features, masks: written per step) and the next ``K_max`` users'
 features. The user parts depend on ``t`` only, so a reset builds them for every ``t`` at once and a
 step copies one row instead of assembling the observation (separate from the envs because both use
-it and neither should import the other's internals).
+it and neither should import the other's internals). Also the batch features both heads share
+(:func:`batch_features`), recomputed only when their mode admits a user.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -27,3 +30,14 @@ def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) ->
     size = pad.itemsize
     rows[:, tail : tail + width] = np.ndarray((k + 1, width), dtype=np.float32, buffer=pad, offset=f * size, strides=(f * size, size))
     return rows
+
+
+def batch_features(plan, m: int, num_users: int, scales: tuple[float, float, float], budget_bytes: float) -> list[float]:
+    """Batch ``m``'s six observation features, clipped to [0, 1]: its size over K, longest input and
+    output over ``scales``' input / output ranges, compute share, KV bytes over ``budget_bytes``, and
+    its least slack over ``scales``' deadline range (the range itself while the batch is empty).
+    ``plan`` is either scalar plan (``envs.plan_builder.ScalarPlan`` or ``envs.split_builder.SplitScalarPlan``)."""
+    i_hi, o_hi, t_hi = scales
+    sl = plan.slack_min[m]
+    row = (plan.b[m] / num_users, plan.s_max[m] / i_hi, plan.n_max[m] / o_hi, plan.share[m], plan.mem[m] / budget_bytes, (sl if sl != math.inf else t_hi) / t_hi)
+    return [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in row]

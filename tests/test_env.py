@@ -8,7 +8,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
 from envs import AD, SD, ConfigError, check_plans
-from envs.edge_schedule import EdgeScheduleVectorEnv
+from envs.edge_schedule_vector import EdgeScheduleVectorEnv
 
 
 def make(**kw):

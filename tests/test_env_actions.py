@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import envs
 from envs import REJECT, SD, CostModel, EnvConfig, sample_round
-from envs.edge_schedule import EdgeScheduleVectorEnv, action_index, action_indices
+from envs.edge_schedule import action_index, action_indices
+from envs.edge_schedule_vector import EdgeScheduleVectorEnv
 from envs.plan_builder import PlanBuilder, ScalarPlan
 
 K = 6

@@ -7,7 +7,8 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_util import make_vec_env
 
 import envs
-from envs.edge_schedule import EdgeScheduleEnv, EdgeScheduleVectorEnv
+from envs.edge_schedule import EdgeScheduleEnv
+from envs.edge_schedule_vector import EdgeScheduleVectorEnv
 from envs.render import FRAME_SIZE_PX
 
 K = 12

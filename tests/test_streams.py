@@ -107,7 +107,7 @@ def test_the_old_scheme_shared_rounds():
 
 def test_sb3_env_trains_on_the_train_stream():
     """The SB3 adapter, seeded as SB3 seeds it, plays the train stream's first rounds."""
-    from envs.edge_schedule import EdgeScheduleVectorEnv
+    from envs.edge_schedule_vector import EdgeScheduleVectorEnv
 
     env = EdgeScheduleSB3VecEnv(3, CFG.to_dict())
     env.seed(11)
