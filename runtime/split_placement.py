@@ -19,6 +19,12 @@ service of :mod:`runtime.split`):
 Every request ends with exactly one outcome, decided and counted by the server; the edge gets it in
 the ``result``. A stream that breaks before its ``done`` ends the request with ``error``.
 
+**A dead or frozen server.** The edge bounds its waits for the server: the decision or result within
+the request's deadline + ``reply_timeout_s`` from its send, and, after its ED report, the result
+within ``reply_timeout_s`` (the ED generation itself is bounded by the verification stream's
+``reply_timeout_s``). Past that the edge cancels the stream and the request ends with ``error``
+(reason ``timeout``); the server, if alive, sees the stream go and ends it with ``error`` too.
+
 **Network emulation.** :class:`EdgeUser` wraps its verification link in
 :class:`~runtime.split.transport.DelayedLink` (``rtt_s``, read at each request: half each way); the placement exchange
 itself (one or two messages per request, against ``J`` verification round trips) is not delayed.
@@ -151,12 +157,35 @@ class EdgeUser:
         sent_at = time.time()
         decided_at, depth, edge_out, last_token_at = None, 0, None, None
         call = self._place(messages())
+        # the watchdog: a server that neither answers nor breaks the stream (frozen, or a lost network
+        # without a reset) would leave `for reply in call` waiting forever; gRPC's call timeout cannot
+        # follow the phases (the ED generation may rightly run past the deadline), so a thread cancels it
+        waiting = {"until": time.monotonic() + min(deadline_s, 1e9) + self.reply_timeout_s,
+                   "what": f"the decision or result within deadline_s + reply_timeout_s = {deadline_s:g} + {self.reply_timeout_s:g} s"}
+        timed_out, stop = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(0.1):
+                with cond:
+                    until = waiting["until"]
+                if until is not None and time.monotonic() > until:
+                    timed_out.set()
+                    call.cancel()
+                    return
+
+        watchdog = threading.Thread(target=watch, name="edge-place-watchdog", daemon=True)
+        watchdog.start()
         try:
             for reply in call:
                 if reply.kind == "decision" and reply.mode == "ed":
                     decided_at, depth = time.time(), int(reply.depth)
+                    with cond:
+                        waiting["until"] = None  # the generation bounds itself (each verification within reply_timeout_s)
                     edge_out = self._edge_client(depth).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id or None)
                     last_token_at = edge_out.iterations[-1].reply_at if edge_out.iterations else None
+                    with cond:
+                        waiting["until"] = time.monotonic() + self.reply_timeout_s
+                        waiting["what"] = f"the result within reply_timeout_s = {self.reply_timeout_s:g} s of the ED report"
                     send(PlaceMsg(request_id=request_id, done=True, tokens=edge_out.tokens, outcome=edge_out.outcome, error=edge_out.error))
                     continue
                 tokens = list(reply.tokens) if reply.mode != "ed" else (edge_out.tokens if edge_out else [])
@@ -166,7 +195,10 @@ class EdgeUser:
             reason = "the server ended the placement stream without a result"
         except grpc.RpcError as err:
             reason = f"placement stream failed: {err.code().name}: {err.details()}"
+            if timed_out.is_set():
+                reason = f"timeout: the server sent no reply: it owed {waiting['what']}"
         finally:
+            stop.set()
             with cond:
                 closed[0] = True
                 cond.notify_all()

@@ -26,12 +26,22 @@ planner's estimate, the verifier takes what the CPU gives it.
 ``specsched_split_requests{kind="edge"|"http", outcome}``. An ED request ends when its edge reports
 its last token (served if that report arrived within the deadline, measured on the server's clock
 from the request's arrival), or with ``error`` if the edge failed or its stream broke first.
+
+**Faults on the placement stream.** Every wait of a placement stream is bounded: a request that has
+no outcome ``report_grace_s`` after its deadline -- its edge stays connected but silent, no report
+of its ED generation -- ends ``late``, so no request holds a stream (or any state) past deadline +
+grace; a first message that does not come within ``first_message_s`` ends the stream
+(DEADLINE_EXCEEDED). A request whose edge hangs up before its round is planned leaves the queue at
+once: it is not planned and holds no ``edge_active`` entry. A message that does not parse, and an ED
+report with token ids outside the vocabulary or more tokens than ``max_tokens``, end the stream with
+INVALID_ARGUMENT naming the field (the request, if any, ends with ``error``); the server goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -40,6 +50,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from envs.config import EnvConfig
@@ -60,6 +71,8 @@ from runtime.textstream import TextStream
 
 log = logging.getLogger("specsched.serve")
 KINDS = ("edge", "http")
+REPORT_GRACE_S = 5.0  #: how long after its deadline a placement stream waits for its request's end (an ED report), s
+FIRST_MESSAGE_S = 30.0  #: how long a new placement stream waits for its request message, s
 
 
 @dataclass(eq=False)
@@ -93,6 +106,8 @@ class SplitRoundServer(RoundServer):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.grpc_server: grpc.Server | None = None
         self.split_port: int | None = None
+        self.report_grace_s = REPORT_GRACE_S  # instance attributes: tests shorten them
+        self.first_message_s = FIRST_MESSAGE_S
 
     # ------------------------------------------------------------------------- planning
     def make_scheduler(self):
@@ -128,8 +143,14 @@ class SplitRoundServer(RoundServer):
     def place_other(self, req: LiveRequest, index: int, plan, loop) -> bool:
         if plan.modes[index] != ED or not isinstance(req, EdgeRequest) or plan.ed_depth is None:
             return False
+        if req.outcome is not None:  # it ended while its round was planned (its edge hung up): nothing to place
+            return True
         req.mode, req.ed_depth = "ed", int(plan.ed_depth[index])
         self.edge_active[req.id] = req
+        # finish (event loop) may have run between the check above and the entry: it sets the outcome
+        # before it drops the entry, so an outcome seen now means the entry may have missed its drop
+        if req.outcome is not None:
+            self.edge_active.pop(req.id, None)
         req.placed.set()  # the placement stream tells the edge
         return True
 
@@ -138,6 +159,11 @@ class SplitRoundServer(RoundServer):
         super().finish(req, outcome, reason)
         if not first:
             return
+        # a request that ends while queued (its edge hung up) leaves the queue: a round must not plan it
+        # (an ED plan would hold its edge_active entry forever). By identity: LiveRequest compares by value.
+        if any(r is req for r in self.pending):
+            self.pending = [r for r in self.pending if r is not req]
+            self.metrics.queue.set(len(self.pending))
         kind = "edge" if isinstance(req, EdgeRequest) else "http"
         self.by_kind.labels(kind, outcome).inc()
         self.kind_counts[kind][outcome] += 1
@@ -185,12 +211,66 @@ class SplitRoundServer(RoundServer):
                             outcome=req.outcome or "error", reason=req.reason, tokens=req.text.ids if req.mode in ("ad", "sd") else [],
                             latency_s=end - req.arrival, wait_s=(req.round_start - req.arrival) if req.round_start else float("nan"))
 
+    @staticmethod
+    def _next_raw(messages, until: float, context) -> tuple[str, bytes | None]:
+        """The stream's next message as raw bytes, waiting until monotonic ``until`` at most:
+        ``("msg", raw)``, ``("end", None)`` (the edge half-closed or went away) or ``("timeout", None)``.
+
+        gRPC's request iterator has no timeout of its own, so a helper thread reads it; one left
+        waiting ends with the stream (the iterator stops once the handler has returned)."""
+        box: queue.Queue = queue.Queue(maxsize=1)
+
+        def read() -> None:
+            try:
+                box.put(("msg", next(messages)))
+            except StopIteration:
+                box.put(("end", None))
+            except Exception:  # noqa: BLE001 - the client cancelled or the stream broke: the same as its end here
+                box.put(("end", None))
+
+        threading.Thread(target=read, name="split-place-read", daemon=True).start()
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return "timeout", None
+            try:
+                return box.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if not context.is_active():
+                    return "end", None
+
+    def _parse(self, raw: bytes, context, req: EdgeRequest | None = None):
+        """A :data:`PlaceMsg` from raw bytes; if they do not parse, ``req`` (if any) ends with ``error`` and
+        the stream with INVALID_ARGUMENT (gRPC's own deserializer would answer INTERNAL / UNKNOWN)."""
+        try:
+            return PlaceMsg.FromString(raw)
+        except DecodeError as exc:
+            problem = f"placement message: not a PlaceMsg: {exc}"
+            if req is not None:
+                self._end(req, "error", f"edge: invalid report: {problem}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+    def _report_problem(self, req: EdgeRequest, report) -> str | None:
+        """Why an ED report is refused (INVALID_ARGUMENT), naming the field; None if valid."""
+        vocab = self.batcher.verifier.vocab_size
+        if len(report.tokens) > req.max_tokens:
+            return f"report tokens: {len(report.tokens)} tokens, more than the request's max_tokens={req.max_tokens}"
+        if any(not 0 <= t < vocab for t in report.tokens):
+            return f"report tokens: token ids must lie in [0, {vocab})"
+        return None
+
     def place(self, request_iterator, context):
-        """One edge request over its bidirectional placement stream (a gRPC worker thread)."""
+        """One edge request over its bidirectional placement stream (a gRPC worker thread).
+
+        Every wait is bounded: the request's first message by ``first_message_s``; everything after
+        by the request's deadline + ``report_grace_s`` (then it ends ``late``)."""
         messages = iter(request_iterator)
-        msg = next(messages, None)
-        if msg is None:
+        got, raw = self._next_raw(messages, time.monotonic() + self.first_message_s, context)
+        if got == "end":
             return
+        if got == "timeout":
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no placement request within {self.first_message_s:g} s")
+        msg = self._parse(raw, context)
         problem = self._validate(msg)
         if problem is not None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -204,14 +284,26 @@ class SplitRoundServer(RoundServer):
             context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         # a stream that goes away ends its request (finish ignores a request that has its outcome)
         context.add_callback(lambda: self._end_soon(req, "error", "edge: the placement stream closed early"))
+        # past this the request has had its chance: queued, in a round or drafting on its edge, it ends late
+        give_up = req.arrival + req.deadline_s + self.report_grace_s
+        overdue = f"deadline missed: no end within report_grace_s={self.report_grace_s:g} s after the deadline"
         while not req.placed.wait(0.5):
             if not context.is_active():
                 return
+            if time.monotonic() > give_up:
+                self._end(req, "late", overdue)
+                break
         if req.outcome is None and req.mode == "ed":
             yield PlacementMsg(request_id=req.client_id, kind="decision", mode="ed", depth=req.ed_depth)
-            report = next(messages, None)
-            if report is None or not report.done:
+            got, raw = self._next_raw(messages, give_up, context)
+            report = self._parse(raw, context, req) if got == "msg" else None
+            if got == "timeout":
+                self._end(req, "late", f"{overdue} (no report of the ED generation)")
+            elif report is None or not report.done:
                 self._end(req, "error", "edge: no report of the ED generation")
+            elif (problem := self._report_problem(req, report)) is not None:
+                self._end(req, "error", f"edge: invalid report: {problem}")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             else:
                 req.completed_at = time.monotonic()
                 req.text.feed(list(report.tokens))
@@ -220,7 +312,8 @@ class SplitRoundServer(RoundServer):
                     self._end(req, "served" if on_time else "late", "" if on_time else "deadline missed")
                 else:
                     self._end(req, "error", f"edge: {report.outcome}: {report.error}")
-        req.ended.wait()
+        # set by now unless the event loop has stopped (shutdown ended every request then): bounded anyway
+        req.ended.wait(10.0)
         yield self._result(req)
 
     def _start_grpc(self) -> None:
@@ -229,8 +322,9 @@ class SplitRoundServer(RoundServer):
         handlers = (
             grpc.method_handlers_generic_handler(VERIFY_SERVICE, {"Verify": grpc.stream_stream_rpc_method_handler(
                 verify.verify, request_deserializer=None, response_serializer=VerdictMsg.SerializeToString)}),
+            # raw bytes, parsed by place: a message that does not parse is INVALID_ARGUMENT, as on Verify
             grpc.method_handlers_generic_handler(PLACEMENT_SERVICE, {"Place": grpc.stream_stream_rpc_method_handler(
-                self.place, request_deserializer=PlaceMsg.FromString, response_serializer=PlacementMsg.SerializeToString)}),
+                self.place, request_deserializer=None, response_serializer=PlacementMsg.SerializeToString)}),
         )
         from concurrent.futures import ThreadPoolExecutor
 
