@@ -7,12 +7,12 @@ plans at once), so the result is always feasible.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from agents.mixed_repack import MIXED_DEPTH, mixed_repack
+from agents.prefix_fill import TIE_WEIGHT, longest_prefixes
 from envs.cost_model import CostModel, sd_iterations
-from envs.feasibility import EPS, check_plans, share_needed, shares_for
+from envs.feasibility import check_plans, share_needed, shares_for
 from envs.plan import AD, SD, Plan
 from envs.workload import Round
 
@@ -66,7 +66,6 @@ S_VARIANTS = 4  #: padding caps tried per batch from its own largest distinct in
 #: pass 0.9978x at 2.9 ms; 6 x 6 and one pass 0.9967x at 1.9 ms
 INPUT_QUANTILES = tuple(np.linspace(0.5, 1.0, 8).tolist())
 SLACK_QUANTILES = tuple(np.linspace(0.0, 0.5, 8).tolist())
-TIE_WEIGHT = 0.5  #: candidates serving as many: the emptier wins (0 = the first found)
 REFINE_STARTS = 1  #: grid points refined (the best first)
 REFINE_PASSES = 2  #: rounds of line searches (the cap line and the floor line at once) around the best grid point
 REFINE_WINDOW = 0.2  #: the line searches cover the caps / floors of this share of the users around the point
@@ -96,74 +95,19 @@ def _batch_use(cost: CostModel, rnd: Round, members: np.ndarray, mode: int, gamm
     return float(share_needed(cost.sd_time(b, s, n, j, gamma), b, u, sl)), float(cost.sd_memory(b, s, n, so, gamma))
 
 
-def _longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple, sd_used) -> tuple[np.ndarray, np.ndarray]:
-    """Per candidate row of ``eligible`` (C, K) over the users in ``order``: how many of its eligible
-    users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes;
-    scalars or one per row; ``sd_used`` likewise), and how full that plan is (the larger of compute
-    share and memory used, 0..1).
-
-    The batch aggregates of every prefix come from running sums / maxima; a prefix that fits stays
-    fitting when shortened (downward closed), so each row's last fitting prefix is found in two
-    passes over blocks of ~sqrt(K) columns: the cost model is priced at O(C sqrt K) points in two
-    calls, not O(C K) (and not log2 K calls, whose per-call overhead dominates at these sizes)."""
-    # token counts as int32: exact, and half the memory traffic of the (C, K) running aggregates
-    inp, out = (x[order].astype(np.int32) for x in (rnd.input_tokens, rnd.output_tokens))
-    up, slack = rnd.uplink_s[order], rnd.slack_s[order]
-    c, k = eligible.shape
-    # the running aggregates in (K, C) layout: numpy accumulates along the first axis over contiguous
-    # rows, many times faster than along the last axis of a (C, K) array
-    el = np.ascontiguousarray(eligible.T)
-    b = np.cumsum(el, axis=0, dtype=np.int32)
-    s = np.maximum.accumulate(np.where(el, inp[:, None], 0), axis=0)
-    n = np.maximum.accumulate(np.where(el, out[:, None], 0), axis=0)
-    u = np.maximum.accumulate(np.where(el, up[:, None], 0.0), axis=0)
-    sl = np.minimum.accumulate(np.where(el, slack[:, None], np.inf), axis=0)
-    so = np.cumsum(np.where(el, out[:, None], 0), axis=0, dtype=np.int32)
-    j = np.maximum.accumulate(np.where(el, sd_iterations(out, rnd.alpha[order], gamma)[:, None], 0), axis=0) if mode == SD else None
-    budget = np.where(sd_used, cost.memory_budget1(True), cost.memory_budget1(False)) * (1 + EPS)
-    other_share, other_mem = (np.broadcast_to(np.asarray(x, dtype=float), (c,)) for x in other)
-    budget = np.broadcast_to(budget, (c,))
-    rows = np.arange(c)[:, None]
-
-    def fits_at(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Whether the prefix up to column ``cols[r, m]`` of row ``r`` fits, and how full it is."""
-        at = (np.clip(cols, 0, k - 1), rows)
-        bb, ss, nn, oo = b[at], s[at], n[at], so[at]
-        if mode == AD:
-            t, mem = cost.ad_time(bb, ss, nn), cost.ad_memory(bb, ss, nn, oo)
-        else:
-            t, mem = cost.sd_time(bb, ss, nn, j[at], gamma), cost.sd_memory(bb, ss, nn, oo, gamma)
-        with np.errstate(invalid="ignore"):
-            share = share_needed(t, bb, u[at], sl[at]) + other_share[:, None]
-            fits = (share <= 1 + EPS) & (mem + other_mem[:, None] <= budget[:, None])
-        return (fits | (bb == 0)) & (cols < k), np.maximum(share, (mem + other_mem[:, None]) / budget[:, None])
-
-    # fitting is monotone along the columns (prefixes only grow): find each row's last fitting column
-    # in two vectorised passes -- every block's last column, then the columns of the block after the
-    # last fitting one (blocks of ~sqrt(K) columns: two calls of the cost model instead of log2(K))
-    block = max(1, math.isqrt(k - 1) + 1)
-    coarse = np.arange(block - 1, k + block - 1, block)[None, :]  # the last may lie past the end: never fits
-    fits, used = fits_at(np.broadcast_to(coarse, (c, coarse.shape[1])))
-    n_blocks = fits.sum(axis=1)  # blocks wholly fitting
-    first = n_blocks * block  # first column not yet known to fit
-    fine = first[:, None] + np.arange(block - 1)[None, :]
-    fits2, used2 = fits_at(fine)
-    n_fine = fits2.sum(axis=1)
-    last = first - 1 + n_fine  # -1: not even the first column fits
-    r = np.arange(c)
-    used = np.where(n_fine > 0, used2[r, np.maximum(n_fine - 1, 0)], np.where(n_blocks > 0, used[r, np.maximum(n_blocks - 1, 0)], 0.0))
-    return np.where(last >= 0, b[np.clip(last, 0, k - 1), r], 0), np.where(last >= 0, used, 0.0)
-
-
-def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS) -> np.ndarray:
+def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS,
+            mixed_depth: int | None = None, passes: int = REFINE_PASSES) -> np.ndarray:
     """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``):
-    :func:`_improve`'s modes (``cross``: the refinement's square, ``REFINE_CROSS``; 0 = lines only)."""
-    return _improve(cost, rnd, modes, gamma, max_gamma, cross)[0]
+    :func:`_improve`'s modes (``cross``: the refinement's square, ``REFINE_CROSS``; 0 = lines only;
+    ``mixed_depth``: also the mixed re-pack, SD at that depth; ``passes``: refinement passes)."""
+    return _improve(cost, rnd, modes, gamma, max_gamma, cross, mixed_depth, passes)[0]
 
 
-def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS):
-    """``(modes, report)``: a feasible plan serving at least as many users as the feasible plan
-    ``modes`` (SD at ``gamma``), and its exact check (None when ``modes`` is returned unchanged).
+def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS,
+             mixed_depth: int | None = None, passes: int = REFINE_PASSES):
+    """``(modes, report, depth)``: a feasible plan serving at least as many users as the feasible plan
+    ``modes`` (SD at ``gamma``), its exact check (None when ``modes`` is returned unchanged), and the
+    SD depth it was checked at when that is not the plan's own (the mixed re-pack's; else None).
 
     **Re-pack**: one batch (AD or SD) is emptied -- the other kept -- and refilled, in ascending
     predicted output, with the users inside a cap on input (the padding) and a floor on slack (the
@@ -181,11 +125,16 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     small grid of thresholds around the scheduler's own (plus, per refinement pass, every pair of the
     ``cross`` distinct caps and floors either side of the point); O(K log K) plus O(K) numpy per threshold
     pair, in a handful of vectorised calls.
+
+    **Mixed** (``mixed_depth`` set; the ``improve_mixed`` post-step uses ``MIXED_DEPTH``): besides, an
+    AD batch and an SD batch both rebuilt from scratch (:func:`agents.mixed_repack.mixed_repack`, SD at
+    ``mixed_depth``, clipped to ``max_gamma``); its plan is taken when it serves more than both
+    ``modes`` and the re-pack's winner.
     """
     modes = np.asarray(modes, dtype=np.int8)
     k = len(modes)
     if k == 0:
-        return modes.copy(), None
+        return modes.copy(), None, None
     g = int(min(max(gamma, 1), max_gamma))
     by_output = np.lexsort((rnd.input_tokens, rnd.output_tokens))
     inp_sorted, slack_sorted = rnd.input_tokens[by_output], rnd.slack_s[by_output]
@@ -212,7 +161,7 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
             sel = job_mode[job] == mode
             if sel.any():
                 j = job[sel]
-                counts, used = _longest_prefixes(cost, rnd, by_output, eligible[sel], mode, g, (other[j, 0], other[j, 1]), sd_used[j])
+                counts, used = longest_prefixes(cost, rnd, by_output, eligible[sel], mode, g, (other[j, 0], other[j, 1]), sd_used[j])
                 keys[sel] = n_kept[j] + counts - TIE_WEIGHT * np.minimum(used, 1.0)
         return keys
 
@@ -226,50 +175,69 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
         rows_job.append(np.full(len(caps) * len(floors), job))
         rows_cap.append(np.repeat(caps, len(floors)))
         rows_floor.append(np.tile(floors, len(caps)))
-    if not rows_job:
-        return modes.copy(), None
-    job_r, cap_r, floor_r = (np.concatenate(x) for x in (rows_job, rows_cap, rows_floor))
-    keys = score(job_r, cap_r.astype(float), floor_r)
-    # refine the best grid points: the line of every distinct input cap and the line of every slack
-    # floor through the point, within REFINE_WINDOW (a share of the round's users); the best wins
-    inputs, slacks = np.sort(rnd.input_tokens), np.sort(rnd.slack_s)
-    half = max(1, int(REFINE_WINDOW * k / 2))
-    best_point = None
-    for c in np.argsort(-keys, kind="stable")[:REFINE_STARTS].tolist():
-        key, job, cap, floor = float(keys[c]), int(job_r[c]), float(cap_r[c]), float(floor_r[c])
-        for _ in range(REFINE_PASSES):
-            line_caps, line_floors = _window(inputs, cap, half).astype(float), _window(slacks, floor, half)
-            caps = np.concatenate([line_caps, np.full(len(line_floors), cap)])
-            floors = np.concatenate([np.full(len(line_caps), floor), line_floors])
-            if cross > 0:
-                cc, ff = _window(inputs, cap, cross).astype(float), _window(slacks, floor, cross)
-                caps = np.concatenate([caps, np.repeat(cc, len(ff))])
-                floors = np.concatenate([floors, np.tile(ff, len(cc))])
-            line = score(np.full(len(caps), job), caps, floors)
-            i = int(np.argmax(line))
-            if line[i] > key:
+    count, best_point = best_count, None  # no batch to re-pack (an empty plan): only the mixed re-pack can add users
+    if rows_job:
+        job_r, cap_r, floor_r = (np.concatenate(x) for x in (rows_job, rows_cap, rows_floor))
+        keys = score(job_r, cap_r.astype(float), floor_r)
+        # refine the best grid points: the line of every distinct input cap and the line of every slack
+        # floor through the point, within REFINE_WINDOW (a share of the round's users); the best wins
+        inputs, slacks = np.sort(rnd.input_tokens), np.sort(rnd.slack_s)
+        half = max(1, int(REFINE_WINDOW * k / 2))
+        best_point = None
+        for c in np.argsort(-keys, kind="stable")[:REFINE_STARTS].tolist():
+            key, job, cap, floor = float(keys[c]), int(job_r[c]), float(cap_r[c]), float(floor_r[c])
+            # (cap, floor) pairs scored by earlier passes score <= key: a pass scores only the new ones
+            # (a point taken needs a strictly higher key), and stops when a pass moves nothing -- the
+            # next would score the same rows -- so the result is that of scoring every pass in full
+            seen: set[tuple[float, float]] = set()
+            for _ in range(passes):
+                line_caps, line_floors = _window(inputs, cap, half).astype(float), _window(slacks, floor, half)
+                caps = np.concatenate([line_caps, np.full(len(line_floors), cap)])
+                floors = np.concatenate([np.full(len(line_caps), floor), line_floors])
+                if cross > 0:
+                    cc, ff = _window(inputs, cap, cross).astype(float), _window(slacks, floor, cross)
+                    caps = np.concatenate([caps, np.repeat(cc, len(ff))])
+                    floors = np.concatenate([floors, np.tile(ff, len(cc))])
+                pairs = list(zip(caps.tolist(), floors.tolist(), strict=True))
+                new = np.fromiter((p not in seen for p in pairs), dtype=bool, count=len(pairs))
+                seen.update(pairs)
+                caps, floors = caps[new], floors[new]
+                if len(caps) == 0:
+                    break
+                line = score(np.full(len(caps), job), caps, floors)
+                i = int(np.argmax(line))
+                if line[i] <= key:
+                    break
                 key, cap, floor = float(line[i]), float(caps[i]), float(floors[i])
-        if best_point is None or key > best_point[0]:
-            best_point = (key, job, cap, floor)
+            if best_point is None or key > best_point[0]:
+                best_point = (key, job, cap, floor)
+        count = int(np.ceil(best_point[0]))  # key = count - TIE_WEIGHT * fullness, fullness in [0, 1]
+    if mixed_depth is not None:
+        g_mixed = int(min(max(mixed_depth, 1), max_gamma))
+        two, two_key = mixed_repack(cost, rnd, g_mixed)
+        if int(np.ceil(two_key)) > max(count, best_count):
+            rep = check_plans(cost, rnd, two[None], g_mixed)
+            if rep.feasible[0]:
+                return two, rep, g_mixed
+    if best_point is None or count <= best_count:
+        return modes.copy(), None, None
     key, job, cap, floor = best_point
-    count = int(np.ceil(key))  # key = count - TIE_WEIGHT * fullness, fullness in [0, 1]
-    if count <= best_count:
-        return modes.copy(), None
     mode, _, keep = jobs[job]
     eligible = (keep[by_output] == 0) & (inp_sorted <= cap) & (slack_sorted >= floor)
     out = keep.astype(np.int8).copy()
     out[by_output[eligible][: count - int((keep != 0).sum())]] = mode
     # the candidate was scored with the same formulas; one exact check guards against any drift
     rep = check_plans(cost, rnd, out[None], g)
-    return (out, rep) if rep.feasible[0] else (modes.copy(), None)
+    return (out, rep, None) if rep.feasible[0] else (modes.copy(), None, None)
 
 
-def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int) -> Plan:
+def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed: bool = False) -> Plan:
     """:func:`improve` on a :class:`~envs.plan.Plan`: the same plan if nothing serves more, else the
-    improved modes with valid shares ``(z, lam)`` (``envs.feasibility.shares_for``)."""
+    improved modes with valid shares ``(z, lam)`` (``envs.feasibility.shares_for``); ``mixed``: with
+    the mixed re-pack at ``MIXED_DEPTH`` (the plan then carries that depth when the mixed plan wins)."""
     old = np.asarray(plan.modes, dtype=np.int8)
-    modes, rep = _improve(cost, rnd, old, plan.gamma, max_gamma)
+    modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, mixed_depth=MIXED_DEPTH if mixed else None)
     if rep is None or (modes != 0).sum() <= (old != 0).sum():
         return plan
     z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())
-    return Plan(modes, gamma=plan.gamma, z=float(np.ravel(z)[0]), lam=float(np.ravel(lam)[0]))
+    return Plan(modes, gamma=plan.gamma if gamma is None else gamma, z=float(np.ravel(z)[0]), lam=float(np.ravel(lam)[0]))

@@ -24,6 +24,8 @@ from envs.workload import Round
 
 #: fields of the env config that shape the observation: taken from the policy, not the caller
 OBSERVATION_FIELDS = ("max_users", "max_gamma", "user_order", "input_tokens", "output_tokens", "deadline_s")
+#: what policy.json's "post_step" may name (None: absent): agents.plan_repair.improve_plan without / with the mixed re-pack
+POST_STEPS = (None, "improve", "improve_mixed")
 
 
 def algo_class(name: str):
@@ -81,10 +83,11 @@ class PolicyScheduler(Scheduler):
         self.env = EdgeScheduleEnv(**cfg.to_dict())
         self.env.set_cost_model(cost)  # same cost model (and profile/memory) as the other schedulers
         #: policy.json's "post_step": "improve" runs agents.plan_repair.improve on the policy's plan
-        #: (inside the timed decision); absent = the policy's plan as it is
+        #: (inside the timed decision), "improve_mixed" the same with the mixed re-pack
+        #: (agents.mixed_repack); absent = the policy's plan as it is
         self.post_step = meta.get("post_step")
-        if self.post_step not in (None, "improve"):
-            raise ValueError(f"policy.json post_step must be absent or 'improve', got {self.post_step!r}")
+        if self.post_step not in POST_STEPS:
+            raise ValueError(f"policy.json post_step must be absent, 'improve' or 'improve_mixed', got {self.post_step!r}")
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         """The deterministic action; unmasked algorithms (PPO, DQN) act without the mask."""
@@ -109,8 +112,8 @@ class PolicyScheduler(Scheduler):
             if term or trunc:
                 break
         plan = Plan(info["modes"], gamma=max(int(info["gamma"]), 1), z=float(info["z"]), lam=float(info["lam"]))
-        if self.post_step == "improve":
+        if self.post_step is not None:
             from agents.plan_repair import improve_plan
 
-            plan = improve_plan(self.cost, rnd, plan, self.max_gamma)
+            plan = improve_plan(self.cost, rnd, plan, self.max_gamma, mixed=self.post_step == "improve_mixed")
         return plan

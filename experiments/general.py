@@ -20,9 +20,10 @@ The policies are cloned from BALANCE (``agents.imitation``) and are each one net
 4. diagnoses, on **validation** rounds at ``--diagnose-k``, why the policy alone falls short there
    (its plans vs BALANCE's: modes, memory / compute used, thresholds).
 
-Every seed runs the post-step ``agents.plan_repair.improve`` (``--post-step``; written into copies
-of the seed folders under ``runs/<post-step>/`` and into the shipped ``policy.json``), and is
-reported without it too (``raw``).
+Every seed runs the post-step ``agents.plan_repair.improve`` (``--post-step improve``, or
+``improve_mixed`` with the mixed re-pack of ``agents.mixed_repack``; written into copies of the seed
+folders under ``runs/<post-step>/`` and into the shipped ``policy.json``), and is reported without it
+too (``raw``).
 
 Writes ``results/general.md``, ``general.csv`` (per seed), ``general_seeds.csv`` (across seeds),
 ``general_timing.csv``, ``general_diagnosis.csv`` and ``general.png`` (served / BALANCE vs K with
@@ -172,11 +173,11 @@ def timing(policy: Path, ks: list[int], rounds: int, balance_rounds: dict[int, i
 
 def diagnose(raw_policy: Path, k: int, rounds: int) -> pd.DataFrame:
     """Why the policy alone falls short at large K: per **validation** round, the plans of the policy as
-    trained, the policy + post-step, BALANCE (gamma 4) and BALANCE at the expert's gamma 2 -- users
+    trained, the policy + each post-step, BALANCE (gamma 4) and BALANCE at the expert's gamma 2 -- users
     served, AD / SD, memory and compute used, and the thresholds that shape a batch (largest input,
     least slack among the admitted)."""
     from agents.balance import grid, split_search
-    from agents.plan_repair import improve
+    from agents.plan_repair import improve, improve_plan
     from envs.feasibility import check_plans
     from envs.plan import AD, SD
 
@@ -189,8 +190,10 @@ def diagnose(raw_policy: Path, k: int, rounds: int) -> pd.DataFrame:
     for i, rnd in enumerate(make_rounds(cfg, rounds, ImitationConfig().val_seed, split="validation")):
         p = pol.plan(rnd)
         b = bal.plan(rnd)
+        mixed = improve_plan(cost, rnd, p, cfg.max_gamma, mixed=True)
         plans = {"policy (raw)": (p.modes, p.gamma), "policy + improve": (improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma), p.gamma),
-                 "balance (gamma 4)": (b.modes, b.gamma), "balance (gamma 2)": (split_search(cost, rnd, 2, g, g).modes, 2)}
+                 "policy + improve_mixed": (mixed.modes, mixed.gamma), "balance (gamma 4)": (b.modes, b.gamma),
+                 "balance (gamma 2)": (split_search(cost, rnd, 2, g, g).modes, 2)}
         for name, (modes, gamma) in plans.items():
             modes = np.asarray(modes)
             rep = check_plans(cost, rnd, modes[None], gamma)
@@ -232,7 +235,8 @@ def plot(seeds: pd.DataFrame, path: Path) -> None:
 COLS = ["setting", "K", "scheduler", "rounds", "served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "decision_ms_median"]
 
 
-def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shipped: int, command: str, load: str, diag: pd.DataFrame | None = None, diag_k: int = 0) -> str:
+def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shipped: int, command: str, load: str, diag: pd.DataFrame | None = None, diag_k: int = 0,
+           post: str | None = "improve") -> str:
     lines = ["# One policy for every K: the set policy vs BALANCE (issue 15 §1)", ""]
     if diag is not None and len(diag):
         mean = diag.groupby("plan", sort=False)[["served", "ad", "sd", "memory_used", "compute_used", "max_input", "min_slack_s"]].mean()
@@ -243,18 +247,25 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
                   "KV leave room for fewer users), and among AD users keeps a higher slack floor and longer outputs than BALANCE. The "
                   "expert is not the problem (BALANCE at gamma 2, the expert's depth, serves as many as at 4). The post-step re-packs "
                   "the policy's batches around its own thresholds (below).", ""]
+    post_text = (f"Every policy runs a post-step on its plan (`policy.json` `post_step: {post}`, `agents.plan_repair.improve_plan`, inside the "
+             "timed decision): the policy's batches are re-packed -- one batch emptied and refilled in ascending predicted output under "
+             "a small grid of input caps x slack floors (BALANCE's per-threshold step, vectorised), then refinement passes around "
+             "the best point (the lines of every nearby cap and floor, and the square of the 12 distinct caps x floors either side) -- "
+             + ("and, besides, an AD batch and an SD batch are both rebuilt from scratch (`agents.mixed_repack`: AD = the shortest outputs "
+                "under an input cap and a slack floor, SD = as many as fit of the rest above a slack floor and under an iteration cap, "
+                "at draft depth 2; a grid and a line search over those five thresholds) -- " if post == "improve_mixed" else "")
+             + "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The post-step "
+             "was chosen on validation rounds (`results/improve_tuning.md`: the refinement matches the best AD-only re-pack over every "
+             "cap and floor at K = 200; the rounds it leaves short of BALANCE are those where BALANCE mixes AD and SD, "
+             "which the mixed re-pack targets). ")
+    if post is None:
+        post_text = "The policies run without a post-step (`--post-step none`): the plans are the policies' own. "
     lines += [
              f"Policies: `agents.set_policy` cloned by `agents.imitation` (no PPO) from an expert that is, per training round, the best of "
              f"BALANCE at draft depth 2 and two greedy admissions; {int(seeds.seeds.max())} training seeds (seeds change the initialisation, "
              f"batch order and the DART perturbations; the expert plans are one set, train stream seed 0); shipped: seed {shipped} "
              f"(best validation score) in `policies/general/`. Test stream, seed {SEED}; BALANCE at the paper's fixed gamma = 4.", "",
-             "Every policy runs a post-step on its plan (`policy.json` `post_step: improve`, `agents.plan_repair.improve`, inside the "
-             "timed decision): the policy's batches are re-packed -- one batch emptied and refilled in ascending predicted output under "
-             "a small grid of input caps x slack floors (BALANCE's per-threshold step, vectorised), then two refinement passes around "
-             "the best point (the lines of every nearby cap and floor, and the square of the 12 distinct caps x floors either side) -- "
-             "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The refinement "
-             "was chosen on validation rounds (`results/improve_tuning.md`; at K = 200 it matches the best AD-only re-pack over every "
-             "cap and floor, and the rounds still short of BALANCE are those where BALANCE mixes AD and SD). "
+             post_text,
              "Decisions the mask forces (one action allowed) skip the network. "
              "`raw_ratio_to_balance` / `raw s<seed>` are the same seeds without the post-step (as trained).", "",
              "Caveat: part of any gain comes from the draft depth -- the policies admit SD users at gamma = 2, BALANCE at 4 -- most of all "
@@ -289,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--balance-only", action="store_true", help="only fill --cache with BALANCE's rows (needs one trained seed for the env config)")
     p.add_argument("--diagnose-k", type=int, default=200, help="K of the validation-round diagnosis (policy vs BALANCE plans)")
     p.add_argument("--diagnose-rounds", type=int, default=10, help="validation rounds of the diagnosis (0 = skip)")
-    p.add_argument("--post-step", default="improve", choices=["improve", "none"],
+    p.add_argument("--post-step", default="improve", choices=["improve", "improve_mixed", "none"],
                    help="post-step every policy runs on its plan (agents.plan_repair.improve, timed with it); the seeds without it are reported beside ('raw')")
     args = p.parse_args(argv)
     limit_threads(1)
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.diagnose_rounds > 0:
         diag = diagnose(dict(raw or runs)[shipped], args.diagnose_k, args.diagnose_rounds)
         write_csv_atomic(diag, out / "general_diagnosis.csv")
-    write_text_atomic(out / "general.md", report(per_seed_df, seeds_df, times, shipped, command.strip(), load, diag, args.diagnose_k))
+    write_text_atomic(out / "general.md", report(per_seed_df, seeds_df, times, shipped, command.strip(), load, diag, args.diagnose_k, post))
     print(f"[general] wrote {out / 'general.md'}", flush=True)
 
 

@@ -1,16 +1,18 @@
-"""How the policy post-step's refinement was chosen (issue 15 §1): ``agents.plan_repair.improve``
-on **validation** rounds only.
+"""How the policy post-step was chosen (issue 15 §1): ``agents.plan_repair.improve`` on
+**validation** rounds only.
 
 For each K, the shipped general policy plans every validation round without its post-step (its raw
 plans, as trained); ``improve`` then re-packs them with each refinement square ``cross`` (0 = the
 cap and floor lines only), and an exhaustive variant tries every (input cap, slack floor) pair of
-the round with the AD-only re-pack -- what no grid can beat with AD alone. Each is compared with
-BALANCE (gamma 4, the paper's) on the same rounds. CPU milliseconds per round are this process's
-(one thread); read them as ratios between rows of one run.
+the round with the AD-only re-pack -- what no grid can beat with AD alone. ``mixedD`` adds the
+mixed re-pack (``agents.mixed_repack``: an AD and an SD batch rebuilt from scratch, SD at draft
+depth D) to the default refinement: the rows that chose ``MIXED_DEPTH`` and the ``improve_mixed``
+post-step. Each is compared with BALANCE (gamma 4, the paper's) on the same rounds. CPU
+milliseconds per round are this process's (one thread); read them as ratios between rows of one run.
 
 Writes ``OUT/improve_tuning.csv`` and ``OUT/improve_tuning.md``.
 
-    python -m experiments.improve_tuning --ks 100,200 --rounds 40 --out results
+    python -m experiments.improve_tuning --ks 100,200 --rounds 40 --crosses 0,8,12,16 --mixed-depths 1,2,3,4 --out results
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import pandas as pd
 
 from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.imitation import ImitationConfig
-from agents.plan_repair import _longest_prefixes, improve
+from agents.plan_repair import improve
 from agents.policy import PolicyScheduler
+from agents.prefix_fill import longest_prefixes
 from agents.registry import make_scheduler
 from envs.cost_model import CostModel
 from envs.plan import AD
@@ -43,12 +46,12 @@ def every_pair_ad(cost: CostModel, rnd, gamma: int) -> int:
     for chunk in np.array_split(floors, max(1, len(floors) // 20)):
         c, f = np.repeat(caps, len(chunk)), np.tile(chunk, len(caps))
         eligible = (inp <= c[:, None]) & (slack >= f[:, None])
-        counts, _ = _longest_prefixes(cost, rnd, order, eligible, AD, gamma, (0.0, 0.0), False)
+        counts, _ = longest_prefixes(cost, rnd, order, eligible, AD, gamma, (0.0, 0.0), False)
         best = max(best, int(counts.max()))
     return best
 
 
-def run(policy: Path, ks: list[int], rounds: int, crosses: list[int]) -> pd.DataFrame:
+def run(policy: Path, ks: list[int], rounds: int, crosses: list[int], mixed_depths: list[int] = ()) -> pd.DataFrame:
     rows = []
     for k in ks:
         cfg = env_for(policy, k, "paper")
@@ -66,16 +69,21 @@ def run(policy: Path, ks: list[int], rounds: int, crosses: list[int]) -> pd.Data
                 m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, cross=c)
                 row[f"cross{c}_ms"] = 1e3 * (time.process_time() - t0)
                 row[f"cross{c}"] = int((m != 0).sum())
+            for depth in mixed_depths:
+                t0 = time.process_time()
+                m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, mixed_depth=depth)
+                row[f"mixed{depth}_ms"] = 1e3 * (time.process_time() - t0)
+                row[f"mixed{depth}"] = int((m != 0).sum())
             row["every_pair_ad"] = max(row["raw"], every_pair_ad(cost, rnd, max(int(p.gamma), 1)))
             rows.append(row)
         print(f"[improve_tuning] K={k}: {rounds} validation rounds", flush=True)
     return pd.DataFrame(rows)
 
 
-def summarise(df: pd.DataFrame, crosses: list[int]) -> pd.DataFrame:
+def summarise(df: pd.DataFrame, crosses: list[int], mixed_depths: list[int] = ()) -> pd.DataFrame:
     out = []
     for k, g in df.groupby("K"):
-        for name in ["raw", *(f"cross{c}" for c in crosses), "every_pair_ad"]:
+        for name in ["raw", *(f"cross{c}" for c in crosses), *(f"mixed{d}" for d in mixed_depths), "every_pair_ad"]:
             out.append({"K": k, "plan": name, "rounds": len(g), "ratio_to_balance": g[name].sum() / g.balance.sum(),
                         "rounds_below_balance": int((g[name] < g.balance).sum()), "rounds_above_balance": int((g[name] > g.balance).sum()),
                         "cpu_ms_median": float(g[f"{name}_ms"].median()) if f"{name}_ms" in g else float("nan")})
@@ -88,26 +96,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ks", default="100,200")
     ap.add_argument("--rounds", type=int, default=40, help="validation rounds per K")
     ap.add_argument("--crosses", default="0,8,12,16", help="refinement squares to compare (users either side)")
+    ap.add_argument("--mixed-depths", default="1,2,3,4", help="draft depths of the mixed re-pack to compare ('' for none)")
     ap.add_argument("--out", type=Path, default=Path("results"))
     args = ap.parse_args(argv)
     ks, crosses = [int(x) for x in args.ks.split(",")], [int(x) for x in args.crosses.split(",")]
-    if args.rounds < 1 or any(k < 1 for k in ks) or any(c < 0 for c in crosses):
-        raise SystemExit("--rounds and --ks must be >= 1, --crosses >= 0")
+    depths = [int(x) for x in args.mixed_depths.split(",") if x.strip()]
+    if args.rounds < 1 or any(k < 1 for k in ks) or any(c < 0 for c in crosses) or any(d < 1 for d in depths):
+        raise SystemExit("--rounds and --ks must be >= 1, --crosses >= 0, --mixed-depths >= 1")
     import torch
 
     torch.set_num_threads(1)
-    df = run(args.policy, ks, args.rounds, crosses)
-    summary = summarise(df, crosses)
+    df = run(args.policy, ks, args.rounds, crosses, depths)
+    summary = summarise(df, crosses, depths)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(df, args.out / "improve_tuning.csv")
-    md = ["# The policy post-step's refinement, chosen on validation rounds (issue 15 §1)", "",
+    md = ["# The policy post-step, chosen on validation rounds (issue 15 §1)", "",
           f"Shipped policy `{args.policy}` without its post-step (`raw`), then `agents.plan_repair.improve` with each refinement square "
           "(`crossN`: every (cap, floor) pair among the N distinct values either side of the best point; `cross0` = lines only); "
+          "`mixedD`: the default square (`REFINE_CROSS`) plus the mixed re-pack (`agents.mixed_repack`: an AD and an SD batch rebuilt "
+          "from scratch, SD at draft depth D; the `improve_mixed` post-step runs `MIXED_DEPTH`); "
           "`every_pair_ad`: the AD-only re-pack at every (cap, floor) pair of the round. Validation stream "
           f"(seed {ImitationConfig().val_seed}), never test; BALANCE at gamma 4. `cpu_ms_median`: the post-step alone, one thread.", "",
           summary.to_markdown(index=False, floatfmt=".4g"), "",
           f"1-minute load average {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs).", "",
-          f"Reproduce: `python -m experiments.improve_tuning --ks {args.ks} --rounds {args.rounds} --crosses {args.crosses} --out {args.out}`", ""]
+          f"Reproduce: `python -m experiments.improve_tuning --ks {args.ks} --rounds {args.rounds} --crosses {args.crosses} "
+          f"--mixed-depths {args.mixed_depths} --out {args.out}`", ""]
     write_text_atomic(args.out / "improve_tuning.md", "\n".join(md))
     print(summary.to_string(index=False))
 

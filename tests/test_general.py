@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from agents.imitation import ImitationConfig, collect, train_bc
-from agents.plan_repair import _longest_prefixes, improve, improve_plan
+from agents.plan_repair import improve, improve_plan
+from agents.prefix_fill import longest_prefixes
 from envs import CostModel, EnvConfig, check_plan, sample_round
 from envs.feasibility import check_plans
 from envs.plan import AD, SD, Plan
@@ -40,9 +41,9 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     assert {"policy s0", "policy s1", "raw s0", "raw s1"} <= set(per_seed.scheduler)
     assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve"
     diag = pd.read_csv(res / "general_diagnosis.csv")
-    assert len(diag) == 2 * 4 and (diag.groupby("round").served.max() <= 12).all()
+    assert len(diag) == 2 * 5 and (diag.groupby("round").served.max() <= 12).all()
     served = diag.pivot(index="round", columns="plan", values="served")
-    assert (served["policy + improve"] >= served["policy (raw)"]).all()
+    assert (served["policy + improve"] >= served["policy (raw)"]).all() and (served["policy + improve_mixed"] >= served["policy + improve"]).all()
     assert "post_step" not in json.loads((tmp_path / "runs" / "seed0" / "policy.json").read_text())
     times = pd.read_csv(res / "general_timing.csv")
     assert list(times.K) == [12, 20] and times.balance_rounds.tolist() == [1, 0] and (times.policy_s_median > 0).all()
@@ -76,7 +77,7 @@ def test_longest_prefixes_match_the_exact_check_on_every_prefix(mode):
     order = rng.permutation(30)
     eligible = rng.random((6, 30)) < 0.7
     other = (0.0, 0.0)
-    counts, used = _longest_prefixes(cost, rnd, order, eligible, mode, 2, other, mode == SD)
+    counts, used = longest_prefixes(cost, rnd, order, eligible, mode, 2, other, mode == SD)
     assert ((used >= 0) & (used <= 1 + 1e-9)).all()
     for row, got in zip(eligible, counts, strict=True):
         users = order[row]
@@ -137,6 +138,9 @@ def test_policy_scheduler_runs_the_post_step_from_policy_json(tmp_path: Path):
     (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "improve"}))
     post = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
     assert check_plan(cost, rnd, post).feasible and (post.modes != 0).sum() >= (raw.modes != 0).sum()
+    (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "improve_mixed"}))
+    both = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
+    assert check_plan(cost, rnd, both).feasible and (both.modes != 0).sum() >= (post.modes != 0).sum()
     (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "polish"}))
     with pytest.raises(ValueError, match="post_step"):
         PolicyScheduler(cost, 8, path=tmp_path)
@@ -157,3 +161,72 @@ def test_improve_tuning_entry_point_writes_its_table(tmp_path):
     assert "validation" in md.lower() and "Reproduce" in md
     with pytest.raises(SystemExit):
         main(["--rounds", "0", "--out", str(tmp_path)])
+
+
+# --- agents.mixed_repack: the post-step's AD + SD re-pack (post_step improve_mixed) --------------
+
+
+@pytest.mark.parametrize("k,seed,tight", [(1, 0, False), (8, 1, False), (60, 2, False), (150, 3, False), (120, 4, True), (40, 5, True)])
+def test_mixed_repack_plans_fit_and_serve_what_their_key_says(k, seed, tight):
+    """Every plan the mixed re-pack returns passes the exact check, and its key is its own plan's
+    (served users = ceil(key)); also with memory that binds hard (KV room for a few users)."""
+    from agents.mixed_repack import mixed_repack
+
+    cfg = EnvConfig(num_users=k, max_users=max(k, 20))
+    if tight:
+        full = CostModel.from_config(cfg)
+        cfg = cfg.replace(memory_bytes=float(full.memory_bytes - 0.97 * full.memory_budget1(True)))
+    cost, rnd = CostModel.from_config(cfg), sample_round(np.random.default_rng(seed), cfg)
+    for gamma in (1, 2, 4):
+        modes, key = mixed_repack(cost, rnd, gamma)
+        assert modes.shape == (k,) and check_plans(cost, rnd, modes[None], gamma).feasible[0]
+        assert (modes != 0).sum() == int(np.ceil(key))
+
+
+def test_mixed_repack_points_price_as_the_exact_check():
+    """Random points of the family: a point's score counts exactly the users of its plan, and the
+    plan passes the exact check (the AD prefixes and the SD fill priced beside them)."""
+    from agents.mixed_repack import _Family
+
+    cost, rnd = _round(90, 7)
+    fam = _Family(cost, rnd, 2)
+    rng = np.random.default_rng(0)
+    points = np.column_stack([rng.choice(fam.values[0], 40), rng.choice(fam.values[1], 40), rng.integers(0, 91, 40),
+                              rng.choice(fam.values[3], 40), rng.choice(fam.values[4], 40)]).astype(float)
+    keys, counts = fam.score(points)
+    for point, key, sd_count in zip(points, keys, counts, strict=True):
+        modes = fam.modes(point, int(sd_count))
+        assert (modes == SD).sum() == sd_count and (modes != 0).sum() == int(np.ceil(key))
+        assert check_plans(cost, rnd, modes[None], 2).feasible[0]
+
+
+def test_improve_mixed_finds_a_mixed_plan_the_single_batch_repack_cannot():
+    """A validation-stream round at K = 200 where BALANCE mixes AD and SD (the rounds the post-step
+    fell short on): with the mixed re-pack the post-step serves more than without, in a mixed plan
+    at MIXED_DEPTH, and never fewer on the other rounds."""
+    from agents.mixed_repack import MIXED_DEPTH
+    from envs.workload import make_rounds
+
+    cfg = EnvConfig(num_users=200, max_users=500, user_order="slack_desc")
+    cost = CostModel.from_config(cfg)
+    rnds = make_rounds(cfg, 18, ImitationConfig().val_seed, split="validation")
+    for i in (16, 17):
+        start = _greedy(cost, rnds[i], np.argsort(rnds[i].output_tokens), AD)
+        single = improve(cost, rnds[i], start, 2, 8)
+        plan = improve_plan(cost, rnds[i], Plan(start, gamma=2), 8, mixed=True)
+        assert check_plan(cost, rnds[i], plan).feasible and (plan.modes != 0).sum() >= (single != 0).sum()
+        if i == 17:
+            assert (plan.modes != 0).sum() > (single != 0).sum()
+            assert plan.gamma == MIXED_DEPTH and (plan.modes == AD).any() and (plan.modes == SD).any()
+    empty = Plan(np.zeros(200, dtype=np.int8), gamma=2)
+    assert (improve_plan(cost, rnds[17], empty, 8, mixed=True).modes != 0).sum() > 0
+
+
+def test_improve_handles_a_one_user_round():
+    """K = 1 (blocks of one column in the prefix search): the admitted user is kept, nothing breaks."""
+    cost, rnd = _round(1, 0)
+    for mode in (AD, SD):
+        start = _greedy(cost, rnd, [0], mode)
+        for mixed in (False, True):
+            out = improve(cost, rnd, start, 2, 8, mixed_depth=2 if mixed else None)
+            assert (out != 0).sum() >= (start != 0).sum() and check_plans(cost, rnd, out[None], 2).feasible[0]
