@@ -23,7 +23,7 @@ Choices (all documented in each file's ``notes``):
 * **Timed variant** (``split_a100-40gb_qwen3-14b_qwen3-1.7b_timed``; :func:`timed_split_profile`):
   the roofline above is far faster than SpecEdge's own engines, so this variant fits one
   ``layer_overhead_s`` per engine to SpecEdge's published pass times (second-hand, from the
-  paper's depth-calibration example, see ``/work/shared/reference/specedge.md`` section 1.8):
+  paper's depth-calibration example, see the project's SpecEdge notes, section 1.8):
   a Qwen3-32B verify of ``budget + 1 = 33`` tokens at batch 1 takes **94.2 ms** on an A100 80GB,
   and one 32-wide draft layer of Qwen3-1.7B takes **~11 ms** on an RTX 4090. Efficiencies stay at
   the roofline's; the fitted per-layer overhead (what the roofline misses: kernel launches, the

@@ -191,17 +191,50 @@ def profile_fit() -> str:
     return text
 
 
+HEADING = re.compile(r"^(#{1,6}) ")
+
+
+def _headings(text: str) -> list[tuple[int, int]]:
+    """``(line index, level)`` of the markdown headings of ``text``, code fences skipped (a ``# ...``
+    comment in a bash block is not a heading)."""
+    out, fenced = [], False
+    for i, line in enumerate(text.split("\n")):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := HEADING.match(line)):
+            out.append((i, len(m.group(1))))
+    return out
+
+
+def nest(body: str, level: int) -> str:
+    """``body`` with its headings moved below a heading of ``level`` (their relative depths kept,
+    at most 6): a generated file's ``# Title`` / ``## Part`` must not open sections of the README."""
+    found = _headings(body)
+    if not found:
+        return body
+    shift = max(0, level + 1 - min(lv for _, lv in found))
+    lines = body.split("\n")
+    for i, lv in found:
+        lines[i] = "#" * min(6, lv + shift) + lines[i][lv:]
+    return "\n".join(lines)
+
+
 def fill_sections(text: str, sections: dict) -> str:
-    """``text`` with every ``<!-- BEGIN:name -->`` ... ``<!-- END:name -->`` body replaced by ``sections[name]()``."""
+    """``text`` with every ``<!-- BEGIN:name -->`` ... ``<!-- END:name -->`` body replaced by
+    ``sections[name]()``, its headings nested under the README heading the section sits in."""
     for name, make in sections.items():
         # the body between the markers may be empty (a fresh section: BEGIN on the line before END)
         pattern = re.compile(rf"(<!-- BEGIN:{name} -->\n)(?:.*?\n)?(<!-- END:{name} -->)", re.S)
-        if not pattern.search(text):
+        found = pattern.search(text)
+        if not found:
             continue
         try:
             body = make()
         except (FileNotFoundError, StopIteration, KeyError, IndexError) as err:
             body = f"(not generated yet: {err})"
+        # the README's own headings above the section (other sections' generated headings left out)
+        above = _headings(re.sub(r"<!-- BEGIN:([\w-]+) -->\n.*?<!-- END:\1 -->", "", text[: found.start()], flags=re.S))
+        body = nest(body, above[-1][1] if above else 0)
         text = pattern.sub(lambda m, b=body: m.group(1) + b + "\n" + m.group(2), text)
     return text
 

@@ -117,8 +117,8 @@ def scorecard(tp: pd.DataFrame, n: int) -> list[str]:
     if full.empty or "full" not in at15.index:
         return []
     h = at15.loc["full"]
-    out = [f"**Scorecard at N = {n}** (server batch {int(h['server_batch'])}; tree drafts; published figures from the paper, second-hand where "
-           "marked in `/work/shared/reference/specedge.md`):", ""]
+    out = [f"**Scorecard at N = {n}** (server batch {int(h['server_batch'])}; tree drafts; published figures from the paper; "
+           "those marked second-hand are quoted by the project's SpecEdge notes, not read in the paper itself):", ""]
     ratio_ok = abs(h["throughput_ratio"] / PUBLISHED["throughput_ratio"] - 1) <= TARGET_BAND
     itl_ok = abs(h["itl_change"] / PUBLISHED["itl_change"] - 1) <= TARGET_BAND
     out.append(f"- 2.22x server throughput at ~15 ms: {h['throughput_ratio']:.2f}x, {_mark(ratio_ok)} within +-20 %;")
