@@ -181,7 +181,14 @@ class EdgeUser:
                     decided_at, depth = time.time(), int(reply.depth)
                     with cond:
                         waiting["until"] = None  # the generation bounds itself (each verification within reply_timeout_s)
-                    edge_out = self._edge_client(depth).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id or None)
+                    try:
+                        edge_out = self._edge_client(depth).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id or None)
+                    except Exception as exc:  # noqa: BLE001 - a fault before the generation starts (the client, the draft session) is reported, not raised
+                        with cond:
+                            waiting["until"] = time.monotonic() + self.reply_timeout_s
+                            waiting["what"] = f"the result within reply_timeout_s = {self.reply_timeout_s:g} s of the ED report"
+                        send(PlaceMsg(request_id=request_id, done=True, tokens=[], outcome="error", error=f"edge generation failed: {type(exc).__name__}: {exc}"))
+                        continue
                     last_token_at = edge_out.iterations[-1].reply_at if edge_out.iterations else None
                     with cond:
                         waiting["until"] = time.monotonic() + self.reply_timeout_s

@@ -211,3 +211,25 @@ def test_malformed_placement_messages_are_invalid_argument(server, pair, case):
         outbox.put(None)
         channel.close()
     still_serving(server, pair)
+
+
+# ----------------------------------------------------------- 5: a fault on the edge before its generation
+def test_an_edge_fault_before_its_generation_ends_the_request_with_one_error(server, pair):
+    """The edge's own client fails as the ED decision arrives (here: it cannot be built): the edge
+    reports the failure, the request ends with exactly one ``error`` on both sides, nothing is left."""
+    rounds = server.serve_app.rounds
+    before = edge_count(rounds, "error")
+    user = EdgeUser(f"127.0.0.1:{rounds.split_port}", pair.draft, rtt_s=0.001, reply_timeout_s=BOUND_S)
+
+    def broken(depth: int):
+        raise RuntimeError(f"no draft device for depth {depth}")
+
+    user._edge_client = broken
+    try:
+        res = user.request(pair.tokenizer.encode("def g(y):"), 4, deadline_s=BOUND_S)
+    finally:
+        user.close()
+    assert res.outcome == "error" and "no draft device" in res.reason, res
+    until(lambda: edge_count(rounds, "error") == before + 1, "one error outcome counted")
+    until(lambda: not rounds.edge_active, "ED state left behind")
+    still_serving(server, pair)
