@@ -257,7 +257,10 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
              + "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The post-step "
              "was chosen on validation rounds (`results/improve_tuning.md`: the refinement matches the best AD-only re-pack over every "
              "cap and floor at K = 200; the rounds it leaves short of BALANCE are those where BALANCE mixes AD and SD, "
-             "which the mixed re-pack targets). ")
+             "which the mixed re-pack targets). "
+             + ("`post_step: improve_mixed` adds that mixed re-pack (`agents.mixed_repack`: an AD and an SD batch rebuilt from scratch); it "
+                "is an option, not the shipped step, because it costs a few ms a round at K = 200 against the speed target "
+                "(`--post-step improve_mixed` reports its figures). " if post == "improve" else ""))
     if post is None:
         post_text = "The policies run without a post-step (`--post-step none`): the plans are the policies' own. "
     lines += [
