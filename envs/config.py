@@ -92,9 +92,10 @@ class EnvConfig:
             raise bad("max_users", f"null or an integer in [1, {MAX_USERS_LIMIT}]", self.max_users)
         if not isinstance(self.profile, str) or not self.profile:
             raise bad("profile", "the name of a file in envs/profiles/ without .yaml", self.profile)
-        if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int | float) and self.memory_bytes > 0):
+        if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int | float) and not isinstance(self.memory_bytes, bool)
+                                                  and self.memory_bytes > 0):
             raise bad("memory_bytes", "null or a number > 0", self.memory_bytes)
-        if not isinstance(self.max_gamma, int) or not 1 <= self.max_gamma <= 32:
+        if not isinstance(self.max_gamma, int) or isinstance(self.max_gamma, bool) or not 1 <= self.max_gamma <= 32:
             raise bad("max_gamma", "an integer in [1, 32]", self.max_gamma)
         self.input_tokens = self._range("input_tokens", self.input_tokens, 1, 1 << 20, integer=True)
         self.output_tokens = self._range("output_tokens", self.output_tokens, 1, 1 << 20, integer=True)

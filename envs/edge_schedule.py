@@ -229,6 +229,7 @@ class EdgeScheduleEnv(gym.Env):
         self._modes = np.zeros(self.cfg.num_users, dtype=np.int8)
         self._masks = [True] + [False] * (1 + self.cfg.max_gamma)
         self._done = True
+        self._next_cost: CostModel | None = None  # set_cost_model's model, waiting for the next reset
         self._obs_size = observation_size(self.cfg)
         self._budget = max(self.cost.memory_budget1(True), 1.0)
         self._head = np.zeros(2 * BATCH_FEATURES + 1, dtype=np.float32)  #: the cached batch features and SD depth (_encode)
@@ -241,13 +242,22 @@ class EdgeScheduleEnv(gym.Env):
         return self._data.rounds[0]
 
     def set_cost_model(self, cost: CostModel) -> None:
-        """Plan against another cost model (e.g. a scheduler's profile or memory) from the next reset."""
+        """Plan against another cost model (e.g. a scheduler's profile or memory) from the next reset
+        (a running episode ends on the model it started with)."""
+        self._next_cost = cost
+        if self._done:
+            self._use_cost_model()
+
+    def _use_cost_model(self) -> None:
+        cost, self._next_cost = self._next_cost, None
         self.cost = cost
         self._plan = ScalarPlan(cost, self.cfg.max_gamma)
         self._budget = max(cost.memory_budget1(True), 1.0)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
+        if self._next_cost is not None:  # set_cost_model during the last episode
+            self._use_cost_model()
         options = options or {}
         rnd = options.get("round")
         if rnd is None:

@@ -108,8 +108,9 @@ HEAD = USER_FEATURES + 3 * 6 + 3
 RTT_SCALE_S = 0.1
 
 
-def make_models(kwargs: dict[str, Any]) -> tuple[EnvConfig, CostModel, SplitCostModel | None]:
-    """The config, cost model and split model of v1's keyword arguments (errors name the field)."""
+def make_models(kwargs: dict[str, Any]) -> tuple[EnvConfig, CostModel, SplitCostModel | None, SplitOptions]:
+    """The config, cost model, split model (None on a profile without edge/network sections) and the
+    split switches of v1's keyword arguments (errors name the field)."""
     kwargs = dict(kwargs)
     switches = {k: kwargs.pop(k) for k in SPLIT_SWITCHES if k in kwargs}
     cfg = EnvConfig.from_kwargs(**{**V1_DEFAULTS, **kwargs})
@@ -122,7 +123,7 @@ def make_models(kwargs: dict[str, Any]) -> tuple[EnvConfig, CostModel, SplitCost
     if cfg.edge_fraction > 0 and not has_split:
         raise ConfigError(f"env config field 'profile' must name a profile with edge and network sections when edge_fraction > 0 "
                           f"(e.g. {V1_DEFAULTS['profile']}), got {cfg.profile!r}")
-    return cfg, cost, SplitCostModel(cost.profile, options) if has_split else None
+    return cfg, cost, SplitCostModel(cost.profile, options) if has_split else None, options
 
 
 def observation_size(cfg: EnvConfig) -> int:
@@ -200,7 +201,7 @@ class EdgeScheduleV1Env(gym.Env):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.render_mode = render_mode
-        self.cfg, self.cost, self.split = make_models(kwargs)
+        self.cfg, self.cost, self.split, self._split_options = make_models(kwargs)
         g = self.cfg.max_gamma
         self.action_space = spaces.Discrete(2 + 2 * g)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)
@@ -208,6 +209,7 @@ class EdgeScheduleV1Env(gym.Env):
         self._round: Round | None = None
         self._n = 2 + 2 * g
         self._done = True
+        self._next_cost: CostModel | None = None  # set_cost_model's model, waiting for the next reset
         self._mask_arrays: dict[tuple[bool, ...], tuple[np.ndarray, np.ndarray]] = {}
         # the observation's head but its last column: three batch rows, SD depth, AD share (progress t / K is in the rows)
         self._head = np.zeros(HEAD - 1 - USER_FEATURES, dtype=np.float32)
@@ -224,16 +226,25 @@ class EdgeScheduleV1Env(gym.Env):
         return self._round
 
     def set_cost_model(self, cost: CostModel) -> None:
-        """Plan against another cost model (e.g. a scheduler's) from the next reset; the split model
-        follows its profile (none when the profile has no edge/network sections: then no user is offered ED)."""
+        """Plan against another cost model (e.g. a scheduler's) from the next reset (a running episode
+        ends on the model it started with); the split model follows its profile, with this env's
+        switches (none when the profile has no edge/network sections: then no user is offered ED)."""
+        self._next_cost = cost
+        if self._done:
+            self._use_cost_model()
+
+    def _use_cost_model(self) -> None:
+        cost, self._next_cost = self._next_cost, None
         has_split = cost.profile.edge is not None and cost.profile.network is not None
         self.cost = cost
-        self.split = SplitCostModel(cost.profile, self.split.options if self.split is not None else SplitOptions()) if has_split else None
+        self.split = SplitCostModel(cost.profile, self._split_options) if has_split else None
         self._plan = SplitScalarPlan(cost, self.cfg.max_gamma)
         self._budget = max(cost.memory_budget1(True), 1.0)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
+        if self._next_cost is not None:  # set_cost_model during the last episode
+            self._use_cost_model()
         rnd = (options or {}).get("round")
         if rnd is None:
             rnd = sample_round(self.np_random, self.cfg)

@@ -80,10 +80,10 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
 
     def __init__(self, num_envs: int = 8, **kwargs: Any):
         kwargs.pop("render_mode", None)
-        self.cfg, self.cost, self.split = make_models(kwargs)
+        self.cfg, self.cost, self.split, _ = make_models(kwargs)
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:  # 2.5 or "3" is a mistake, not 2 or 3
+            raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
         self.num_envs = int(num_envs)
-        if self.num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         g, k = self.cfg.max_gamma, self.cfg.num_users
         self._na = 2 + 2 * g
         self.single_action_space = spaces.Discrete(self._na)

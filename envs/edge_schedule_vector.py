@@ -103,9 +103,9 @@ class EdgeScheduleVectorEnv(VectorEnv):
         self._same_step = autoreset_mode == "same_step"
         self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.SAME_STEP if self._same_step else AutoresetMode.NEXT_STEP}
         self.cfg = EnvConfig.from_kwargs(**kwargs)
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:  # 2.5 or "3" is a mistake, not 2 or 3
+            raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
         self.num_envs = int(num_envs)
-        if self.num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.cost = CostModel.from_config(self.cfg)
         self.single_action_space = spaces.Discrete(2 + self.cfg.max_gamma)
         self.single_observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)

@@ -129,6 +129,9 @@ class SplitOptions:
     kv_staging_len: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("proactive", "pipeline"):  # a string such as "false" is truthy: refuse it rather than read it as on
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"split option {name!r} must be true or false, got {getattr(self, name)!r}")
         if self.kv_staging_len is not None and (not isinstance(self.kv_staging_len, int) or isinstance(self.kv_staging_len, bool)
                                                 or self.kv_staging_len < 1):
             raise ValueError(f"split option 'kv_staging_len' must be null or an integer >= 1, got {self.kv_staging_len!r}")
@@ -141,7 +144,8 @@ class SplitOptions:
             raise ValueError(f"split option 'proactive_gain' must be one of {list(PROACTIVE_GAINS)}, got {self.proactive_gain!r}")
         if not isinstance(self.proactive_depth, int) or isinstance(self.proactive_depth, bool) or self.proactive_depth < 1:
             raise ValueError(f"split option 'proactive_depth' must be an integer >= 1, got {self.proactive_depth!r}")
-        if self.bonus_match is not None and not 0.0 <= self.bonus_match <= 1.0:
+        if self.bonus_match is not None and (isinstance(self.bonus_match, bool) or not isinstance(self.bonus_match, int | float)
+                                             or not 0.0 <= self.bonus_match <= 1.0):
             raise ValueError(f"split option 'bonus_match' must be null or in [0, 1], got {self.bonus_match!r}")
         if self.interrupt not in INTERRUPTS:
             raise ValueError(f"split option 'interrupt' must be one of {list(INTERRUPTS)}, got {self.interrupt!r}")

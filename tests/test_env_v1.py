@@ -148,10 +148,55 @@ def test_vector_twin_reproduces_the_scalar_env():
     ({"bonus_match": 2.0}, "bonus_match"),
     ({"interrupt": "later"}, "interrupt"),
     ({"edge_fraction": -0.1}, "edge_fraction"),
+    # a red-team's finds: "false" is truthy (it priced as proactive on), True is not a depth or a byte count
+    ({"proactive": "false"}, "proactive"),
+    ({"pipeline": None}, "pipeline"),
+    ({"bonus_match": "0.5"}, "bonus_match"),
+    ({"bonus_match": True}, "bonus_match"),
+    ({"max_gamma": True}, "max_gamma"),
+    ({"memory_bytes": True}, "memory_bytes"),
 ])
 def test_bad_arguments_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         make(**kwargs)
+
+
+@pytest.mark.parametrize("num_envs", [2.5, "3", True, 0])
+def test_vector_env_refuses_a_number_of_envs_that_is_not_a_positive_integer(num_envs):
+    for env_id in (envs.ENV_ID, envs.V1_ENV_ID):
+        with pytest.raises(ValueError, match="num_envs"):
+            gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", num_users=4)
+
+
+@pytest.mark.parametrize("env_id", [envs.ENV_ID, envs.V1_ENV_ID])
+def test_set_cost_model_mid_episode_takes_effect_at_the_next_reset(env_id):
+    """The running episode ends on the model it started with (it used to break: 'apply called before
+    prepare'); the next reset plans with the new one."""
+    from envs.cost_model import CostModel
+
+    env = gym.make(env_id, num_users=6).unwrapped
+    env.reset(seed=0)
+    small = CostModel.from_config(env.cfg.replace(memory_bytes=float(env.cost.memory_bytes) * 0.999))
+    env.step(1)
+    env.set_cost_model(small)
+    assert env.cost is not small  # not yet: mid-episode
+    done = False
+    while not done:
+        done = env.step(int(np.flatnonzero(env.action_masks())[-1]))[2]
+    env.reset(seed=1)
+    assert env.cost is small
+
+
+def test_set_cost_model_keeps_the_split_switches_of_an_env_built_without_a_split_profile():
+    """v1 built on a profile with no edge/network sections (edge_fraction 0) keeps its switches for a
+    split profile installed later (they used to fall back to the defaults)."""
+    from envs.cost_model import CostModel
+
+    env = make(profile="rtx4090_llama2-7b_tinyllama-1.1b", edge_fraction=0.0, proactive=False, interrupt="immediate", bonus_match=0.2).unwrapped
+    assert env.split is None
+    env.set_cost_model(CostModel.from_config(make().unwrapped.cfg))
+    opts = env.split.options
+    assert (opts.proactive, opts.interrupt, opts.bonus_match) == (False, "immediate", 0.2)
 
 
 def test_defaults_and_render():
