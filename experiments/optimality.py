@@ -189,7 +189,8 @@ def _markdown(df: pd.DataFrame, summary: pd.DataFrame, command: str) -> str:
         "`balance_of_opt_at_least`: BALANCE's served users over the proven bounds (a lower bound on its "
         "share of the optimum, exact where certified); `balance_of_best`: over the best plans found. "
         "The proven bound is the least of the split bound, the joint bound (`agents.joint_bound`: both batches' KV "
-        "memory charged together, so no user counts twice) and the exhaustive search's target descent.",
+        "memory charged together, so no user counts twice; each batch confined to one relaxed output row, "
+        "`row_levels` = 16 per input bucket) and the exhaustive search's target descent.",
         "",
         summary[main_cols].to_markdown(index=False, floatfmt=".4g"),
         "",
