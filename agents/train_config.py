@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.train_log import WANDB_MODES
+from agents.train_log import STDOUT_MODES, WANDB_MODES
 from envs.config import ConfigError, EnvConfig, refuse_renamed_keys, resolve_draft_depth
 
 #: environments ``env.id`` may name: v0 (reject/AD/SD) and v1 (adds the SpecEdge split ED@g; agents/sb3_vec_env_v1.py)
@@ -122,6 +122,7 @@ class TrainConfig:
             raise TrainConfigError("curriculum needs env.max_users set (a fixed look-ahead keeps the observation size the same across stages)")
         if self.resume is not None and self.resume != "auto":
             need("resume", Path(self.resume).is_file(), "null, 'auto' (the latest checkpoint in the run folder, if any) or an existing checkpoint .zip", self.resume)
+        need("logger.stdout", (self.logger or {}).get("stdout", "table") in STDOUT_MODES, f"one of {list(STDOUT_MODES)}", (self.logger or {}).get("stdout"))
         wb = (self.logger or {}).get("wandb")
         if wb is not None:
             need("logger.wandb.mode", wb.get("mode") in WANDB_MODES, f"one of {list(WANDB_MODES)}", wb.get("mode"))

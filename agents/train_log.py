@@ -57,6 +57,30 @@ class ProgressCSV(KVWriter):
         pass
 
 
+#: ``logger.stdout``: SB3's table of every scalar at each dump, one line of progress, or nothing
+STDOUT_MODES = ("table", "line", "off")
+
+
+class ProgressLine(KVWriter):
+    """One line per SB3 dump on ``stream``: timesteps, steps/s and the latest reward and validation
+    score -- the progress of a long run without SB3's table of every scalar (``logger.stdout=line``)."""
+
+    FIELDS = (("time/fps", "steps/s {:,.0f}"), ("rollout/ep_rew_mean", "reward {:.3g}"), ("eval/served_frac", "val served {:.4f}"),
+              ("eval/ratio_to_balance", "val / BALANCE {:.4f}"))
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
+        parts = [f"[train] step {int(key_values.get('time/total_timesteps', step)):,}"]
+        parts += [fmt.format(float(key_values[key])) for key, fmt in self.FIELDS if isinstance(key_values.get(key), int | float | np.integer | np.floating)]
+        self.stream.write(", ".join(parts) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        pass
+
+
 def wandb_run(logger_cfg: dict, out: Path, config: dict, name: str):
     """A W&B run in ``out/wandb`` (offline unless configured), or None when W&B is off.
 
@@ -111,7 +135,8 @@ def hparams_of(cfg: Any) -> dict[str, int | float | str | bool]:
 
 
 def attach_writers(model, out: Path, logger_cfg: dict, run, append: bool = False, hparams: dict[str, Any] | None = None, step: int = 0) -> None:
-    """Point ``model``'s SB3 logger at stdout, ``out/progress.csv``, ``out/tb/`` and ``run``.
+    """Point ``model``'s SB3 logger at ``out/progress.csv``, stdout (``logger.stdout``: ``table``,
+    ``line`` or ``off``), ``out/tb/`` and ``run``.
 
     ``hparams`` go to TensorBoard's HParams plugin (at ``step``), with the validation metrics as its metrics.
     """
@@ -122,7 +147,12 @@ def attach_writers(model, out: Path, logger_cfg: dict, run, append: bool = False
         TensorBoardOutputFormat,
     )
 
-    formats: list[KVWriter] = [HumanOutputFormat(sys.stdout), ProgressCSV(out / "progress.csv", append=append)]
+    shown = logger_cfg.get("stdout", "table")
+    formats: list[KVWriter] = [ProgressCSV(out / "progress.csv", append=append)]
+    if shown == "table":
+        formats.append(HumanOutputFormat(sys.stdout))
+    elif shown == "line":
+        formats.append(ProgressLine(sys.stdout))
     if logger_cfg.get("tensorboard"):
         tb = TensorBoardOutputFormat(str(out / "tb"))
         formats.append(tb)

@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> Path:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["experiment=quick", "eval.final_rounds=0", *args.overrides])
     raw = OmegaConf.to_container(cfg, resolve=True)
+    if not any(o.lstrip("+~").startswith("logger.stdout") for o in args.overrides):
+        raw["logger"]["stdout"] = "line"  # five seeds' SB3 tables would bury the job's own progress lines
     tc = TrainConfig.from_dict(raw)
 
     runs: dict[int, Path] = {}

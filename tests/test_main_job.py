@@ -23,6 +23,7 @@ def test_main_job_two_seeds_end_to_end(tmp_path, capsys):
     out = main_job.main(["--seeds", "3,1", "--rounds", "4", "--out", str(tmp_path / "m"), *TINY])
     stdout = capsys.readouterr().out
     assert "seed 3 (1/2)" in stdout and "seed 1 (2/2)" in stdout  # progress names the seed
+    assert "[train] step " in stdout and "| rollout/" not in stdout  # one line per dump, not SB3's tables
     for seed in (3, 1):
         assert json.loads((out / f"seed{seed}" / "policy.json").read_text())["seed"] == seed
         assert (out / f"seed{seed}" / "model.zip").is_file()

@@ -150,7 +150,8 @@ def test_output_dir_with_multirun_is_refused(tmp_path):
     assert res.returncode != 0 and "hydra.sweep.dir" in res.stderr
 
 
-@pytest.mark.parametrize("field,value", [("threads", 0), ("threads", "many"), ("checkpoint_freq", -5), ("seed", 2**32), ("eval.seed", -1)])
+@pytest.mark.parametrize("field,value", [("threads", 0), ("threads", "many"), ("checkpoint_freq", -5), ("seed", 2**32), ("eval.seed", -1),
+                                         ("logger.stdout", "loud")])
 def test_bad_thread_checkpoint_and_seed_values_named(field, value):
     cfg = OmegaConf.to_container(_compose(), resolve=True)
     if "." in field:
@@ -255,3 +256,17 @@ def test_rollout_timesteps_is_what_learn_adds(algo, kw, want):
     env = EdgeScheduleSB3VecEnv(3, EnvConfig(num_users=4).to_dict())
     model = algo_class(algo)("MlpPolicy", env, seed=0, device="cpu", policy_kwargs={"net_arch": [8]}, **kw)
     assert rollout_timesteps(model, 3) == want
+
+
+def test_progress_line_writes_one_line_per_dump():
+    """logger.stdout=line: one line per SB3 dump (timesteps, steps/s, reward, validation), not SB3's table."""
+    import io
+
+    from agents.train_log import ProgressLine
+
+    buf = io.StringIO()
+    line = ProgressLine(buf)
+    line.write({"time/total_timesteps": 12288, "time/fps": 2150.4, "rollout/ep_rew_mean": 10.25, "train/loss": 0.1}, {}, 12288)
+    line.write({"time/total_timesteps": 24576, "eval/served_frac": 0.8712, "eval/ratio_to_balance": 1.0033}, {}, 24576)
+    assert buf.getvalue().splitlines() == ["[train] step 12,288, steps/s 2,150, reward 10.2",
+                                           "[train] step 24,576, val served 0.8712, val / BALANCE 1.0033"]
