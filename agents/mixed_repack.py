@@ -85,8 +85,9 @@ class _Family:
         fit = np.where(fits.all(axis=1), b[:, -1], np.take_along_axis(b, np.argmin(fits, axis=1)[:, None], axis=1)[:, 0] - 1)
         count = np.minimum(params[:, 2].astype(np.int64), fit[inverse])
         # the column where each row's AD batch reaches ``count`` users (its last member): its aggregates
-        col = np.argmax(b[inverse] >= np.maximum(count, 1)[:, None], axis=1)
-        take = el[inverse] & (np.cumsum(el[inverse], axis=1) <= count[:, None])
+        b_rows = b[inverse]  # the pairs' running counts, one row per parameter row
+        col = np.argmax(b_rows >= np.maximum(count, 1)[:, None], axis=1)
+        take = el[inverse] & (b_rows <= count[:, None])
         empty = count <= 0
         return take, np.where(empty, 0.0, share[inverse, col]), np.where(empty, 0.0, mem[inverse, col])
 

@@ -107,7 +107,7 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
              mixed_depth: int | None = None, passes: int = REFINE_PASSES):
     """``(modes, report, depth)``: a feasible plan serving at least as many users as the feasible plan
     ``modes`` (SD at ``gamma``), its exact check (None when ``modes`` is returned unchanged), and the
-    SD depth it was checked at when that is not the plan's own (the mixed re-pack's; else None).
+    SD depth that check used (``gamma`` clipped to ``1..max_gamma``, or the mixed re-pack's; None when unchanged).
 
     **Re-pack**: one batch (AD or SD) is emptied -- the other kept -- and refilled, in ascending
     predicted output, with the users inside a cap on input (the padding) and a floor on slack (the
@@ -228,7 +228,7 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     out[by_output[eligible][: count - int((keep != 0).sum())]] = mode
     # the candidate was scored with the same formulas; one exact check guards against any drift
     rep = check_plans(cost, rnd, out[None], g)
-    return (out, rep, None) if rep.feasible[0] else (modes.copy(), None, None)
+    return (out, rep, g) if rep.feasible[0] else (modes.copy(), None, None)
 
 
 def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed: bool = False) -> Plan:
@@ -240,4 +240,5 @@ def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed:
     if rep is None or (modes != 0).sum() <= (old != 0).sum():
         return plan
     z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())
-    return Plan(modes, gamma=plan.gamma if gamma is None else gamma, z=float(np.ravel(z)[0]), lam=float(np.ravel(lam)[0]))
+    # the depth the new modes were checked at: the plan's own only if it was in 1..max_gamma
+    return Plan(modes, gamma=gamma, z=float(np.ravel(z)[0]), lam=float(np.ravel(lam)[0]))

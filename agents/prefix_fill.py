@@ -63,7 +63,10 @@ def longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: n
         with np.errstate(invalid="ignore"):
             share = share_needed(t, bb, u[at], sl[at]) + other_share[:, None]
             fits = (share <= 1 + EPS) & (mem + other_mem[:, None] <= budget[:, None])
-        return (fits | (bb == 0)) & (cols < k), np.maximum(share, (mem + other_mem[:, None]) / budget[:, None])
+        # fullness: a zero budget (the weights take all the memory) is full once anything is held, not 0/0
+        held = mem + other_mem[:, None]
+        full = np.divide(held, budget[:, None], out=np.where(held > 0, np.inf, 0.0), where=budget[:, None] > 0)
+        return (fits | (bb == 0)) & (cols < k), np.maximum(share, full)
 
     # fitting is monotone along the columns (prefixes only grow): find each row's last fitting column
     # in two vectorised passes -- every block's last column, then the columns of the block after the

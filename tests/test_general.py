@@ -230,3 +230,30 @@ def test_improve_handles_a_one_user_round():
         for mixed in (False, True):
             out = improve(cost, rnd, start, 2, 8, mixed_depth=2 if mixed else None)
             assert (out != 0).sum() >= (start != 0).sum() and check_plans(cost, rnd, out[None], 2).feasible[0]
+
+
+def test_improve_plan_carries_the_depth_its_plan_was_checked_at():
+    """A plan at a depth above max_gamma is re-packed at max_gamma: the result says so (it used to keep
+    the plan's depth, at which the new modes need not fit)."""
+    cost, rnd = _round(60, 3)
+    start = _greedy(cost, rnd, np.argsort(rnd.output_tokens), SD, gamma=5)
+    plan = improve_plan(cost, rnd, Plan(start, gamma=5), 3)
+    assert check_plan(cost, rnd, plan).feasible and (plan.modes != 0).sum() >= (start != 0).sum()
+    if (plan.modes != start).any():
+        assert plan.gamma == 3
+
+
+def test_mixed_post_step_with_no_kv_room_after_the_weights():
+    """KV budget exactly 0 with the SLM loaded: the mixed re-pack finds nothing (no NaN key) and the
+    post-step keeps the plan."""
+    from agents.mixed_repack import mixed_repack
+
+    cfg = EnvConfig(num_users=20, max_users=20)
+    full = CostModel.from_config(cfg)
+    cfg = cfg.replace(memory_bytes=float(full.memory_bytes - full.memory_budget1(True)))
+    cost, rnd = CostModel.from_config(cfg), sample_round(np.random.default_rng(0), cfg)
+    modes, key = mixed_repack(cost, rnd, 2)
+    assert np.isfinite(key) and check_plans(cost, rnd, modes[None], 2).feasible[0]
+    start = _greedy(cost, rnd, range(20), AD)
+    out = improve(cost, rnd, start, 2, 8, mixed_depth=2)
+    assert (out != 0).sum() >= (start != 0).sum() and check_plans(cost, rnd, out[None], 2).feasible[0]
