@@ -23,6 +23,11 @@ from envs.workload import Round
 TIE_WEIGHT = 0.5
 
 
+def _leading_run(fits: np.ndarray) -> np.ndarray:
+    """Per row of ``fits`` (C, M): how many leading columns are True."""
+    return np.where(fits.all(axis=1), fits.shape[1], np.argmin(fits, axis=1))
+
+
 def longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple, sd_used) -> tuple[np.ndarray, np.ndarray]:
     """Per candidate row of ``eligible`` (C, K) over the users in ``order``: how many of its eligible
     users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes;
@@ -32,7 +37,9 @@ def longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: n
     The batch aggregates of every prefix come from running sums / maxima; a prefix that fits stays
     fitting when shortened (downward closed), so each row's last fitting prefix is found in two
     passes over blocks of ~sqrt(K) columns: the cost model is priced at O(C sqrt K) points in two
-    calls, not O(C K) (and not log2 K calls, whose per-call overhead dominates at these sizes)."""
+    calls, not O(C K) (and not log2 K calls, whose per-call overhead dominates at these sizes).
+    Where fitting is not downward closed (a measured profile whose pass time falls as the batch
+    grows), the count is still that of a prefix that was priced and fits, just not always the longest."""
     # token counts as int32: exact, and half the memory traffic of the (C, K) running aggregates
     inp, out = (x[order].astype(np.int32) for x in (rnd.input_tokens, rnd.output_tokens))
     up, slack = rnd.uplink_s[order], rnd.slack_s[order]
@@ -74,12 +81,15 @@ def longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: n
     block = max(1, math.isqrt(k - 1) + 1)
     coarse = np.arange(block - 1, k + block - 1, block)[None, :]  # the last may lie past the end: never fits
     fits, used = fits_at(np.broadcast_to(coarse, (c, coarse.shape[1])))
-    n_blocks = fits.sum(axis=1)  # blocks wholly fitting
+    # counted as leading runs (up to the first column that does not fit), not as sums: equal when
+    # fitting is downward closed, and otherwise (a measured profile whose pass time falls with the
+    # batch) the prefix returned is still one that was priced and fits
+    n_blocks = _leading_run(fits)  # blocks whose last column fits
     first = n_blocks * block  # first column not yet known to fit
     # at least one fine column (K = 1 has blocks of one: that column is the first known not to fit)
     fine = first[:, None] + np.arange(max(block - 1, 1))[None, :]
     fits2, used2 = fits_at(fine)
-    n_fine = fits2.sum(axis=1)
+    n_fine = _leading_run(fits2)
     last = first - 1 + n_fine  # -1: not even the first column fits
     r = np.arange(c)
     used = np.where(n_fine > 0, used2[r, np.maximum(n_fine - 1, 0)], np.where(n_blocks > 0, used[r, np.maximum(n_blocks - 1, 0)], 0.0))

@@ -949,3 +949,26 @@ def test_solve_mode_on_found_rounds():
                     got = solve_mode(tab, everyone, share, mem)
                     assert len(got) == best_subset(cost, rnd, mode, gamma, share, mem), (mode, share, frac)
                     _chosen_ok(cost, rnd, mode, gamma, share, mem, got, everyone)
+
+
+@pytest.mark.parametrize("ctx_coef", [-0.0001, -0.0003])
+def test_longest_prefixes_returns_a_fitting_prefix_on_a_non_monotone_profile(ctx_coef):
+    """With pass times that fall as the context grows, a longer prefix can fit where a shorter one
+    does not (fitting is not downward closed). The prefix search must still return a prefix that
+    fits: it counts leading runs of fitting columns (summing them returned SD prefixes that do not
+    fit, e.g. seeds 136 and 191 at K = 8)."""
+    from agents.prefix_fill import longest_prefixes
+
+    cost = golden(ctx_coef=ctx_coef)
+    for k in (8, 20):
+        for seed in range(200):
+            rnd = random_round(np.random.default_rng(seed), k)
+            order = np.argsort(rnd.output_tokens, kind="stable")
+            eligible = np.random.default_rng(seed + 100).random((10, k)) < 0.8
+            for mode in (AD, SD):
+                counts, used = longest_prefixes(cost, rnd, order, eligible, mode, 2, (0.0, 0.0), mode == SD)
+                assert ((used >= 0) & (used <= 1 + 1e-9)).all()
+                plans = np.zeros((len(counts), k), dtype=np.int8)  # each row's returned prefix, checked at once
+                for plan, row, got in zip(plans, eligible, counts, strict=True):
+                    plan[order[row][:got]] = mode
+                assert check_plans(cost, rnd, plans, 2).feasible.all(), (k, seed, mode)
