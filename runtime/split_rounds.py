@@ -40,6 +40,7 @@ INVALID_ARGUMENT naming the field (the request, if any, ends with ``error``); th
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -73,6 +74,7 @@ log = logging.getLogger("specsched.serve")
 KINDS = ("edge", "http")
 REPORT_GRACE_S = 5.0  #: how long after its deadline a placement stream waits for its request's end (an ED report), s
 FIRST_MESSAGE_S = 30.0  #: how long a new placement stream waits for its request message, s
+SUBMIT_TIMEOUT_S = 10.0  #: how long a placement stream waits for the event loop to queue its request, s
 
 
 @dataclass(eq=False)
@@ -191,7 +193,10 @@ class SplitRoundServer(RoundServer):
         return None
 
     async def _submit(self, req: EdgeRequest) -> None:
-        self.submit(req)
+        # a hand-off that timed out has ended its request (``place``), possibly before this runs:
+        # an ended request must not be queued, or a round would plan it with no stream to answer on
+        if req.outcome is None:
+            self.submit(req)
 
     def _end_soon(self, req: EdgeRequest, outcome: str, reason: str) -> None:
         """End ``req`` from a gRPC thread (the event loop sets the outcome; once it has stopped, shutdown did)."""
@@ -278,10 +283,18 @@ class SplitRoundServer(RoundServer):
         # the server names the request: edges' own names may collide (the engines' outbox and edge_active key on it)
         req = EdgeRequest(id=f"edge-{uuid.uuid4().hex[:16]}", prompt_ids=list(msg.prompt), max_tokens=int(msg.max_tokens), deadline_s=float(msg.deadline_s),
                           text=TextStream(tok.decode), temperature=float(msg.temperature), seed=int(msg.seed), rtt_s=float(msg.rtt_s), client_id=msg.request_id)
+        handoff = asyncio.run_coroutine_threadsafe(self._submit(req), self.loop)
         try:
-            asyncio.run_coroutine_threadsafe(self._submit(req), self.loop).result(timeout=10.0)
+            handoff.result(timeout=SUBMIT_TIMEOUT_S)
         except Refused as err:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except concurrent.futures.TimeoutError:
+            # the event loop did not take the request in time: it ends here, on the loop (finish takes
+            # it off the queue if it got there; _submit skips it if it did not yet)
+            handoff.cancel()
+            reason = f"server busy: the event loop did not take the request within {SUBMIT_TIMEOUT_S:g} s"
+            self._end_soon(req, "error", reason)
+            context.abort(grpc.StatusCode.UNAVAILABLE, reason)
         # a stream that goes away ends its request (finish ignores a request that has its outcome)
         context.add_callback(lambda: self._end_soon(req, "error", "edge: the placement stream closed early"))
         # past this the request has had its chance: queued, in a round or drafting on its edge, it ends late

@@ -233,3 +233,32 @@ def test_an_edge_fault_before_its_generation_ends_the_request_with_one_error(ser
     until(lambda: edge_count(rounds, "error") == before + 1, "one error outcome counted")
     until(lambda: not rounds.edge_active, "ED state left behind")
     still_serving(server, pair)
+
+
+# ------------------------------------------------------ 6: an event loop too busy to take the request
+def test_a_request_the_busy_event_loop_cannot_take_is_unavailable_and_ends_once(server, pair, monkeypatch):
+    """The hand-off to the event loop is bounded (``SUBMIT_TIMEOUT_S``): past it the stream gets
+    UNAVAILABLE (was UNKNOWN, from an unhandled TimeoutError), the request ends with exactly one
+    outcome, ``error``, and it is never queued or planned once the loop is free again."""
+    import runtime.split_rounds as split_rounds
+
+    rounds = server.serve_app.rounds
+    monkeypatch.setattr(split_rounds, "SUBMIT_TIMEOUT_S", 0.3)
+    before = dict(rounds.kind_counts["edge"])
+    unblock = threading.Event()
+    rounds.loop.call_soon_threadsafe(lambda: unblock.wait(BOUND_S))  # the loop stalls until the stream has its answer
+    outbox, call, channel = place_stream(server)
+    try:
+        outbox.put(PlaceMsg(request_id="busy", prompt=pair.tokenizer.encode("def f():"), max_tokens=8, deadline_s=BOUND_S, rtt_s=0.001))
+        err = next_reply(call)
+        assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.UNAVAILABLE, err
+        assert "server busy" in err.details()
+    finally:
+        unblock.set()
+        outbox.put(None)
+        channel.close()
+    after = before | {"error": before["error"] + 1}
+    until(lambda: dict(rounds.kind_counts["edge"]) == after, f"the outcomes were not {after}")
+    assert not rounds.pending and not rounds.edge_active
+    still_serving(server, pair)
+    assert dict(rounds.kind_counts["edge"])["error"] == after["error"]
