@@ -2,18 +2,22 @@
 
 ``agents.plan_repair.improve`` re-packs ONE batch around the policy's own thresholds, and its best
 plans at K = 200 are all-AD. BALANCE wins the remaining validation rounds with *mixed* plans, and
-those have a simple shape (BALANCE's own mixed plans on the validation rounds at K = 200 are
-exactly of this form):
+those have a simple shape:
 
 * **AD**: the first ``m_A`` users, in ascending predicted output, among those with input
   ``<= S_A`` and slack ``>= f_A`` (short prompts, the tight slacks AD can still meet);
-* **SD**: as many as fit, in ascending output, of the others with slack ``>= f_S`` and SD
-  iterations ``<= J_S`` (long prompts, slack to spare, few iterations).
+* **SD**: as many as fit, in ascending output, of the others with slack ``>= f_S``, SD
+  iterations ``<= J_S`` and (``sd_input_cap=True``) input ``<= S_S`` (slack to spare, few iterations).
 
-:func:`mixed_repack` searches that five-parameter family ``(S_A, f_A, m_A, f_S, J_S)``: a small grid
+With the SD input cap, the family at BALANCE's own thresholds rebuilds BALANCE's plan -- the same AD
+and SD users -- on every round where BALANCE mixes, among 200 validation rounds at K = 200
+(``experiments.mixed_plan_study``); without it, on some of them only. Finding those thresholds is
+the hard part: the plan's count peaks on a narrow ridge in all six at once (the same study).
+
+:func:`mixed_repack` searches the five-parameter family ``(S_A, f_A, m_A, f_S, J_S)`` (or the six with ``S_S``): a small grid
 of quantiles of the round's inputs, slacks and SD iterations (``m_A`` as shares of K), then
 coordinate line searches -- every distinct value within ``window`` positions of the best point, one
-parameter at a time, all five lines priced in one vectorised call per pass. ``m_A`` is clipped to
+parameter at a time, all lines priced in one vectorised call per pass. ``m_A`` is clipped to
 the longest AD prefix that fits on its own (with the SLM's weights loaded); the SD batch is priced
 beside the AD batch's exact share and KV (``agents.prefix_fill.longest_prefixes``), so every point's
 score is its plan's, and the caller checks the winner with the exact check.
@@ -41,6 +45,9 @@ AD_SLACK_QUANTILES = (0.25, 0.35)
 AD_COUNT_SHARES = (0.15, 0.21, 0.27, 0.33, 0.39)
 SD_SLACK_QUANTILES = (0.5, 0.6)
 SD_ITERATION_QUANTILES = (0.8, 0.9)
+#: the SD batch's input cap S_S (``sd_input_cap=True`` only): BALANCE's per-mode solver caps SD inputs
+#: too, and with the cap the family rebuilds BALANCE's own mixed plans exactly (``experiments.mixed_plan_study``)
+SD_INPUT_QUANTILES = (0.9, 1.0)
 WINDOW = 6  #: line searches cover the distinct values this many positions either side of the point
 PASSES = 1  #: rounds of line searches (stops early when a pass finds nothing better)
 #: the SD batch's draft depth in the ``improve_mixed`` post-step (``agents.plan_repair.improve_plan``):
@@ -49,11 +56,11 @@ PASSES = 1  #: rounds of line searches (stops early when a pass finds nothing be
 MIXED_DEPTH = 2
 
 
-class _Family:
+class MixedFamily:
     """One round's users in ascending output (ties: input) and the scores of parameter rows."""
 
-    def __init__(self, cost: CostModel, rnd: Round, gamma: int):
-        self.cost, self.rnd, self.gamma = cost, rnd, gamma
+    def __init__(self, cost: CostModel, rnd: Round, gamma: int, sd_input_cap: bool = False):
+        self.cost, self.rnd, self.gamma, self.sd_input_cap = cost, rnd, gamma, sd_input_cap
         self.order = order = np.lexsort((rnd.input_tokens, rnd.output_tokens))
         self.inp, self.out = rnd.input_tokens[order], rnd.output_tokens[order]
         self.up, self.slack = rnd.uplink_s[order], rnd.slack_s[order]
@@ -61,6 +68,8 @@ class _Family:
         self.budget = cost.memory_budget1(True) * (1 + EPS)  # both batches: the SLM's weights are loaded
         #: the distinct values each parameter's line search moves over
         self.values = (np.unique(self.inp), np.unique(self.slack), np.arange(0, rnd.num_users + 1), np.unique(self.slack), np.unique(self.iters))
+        if sd_input_cap:  # a sixth parameter, S_S
+            self.values += (np.unique(self.inp),)
 
     def _ad(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per row: the AD batch (bool (C, K) in sorted order), its least share and its KV bytes.
@@ -92,7 +101,8 @@ class _Family:
         return take, np.where(empty, 0.0, share[inverse, col]), np.where(empty, 0.0, mem[inverse, col])
 
     def _sd_eligible(self, params: np.ndarray, take: np.ndarray) -> np.ndarray:
-        return ~take & (self.slack >= params[:, 3:4]) & (self.iters <= params[:, 4:5])
+        eligible = ~take & (self.slack >= params[:, 3:4]) & (self.iters <= params[:, 4:5])
+        return eligible & (self.inp <= params[:, 5:6]) if params.shape[1] > 5 else eligible
 
     def score(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per row: users served by its plan less ``TIE_WEIGHT`` x its fullness (-1 if its AD batch
@@ -116,16 +126,20 @@ class _Family:
         k = self.rnd.num_users
         axes = (np.quantile(self.inp, AD_INPUT_QUANTILES), np.quantile(self.slack, AD_SLACK_QUANTILES), np.round(np.asarray(AD_COUNT_SHARES) * k),
                 np.quantile(self.slack, SD_SLACK_QUANTILES), np.quantile(self.iters, SD_ITERATION_QUANTILES))
+        if self.sd_input_cap:
+            axes += (np.quantile(self.inp, SD_INPUT_QUANTILES),)
         return np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(axes)).astype(float)
 
 
-def mixed_repack(cost: CostModel, rnd: Round, gamma: int, window: int = WINDOW, passes: int = PASSES) -> tuple[np.ndarray, float]:
+def mixed_repack(cost: CostModel, rnd: Round, gamma: int, window: int = WINDOW, passes: int = PASSES,
+                 sd_input_cap: bool = False) -> tuple[np.ndarray, float]:
     """``(modes, key)``: the best plan of the mixed family found (SD at draft depth ``gamma``), and its
     key (users served less ``TIE_WEIGHT`` x fullness; ``ceil(key)`` users). The plan fits by the
-    formulas the exact check uses; the caller should still check it (``envs.feasibility.check_plans``)."""
+    formulas the exact check uses; the caller should still check it (``envs.feasibility.check_plans``).
+    ``sd_input_cap``: the six-parameter family (an input cap on the SD batch too, ``SD_INPUT_QUANTILES``)."""
     if rnd.num_users == 0:
         return np.zeros(0, dtype=np.int8), 0.0
-    fam = _Family(cost, rnd, gamma)
+    fam = MixedFamily(cost, rnd, gamma, sd_input_cap)
     grid = fam.start_grid()
     keys, counts = fam.score(grid)
     i = int(np.argmax(keys))

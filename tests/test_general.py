@@ -178,18 +178,19 @@ def test_mixed_repack_plans_fit_and_serve_what_their_key_says(k, seed, tight):
         cfg = cfg.replace(memory_bytes=float(full.memory_bytes - 0.97 * full.memory_budget1(True)))
     cost, rnd = CostModel.from_config(cfg), sample_round(np.random.default_rng(seed), cfg)
     for gamma in (1, 2, 4):
-        modes, key = mixed_repack(cost, rnd, gamma)
-        assert modes.shape == (k,) and check_plans(cost, rnd, modes[None], gamma).feasible[0]
-        assert (modes != 0).sum() == int(np.ceil(key))
+        for cap in (False, True):  # five parameters, and six (the SD input cap)
+            modes, key = mixed_repack(cost, rnd, gamma, sd_input_cap=cap)
+            assert modes.shape == (k,) and check_plans(cost, rnd, modes[None], gamma).feasible[0]
+            assert (modes != 0).sum() == int(np.ceil(key))
 
 
 def test_mixed_repack_points_price_as_the_exact_check():
     """Random points of the family: a point's score counts exactly the users of its plan, and the
     plan passes the exact check (the AD prefixes and the SD fill priced beside them)."""
-    from agents.mixed_repack import _Family
+    from agents.mixed_repack import MixedFamily
 
     cost, rnd = _round(90, 7)
-    fam = _Family(cost, rnd, 2)
+    fam = MixedFamily(cost, rnd, 2)
     rng = np.random.default_rng(0)
     points = np.column_stack([rng.choice(fam.values[0], 40), rng.choice(fam.values[1], 40), rng.integers(0, 91, 40),
                               rng.choice(fam.values[3], 40), rng.choice(fam.values[4], 40)]).astype(float)
@@ -197,6 +198,15 @@ def test_mixed_repack_points_price_as_the_exact_check():
     for point, key, sd_count in zip(points, keys, counts, strict=True):
         modes = fam.modes(point, int(sd_count))
         assert (modes == SD).sum() == sd_count and (modes != 0).sum() == int(np.ceil(key))
+        assert check_plans(cost, rnd, modes[None], 2).feasible[0]
+    # six parameters: the SD input cap keeps every SD user's input at or under it
+    fam6 = MixedFamily(cost, rnd, 2, sd_input_cap=True)
+    points6 = np.column_stack([points, rng.choice(fam6.values[5], 40)])
+    keys, counts = fam6.score(points6)
+    for point, key, sd_count in zip(points6, keys, counts, strict=True):
+        modes = fam6.modes(point, int(sd_count))
+        assert (modes == SD).sum() == sd_count and (modes != 0).sum() == int(np.ceil(key))
+        assert (rnd.input_tokens[modes == SD] <= point[5]).all()
         assert check_plans(cost, rnd, modes[None], 2).feasible[0]
 
 
@@ -257,3 +267,25 @@ def test_mixed_post_step_with_no_kv_room_after_the_weights():
     start = _greedy(cost, rnd, range(20), AD)
     out = improve(cost, rnd, start, 2, 8, mixed_depth=2)
     assert (out != 0).sum() >= (start != 0).sum() and check_plans(cost, rnd, out[None], 2).feasible[0]
+
+
+def test_mixed_plan_study_entry_point(tmp_path):
+    """experiments.mixed_plan_study end to end on a few validation rounds: BALANCE cached and reused,
+    CSV + markdown; the family at BALANCE's own thresholds with the SD input cap rebuilds its plan."""
+    from experiments.mixed_plan_study import main
+
+    args = ["--k", "30", "--rounds", "6", "--depths", "2", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path)]
+    main(args)
+    df = pd.read_csv(tmp_path / "mixed_plan_study.csv")
+    assert len(df) == 6 and {"balance", "improve", "improve_mixed", "family6_g2", "family6_g2_ms"} <= set(df.columns)
+    assert (df.family6_g2 >= df.improve).all()
+    mixed = df[df.balance_mixed]
+    assert len(mixed) >= 1  # rounds 0-5 at K = 30 hold two where BALANCE mixes
+    assert (mixed.same6.astype(bool)).all() and (mixed.family6 == mixed.balance).all()
+    cached = list((tmp_path / "cache").glob("balance_k30_n6_*.npy"))
+    assert len(cached) == 1
+    main(args)  # from the cache: the same table
+    assert pd.read_csv(tmp_path / "mixed_plan_study.csv")[["round", "balance", "improve"]].equals(df[["round", "balance", "improve"]])
+    assert "Reproduce" in (tmp_path / "mixed_plan_study.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0", "--out", str(tmp_path)])
