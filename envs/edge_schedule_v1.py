@@ -137,14 +137,22 @@ def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
     element by element, written into one (8, K) block instead of stacked, clipped in place; float32
     casts as astype does). ``tests/test_env_v1_fast_paths.py`` compares the two.
     """
-    k = rnd.num_users
-    v0 = np.empty((8, k))
     if cfg.user_order == "arrival":  # order is the identity: the round's arrays as they are (the gathers only copied them)
         inp, out, dl, alpha, slack, up, has, rtt = rnd.input_tokens, rnd.output_tokens, rnd.deadline_s, rnd.alpha, rnd.deadline_s - rnd.downlink_s, rnd.uplink_s, rnd.has_edge, rnd.rtt_s
     else:
         inp, out, dl, alpha, slack, up = (a[order] for a in (rnd.input_tokens, rnd.output_tokens, rnd.deadline_s, rnd.alpha, rnd.deadline_s - rnd.downlink_s, rnd.uplink_s))
         has = None if rnd.has_edge is None else rnd.has_edge[order]
         rtt = None if rnd.rtt_s is None else rnd.rtt_s[order]
+    return user_feature_table(inp, out, dl, alpha, slack, up, has, rtt, cfg)
+
+
+def user_feature_table(inp: np.ndarray, out: np.ndarray, dl: np.ndarray, alpha: np.ndarray, slack: np.ndarray, up: np.ndarray,
+                       has: np.ndarray | None, rtt: np.ndarray | None, cfg: EnvConfig) -> np.ndarray:
+    """(K, 10) float32 features of users given as (K,) arrays (:func:`round_features`' arithmetic, element
+    by element, so the users of several rounds concatenated get their rounds' rows: the vector env's
+    batched reset, ``envs.split_reset_batch``). ``has`` / ``rtt`` None: no edge (features 0)."""
+    k = len(inp)
+    v0 = np.empty((8, k))
     v0[0] = inp / cfg.input_tokens[1]
     v0[1] = out / cfg.output_tokens[1]
     v0[2] = dl / cfg.deadline_s[1]

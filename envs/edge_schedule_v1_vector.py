@@ -4,6 +4,11 @@ Same actions, masks, observations, rewards and final ``info`` as ``envs.edge_sch
 docstring there); sub-env ``i`` seeded ``seed + i`` reproduces the scalar env seeded ``seed + i``.
 ``autoreset_mode`` is ``"next_step"`` (an ended sub-env resets on the next ``step``, whose action it
 ignores). ``reset(options={"rounds": [Round, ...]})`` plays the given rounds first.
+
+Speed (issue #13): the sub-envs end their rounds on the same step, so their final infos
+(``envs.split_final_batch``) and their next rounds (``envs.split_reset_batch``: each drawn from its
+sub-env's own generator, then priced together) are computed for all of them at once, by the
+one-round path's operations element by element (``tests/test_v1_reset_batch.py`` pins them bit for bit).
 """
 
 from __future__ import annotations
@@ -22,55 +27,16 @@ from envs.edge_schedule_v1 import (
     final_info,
     make_models,
     observation_size,
-    round_features,
 )
 from envs.edge_schedule_vector import vector_reset_inputs
 from envs.plan import AD, ED, REJECT, SD
 from envs.split_builder import SplitPlanBuilder
-from envs.split_plan import EdUsers, ed_users, shares_split
-from envs.workload import Round, sample_round
+from envs.split_final_batch import batchable, final_infos
+from envs.split_plan import shares_split
+from envs.split_reset_batch import V1Rounds, load_rounds, sample_rounds
+from envs.workload import Round
 
 INFO_KEYS = ("served", "admitted_ad", "admitted_sd", "admitted_ed", "rejected", "late", "gamma", "z", "ed_share", "lam")
-
-
-class _V1Rounds:
-    """Per-round arrays in presentation order, stacked for N rounds."""
-
-    def __init__(self, n: int, k: int, g: int, k_max: int):
-        self.order = np.zeros((n, k), dtype=np.int64)
-        self.inp = np.zeros((n, k), dtype=np.int64)
-        self.out = np.zeros((n, k), dtype=np.int64)
-        self.alpha, self.up, self.slack, self.deadline, self.prefill = (np.zeros((n, k)) for _ in range(5))
-        self.ed_j = np.ones((n, k, g), dtype=np.int64)
-        self.ed_x = np.zeros((n, k, g))
-        self.ed_ok = np.zeros((n, k, g), dtype=bool)
-        # users 0..k-1 then k_max + 1 rows of zeros: the current user at t = k and the look-ahead past
-        # the round's end read zeros, so the look-ahead is one slice (no per-element gather and mask)
-        self.feats = np.zeros((n, k + k_max + 1, USER_FEATURES), dtype=np.float32)
-        self.rounds: list[Round | None] = [None] * n
-        self.users: list[EdUsers | None] = [None] * n
-
-    def load(self, i: int, rnd: Round, env: EdgeScheduleV1VectorEnv) -> None:
-        cfg = env.cfg
-        order = rnd.order(cfg.user_order)
-        r = rnd.subset(order)
-        self.rounds[i] = rnd
-        self.order[i] = order
-        self.inp[i], self.out[i], self.alpha[i] = r.input_tokens, r.output_tokens, r.alpha
-        self.up[i], self.slack[i], self.deadline[i] = r.uplink_s, r.slack_s, r.deadline_s
-        self.feats[i, : len(order)] = round_features(rnd, order, cfg)
-        if env.split is not None and rnd.has_edge is not None and rnd.has_edge.any():
-            users = self.users[i] = ed_users(env.split, rnd, cfg.max_gamma)  # the round's original order
-            self.ed_j[i], self.ed_x[i], self.ed_ok[i], self.prefill[i] = users.iterations[order], users.edge_s[order], users.allowed[order], users.prefill_s[order]
-        else:
-            self.users[i] = None
-            self.ed_j[i], self.ed_x[i], self.ed_ok[i], self.prefill[i] = 1, 0.0, False, 0.0
-
-    def user(self, t: np.ndarray):
-        rows = np.arange(len(t))
-        tt = np.minimum(t, self.inp.shape[1] - 1)
-        return (self.inp[rows, tt], self.out[rows, tt], self.alpha[rows, tt], self.up[rows, tt], self.slack[rows, tt], self.deadline[rows, tt],
-                self.ed_j[rows, tt], self.ed_x[rows, tt], self.ed_ok[rows, tt], self.prefill[rows, tt])
 
 
 class EdgeScheduleV1VectorEnv(VectorEnv):
@@ -91,7 +57,7 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         self.action_space = spaces.MultiDiscrete(np.full(self.num_envs, self._na))
         self.observation_space = spaces.Box(0.0, 1.0, shape=(self.num_envs, observation_size(self.cfg)), dtype=np.float32)
         self._builder = SplitPlanBuilder(self.cost, self.num_envs, g)
-        self._data = _V1Rounds(self.num_envs, k, g, self.cfg.k_max)
+        self._data = V1Rounds(self.num_envs, k, g, self.cfg.k_max)
         self._t = np.zeros(self.num_envs, dtype=np.int64)
         self._modes = np.zeros((self.num_envs, k), dtype=np.int8)
         self._depth = np.zeros((self.num_envs, k), dtype=np.int64)
@@ -100,9 +66,19 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         self._masks = np.ones((self.num_envs, self._na), dtype=bool)
         self._budget = max(float(self.cost.memory_budget(True)), 1.0)
 
+    def _load_rounds(self, idx: np.ndarray, rounds: list[Round] | None) -> None:
+        """Sub-envs ``idx`` start ``rounds`` (one per sub-env of the vector env) or rounds drawn from
+        their own generators. All at once (``envs.split_reset_batch``, the vector env's hot spot): each
+        draws from its own generator, the arithmetic runs on their users concatenated -- the same
+        values as loading one round at a time."""
+        if rounds is not None:
+            load_rounds(self._data, idx, [rounds[i] for i in idx.tolist()], self.cfg, self.split)
+        elif len(idx):
+            sampled, big = sample_rounds([self._rngs[i] for i in idx.tolist()], self.cfg)
+            load_rounds(self._data, idx, sampled, self.cfg, self.split, big)
+
     def _reset_envs(self, which: np.ndarray, rounds: list[Round] | None = None) -> None:
-        for i in np.flatnonzero(which):
-            self._data.load(i, rounds[i] if rounds is not None else sample_round(self._rngs[i], self.cfg), self)
+        self._load_rounds(np.flatnonzero(which), rounds)
         self._builder.reset(which)
         self._t[which] = 0
         self._modes[which] = REJECT
@@ -135,15 +111,8 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         terminated = active & (self._t >= k)
         infos: dict[str, Any] = {"invalid_action": active & ~valid, "_invalid_action": active.copy()}
         if terminated.any():
-            final = {key: np.zeros(self.num_envs) for key in INFO_KEYS}
-            b = self._builder
-            for i in np.flatnonzero(terminated):
-                shares = shares_split(*(float(x) for x in b.share[:, i]), *(float(x) for x in b.mem[:, i]), *(int(x) for x in b.b[:, i]))
-                fi = final_info(self.cfg, self.cost, self.split, self._data.rounds[i], self._data.order[i], self._modes[i], self._depth[i],
-                                int(b.gamma[i]), shares, self._rngs[i], self._data.users[i])
-                for key in INFO_KEYS:
-                    final[key][i] = fi[key]
-                rewards[i] += -fi["late"] if self.cfg.reward_timing == "admission" else fi["served"]
+            final = self._final_infos(np.flatnonzero(terminated))
+            rewards += -final["late"] if self.cfg.reward_timing == "admission" else final["served"]  # 0 where not terminated
             for key in INFO_KEYS:
                 infos[key] = final[key]
                 infos[f"_{key}"] = terminated.copy()
@@ -152,8 +121,41 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         self._masks = self._builder.prepare(*self._data.user(self._t))
         self._masks[terminated] = False
         self._masks[terminated, 0] = True
-        self._needs_reset = terminated
+        self._needs_reset = terminated.copy()  # a copy: _reset_envs clears it, and the caller keeps `terminated`
         return self._encode(), rewards, terminated, np.zeros(self.num_envs, dtype=bool), infos
+
+    def _final_infos(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The final ``info`` numbers (INFO_KEYS, (N,), 0 outside ``idx``) of the sub-envs ``idx`` that
+        ended their rounds: ``final_info``'s, all in one ``envs.split_final_batch.final_infos`` call
+        where its outcome model applies, one ``final_info`` per round elsewhere."""
+        b, data = self._builder, self._data
+        final = {key: np.zeros(self.num_envs) for key in INFO_KEYS}
+        rows = list(zip(b.share[:, idx].T.tolist(), b.mem[:, idx].T.tolist(), b.b[:, idx].T.tolist(), strict=True))
+        shares = np.array([shares_split(*sh, *mm, *nb) for sh, mm, nb in rows]).reshape(len(idx), 3)
+        one_by_one = np.ones(len(idx), dtype=bool)
+        if batchable(self.cfg):
+            rounds = [data.rounds[i] for i in idx.tolist()]
+            realised = [np.stack([getattr(r, name) for r in rounds]) for name in ("realized_output_tokens", "realized_alpha", "realized_downlink_s")]
+            if self.cfg.user_order != "arrival":  # the data's arrays are in presentation order
+                realised = [np.take_along_axis(a, data.order[idx], axis=1) for a in realised]
+            out, alpha, down = realised
+            modes = self._modes[idx]
+            # an ED user's constants were priced on the predictions: rounds realising other values re-price them (final_info)
+            one_by_one = (modes == ED).any(axis=1) & ~((out == data.out[idx]).all(axis=1) & (alpha == data.alpha[idx]).all(axis=1))
+            ok = ~one_by_one
+            if ok.any():
+                at = idx[ok]
+                got = final_infos(self.cost, data.inp[at], out[ok], alpha[ok], data.up[at], down[ok], data.deadline[at], modes[ok], self._depth[at],
+                                  b.gamma[at], shares[ok], data.ed_j[at], data.ed_x[at], data.prefill[at])
+                for key in INFO_KEYS:
+                    final[key][at] = got[key]
+        for j in np.flatnonzero(one_by_one).tolist():
+            i = int(idx[j])
+            fi = final_info(self.cfg, self.cost, self.split, data.rounds[i], data.order[i], self._modes[i], self._depth[i],
+                            int(b.gamma[i]), tuple(shares[j].tolist()), self._rngs[i], data.users[i])
+            for key in INFO_KEYS:
+                final[key][i] = fi[key]
+        return final
 
     def _encode(self) -> np.ndarray:
         """The observation table of ``envs.edge_schedule_v1`` for every sub-env."""

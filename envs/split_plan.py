@@ -86,13 +86,25 @@ def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool =
     """The ED constants of ``rnd``'s users (predictions, or the realised outputs and acceptance)."""
     if not isinstance(max_gamma, int | np.integer) or isinstance(max_gamma, bool) or max_gamma < 1:
         raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
-    k, g_max = rnd.num_users, int(max_gamma)
-    inp = rnd.input_tokens.astype(float)
-    out = (rnd.realized_output_tokens if realised else rnd.output_tokens).astype(float)
-    alpha = np.asarray(rnd.realized_alpha if realised else rnd.alpha, dtype=float)
+    k = rnd.num_users
     has = np.zeros(k, dtype=bool) if rnd.has_edge is None else np.asarray(rnd.has_edge, dtype=bool)
+    rtt = np.full(k, split.net.rtt_s) if rnd.rtt_s is None else np.asarray(rnd.rtt_s, dtype=float)
+    return ed_users_arrays(split, rnd.input_tokens, rnd.realized_output_tokens if realised else rnd.output_tokens,
+                           rnd.realized_alpha if realised else rnd.alpha, has, rtt, int(max_gamma))
+
+
+def ed_users_arrays(split: SplitCostModel, input_tokens: np.ndarray, output_tokens: np.ndarray, alpha: np.ndarray, has_edge: np.ndarray,
+                    rtt_s: np.ndarray, max_gamma: int) -> EdUsers:
+    """:func:`ed_users` of users given as (K,) arrays. Every row is its user's alone (element-wise
+    operations, row-wise sums), so the users of several rounds concatenated get their rounds' rows:
+    a vector env prices all its resetting rounds in one call (``envs.split_reset_batch``)."""
+    k, g_max = len(input_tokens), int(max_gamma)
+    inp = input_tokens.astype(float)
+    out = output_tokens.astype(float)
+    alpha = np.asarray(alpha, dtype=float)
+    has = np.asarray(has_edge, dtype=bool)
+    rtt = np.asarray(rtt_s, dtype=float)
     net = split.net
-    rtt = np.full(k, net.rtt_s) if rnd.rtt_s is None else np.asarray(rnd.rtt_s, dtype=float)
     # a reset's hot spot (one call per round): the same operations as written out per user, with the
     # depth-only rows computed once (_depth_grid)
     g, g1, net_row, depth_idx, prefix = _depth_grid(g_max, float(net.request_overhead_bytes), float(net.bytes_per_draft_token),

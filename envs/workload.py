@@ -150,6 +150,21 @@ def sample_round(rng: np.random.Generator, cfg: EnvConfig, num_users: int | None
     The error draws are always made (and scaled by the configured CV), so rounds with the same
     seed share their users across error settings: common random numbers for sweeps.
     """
+    return round_from_draws(cfg, *draw_round(rng, cfg, num_users))
+
+
+#: What :func:`draw_round` takes from a generator: inputs, outputs, deadlines, acceptance, distances,
+#: the acceptance and output error draws (``chi`` None without a tail), has-an-edge, RTT seconds.
+RoundDraws = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]
+
+
+def draw_round(rng: np.random.Generator, cfg: EnvConfig, num_users: int | None = None) -> RoundDraws:
+    """The random half of :func:`sample_round`: every draw from ``rng``, in its fixed order.
+
+    Split from :func:`round_from_draws` (the arithmetic, element by element per user) so that a vector
+    env can draw each sub-env's round from its own generator and then derive all of them in one call
+    on the concatenated draws (``envs.split_reset_batch``): the same values as one round at a time.
+    """
     k = cfg.num_users if num_users is None else num_users
     i = rng.integers(cfg.input_tokens[0], cfg.input_tokens[1] + 1, size=k)
     o = rng.integers(cfg.output_tokens[0], cfg.output_tokens[1] + 1, size=k)
@@ -161,7 +176,14 @@ def sample_round(rng: np.random.Generator, cfg: EnvConfig, num_users: int | None
     u_alpha = rng.random(size=k)
     z_out = rng.standard_normal(size=k)
     chi = rng.chisquare(cfg.output_tail_nu, size=k) if cfg.output_tail_nu is not None else None
+    has_edge, rtt_s = draw_edge_users(rng.spawn(1)[0], cfg, k)
+    return i, o, t, a, d, u_alpha, z_out, chi, has_edge, rtt_s
 
+
+def round_from_draws(cfg: EnvConfig, i: np.ndarray, o: np.ndarray, t: np.ndarray, a: np.ndarray, d: np.ndarray, u_alpha: np.ndarray,
+                     z_out: np.ndarray, chi: np.ndarray | None, has_edge: np.ndarray, rtt_s: np.ndarray) -> Round:
+    """The round of :func:`draw_round`'s draws (every operation element-wise per user, so draws of
+    several rounds concatenated give the rounds' users concatenated)."""
     rnd = Round.from_arrays(cfg, i, o, t, a, d)
     if cfg.alpha_cv > 0:
         mean = np.clip(a, 1e-3, ALPHA_MAX)
@@ -175,7 +197,7 @@ def sample_round(rng: np.random.Generator, cfg: EnvConfig, num_users: int | None
         rnd.realized_output_tokens = np.clip(realized, 1, 4 * cfg.output_tokens[1]).astype(np.int64)
         _, down = link_rates_bps(d, cfg)
         rnd.realized_downlink_s = transfer_time_s(rnd.realized_output_tokens, down, cfg)
-    rnd.has_edge, rnd.rtt_s = draw_edge_users(rng.spawn(1)[0], cfg, k)
+    rnd.has_edge, rnd.rtt_s = has_edge, rtt_s
     return rnd
 
 
