@@ -65,20 +65,30 @@ def sample_rounds(rngs: Sequence[np.random.Generator], cfg: EnvConfig) -> tuple[
     return [Round(*(a[j * k : (j + 1) * k] for a in arrays)) for j in range(len(rngs))], big
 
 
-def concat_rounds(rounds: Sequence[Round], rtt_default: float = 0.0) -> Round:
-    """``rounds``' users concatenated (a round without ``has_edge`` / ``rtt_s`` counts as no edge /
-    ``rtt_default`` there). ``has_edge`` keeps the rounds' own dtype (the has-an-edge feature is
-    the value as given)."""
-    out = {}
+def _round_parts(rounds: Sequence[Round], rtt_default: float) -> dict[str, list[np.ndarray]]:
+    """Per field, the rounds' arrays as given (a round without ``has_edge`` / ``rtt_s``: no edge /
+    ``rtt_default``, as float64)."""
+    parts = {}
     for name in _FIELDS:
         if name == "has_edge":
-            parts = [np.zeros(r.num_users, dtype=bool) if r.has_edge is None else np.asarray(r.has_edge) for r in rounds]
+            parts[name] = [np.zeros(r.num_users, dtype=bool) if r.has_edge is None else np.asarray(r.has_edge) for r in rounds]
         elif name == "rtt_s":
-            parts = [np.full(r.num_users, rtt_default) if r.rtt_s is None else np.asarray(r.rtt_s, dtype=float) for r in rounds]
+            parts[name] = [np.full(r.num_users, rtt_default) if r.rtt_s is None else np.asarray(r.rtt_s) for r in rounds]
         else:
-            parts = [getattr(r, name) for r in rounds]
-        out[name] = np.concatenate(parts)
-    return Round(**out)
+            parts[name] = [np.asarray(getattr(r, name)) for r in rounds]
+    return parts
+
+
+def concat_rounds(rounds: Sequence[Round], rtt_default: float = 0.0) -> Round | None:
+    """``rounds``' users concatenated (a round without ``has_edge`` / ``rtt_s`` counts as no edge /
+    ``rtt_default`` there), every array in the rounds' own dtype -- or None when the rounds' dtypes
+    differ for some field. Concatenating would then cast (float32 next to float64 becomes float64),
+    and a feature such as ``rtt / 0.1`` computed in float32 differs from the float64 one by a float32
+    step: such rounds are loaded one at a time, each in its own dtypes, as the scalar env reads them."""
+    parts = _round_parts(rounds, rtt_default)
+    if any(len({a.dtype for a in arrays}) > 1 for arrays in parts.values()):
+        return None
+    return Round(**{name: np.concatenate(arrays) for name, arrays in parts.items()})
 
 
 def load_rounds(data: V1Rounds, idx: np.ndarray, rounds: Sequence[Round], cfg: EnvConfig, split: SplitCostModel | None,
@@ -91,7 +101,12 @@ def load_rounds(data: V1Rounds, idx: np.ndarray, rounds: Sequence[Round], cfg: E
         return
     g_max = cfg.max_gamma
     # the features of a round without edge information are 0 (rtt 0 / 0.1 clips to 0); its ED rows are rtt-free (no user has an edge)
-    big = concat_rounds(rounds) if big is None else big
+    if big is None:
+        big = concat_rounds(rounds)
+        if big is None:  # given rounds of different dtypes: one at a time (concat_rounds)
+            for j in range(m):
+                load_rounds(data, idx[j : j + 1], rounds[j : j + 1], cfg, split)
+            return
     arrival = cfg.user_order == "arrival"
     order = np.broadcast_to(np.arange(k), (m, k)) if arrival else np.stack([r.order(cfg.user_order) for r in rounds])
     base = (np.arange(m) * k)[:, None]

@@ -238,3 +238,26 @@ def test_final_infos_equal_final_info_on_random_plans(edge_fraction, output_cv):
         assert np.array_equal(latency[i], evaluate_split_plan(cost, split, r, plan, users=users[i]).latency_s)  # bit for bit, not only the counts
         served += want["served"]
     assert served > 0
+
+
+@pytest.mark.parametrize("cast", ["rtt_s", "uplink_s", "deadline_s", "downlink_s"])
+@pytest.mark.parametrize("which", ["one", "all"])
+def test_given_rounds_in_float32_observe_as_the_scalar_env(cast, which):
+    """Given rounds whose arrays are float32 (in one round, or in all): the features are computed in
+    each round's own dtype, as the scalar env does. (Concatenating float32 next to float64 rounds cast
+    them, and rtt / 0.1 in float64 differs from float32's by a float32 step: a red-team's find.)"""
+    from dataclasses import replace
+
+    kw = {"profile": SPLIT, "num_users": 6, "edge_fraction": 1.0, "rtt_ms": [1.0, 80.0]}
+    cfg = make_models(dict(kw))[0]
+    for seed in range(8):
+        rounds = [sample_round(np.random.default_rng(100 * seed + j), cfg) for j in range(3)]
+        rounds = [replace(r, **{cast: getattr(r, cast).astype(np.float32)}) if which == "all" or j == 1 else r for j, r in enumerate(rounds)]
+        venv = gym.make_vec(envs.V1_ENV_ID, num_envs=3, vectorization_mode="vector_entry_point", **kw)
+        obs, _ = venv.reset(seed=seed, options={"rounds": rounds})
+        masks = venv.unwrapped.action_masks()
+        for j, rnd in enumerate(rounds):
+            env = gym.make(envs.V1_ENV_ID, **kw)
+            o, _ = env.reset(seed=seed, options={"round": rnd})
+            assert np.array_equal(obs[j], o), (cast, which, seed, j)
+            assert np.array_equal(masks[j], env.unwrapped.action_masks()), (cast, which, seed, j)
