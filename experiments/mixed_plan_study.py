@@ -27,6 +27,7 @@ cached in ``--cache`` (BALANCE takes seconds per round at K = 200).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.artefacts import write_bytes_atomic, write_csv_atomic, write_text_atomic
 from agents.imitation import ImitationConfig
 from agents.mixed_repack import MIXED_DEPTH, MixedFamily, mixed_repack
 from agents.plan_repair import improve
@@ -62,10 +63,9 @@ def balance_plans(cfg, rnds: list, cache: Path | None) -> np.ndarray:
             print(f"[mixed_plan_study] BALANCE {i + 1}/{len(rnds)} rounds", flush=True)
     out = np.array(modes)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.stem + ".tmp.npy")
-        np.save(tmp, out)
-        tmp.replace(path)
+        buf = io.BytesIO()
+        np.save(buf, out)
+        write_bytes_atomic(path, buf.getvalue())
     return out
 
 
@@ -78,7 +78,7 @@ def own_thresholds(rnd, modes: np.ndarray, gamma: int) -> np.ndarray:
 
 def shape_row(cost: CostModel, rnd, modes: np.ndarray) -> dict:
     """The family at BALANCE's own thresholds (five and six parameters) and the ridge around it."""
-    row = {}
+    row, at = {}, 0
     point = own_thresholds(rnd, modes, BALANCE_DEPTH)
     for n in (5, 6):
         fam = MixedFamily(cost, rnd, BALANCE_DEPTH, sd_input_cap=n == 6)
@@ -86,9 +86,9 @@ def shape_row(cost: CostModel, rnd, modes: np.ndarray) -> dict:
         plan = fam.modes(point[:n], int(sd_counts[0]))
         row[f"family{n}"] = int(np.ceil(keys[0])) if keys[0] >= 0 else 0
         row[f"same{n}"] = bool(np.array_equal(plan, modes))
-    # the ridge: each threshold alone moved to its neighbouring distinct values
-    fam = MixedFamily(cost, rnd, BALANCE_DEPTH, sd_input_cap=True)
-    at = int(np.ceil(fam.score(point[None])[0][0]))
+        at = int(np.ceil(keys[0]))
+    # the ridge (the six-parameter family, ``fam`` and ``at`` of the last pass): each threshold alone
+    # moved to its neighbouring distinct values
     moves = []
     for d, values in enumerate(fam.values):
         j = int(np.searchsorted(values, point[d]))
