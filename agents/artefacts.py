@@ -16,6 +16,35 @@ from typing import Any
 import pandas as pd
 
 
+def check_writable(path: str | Path, field: str, directory: bool = False) -> Path:
+    """``path`` if a run could write it (a file, or with ``directory`` a folder, created with its
+    parents as the atomic writers do); else ValueError naming ``field``. Meant for the start of an
+    entry point, so that a bad output path is refused before the long work, not after it.
+
+    The nearest existing ancestor must be a folder in which a file can be created (tried with a
+    temporary file that is removed at once: permission bits alone say nothing for root, or for
+    /proc); nothing else is created."""
+    import tempfile
+
+    path = Path(path)
+    if not directory and (path.is_dir() or not path.name):
+        raise ValueError(f"{field} must name a file, got the folder {str(path)!r}")
+    if directory and path.exists() and not path.is_dir():
+        raise ValueError(f"{field} must be a folder, got the file {str(path)!r}")
+    probe = path if directory else path.parent
+    probe = probe.absolute()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{field}: {str(path)!r} cannot be created, {str(probe)!r} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{field}: {str(path)!r} cannot be written ({exc.strerror or exc} in {str(probe)!r})") from None
+    return path
+
+
 def _tmp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 

@@ -21,7 +21,7 @@ import pandas as pd
 from scipy import stats
 from tqdm import tqdm
 
-from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
 from agents.paired_stats import paired_difference
 from agents.registry import make_scheduler
 from agents.threads import limit_threads
@@ -58,9 +58,10 @@ def evaluate_schedulers(
     """
     cost = CostModel.from_config(cfg)
     rnds = make_rounds(cfg, rounds, seed, split=split) if isinstance(rounds, int) else list(rounds)
+    # every scheduler is built before any runs: an unknown name or a missing policy fails at once
+    built = [(name, make_scheduler(name, cost, cfg.max_gamma, draft_depth=draft_depth, seed=seed, **options)) for name in schedulers]
     rows = []
-    for name in schedulers:
-        sched = make_scheduler(name, cost, cfg.max_gamma, draft_depth=draft_depth, seed=seed, **options)
+    for name, sched in built:
         for r, rnd in enumerate(tqdm(rnds, desc=f"{name:>12}", disable=not progress, leave=False)):
             plan = sched.plan(rnd)
             if not check_plan(cost, rnd, plan).feasible:
@@ -152,18 +153,24 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     if env_id not in ("EdgeSchedule-v0", "EdgeSchedule-v1"):
         raise ValueError(f"env.id must be 'EdgeSchedule-v0' or 'EdgeSchedule-v1', got {env_id!r}")
     env_cfg = EnvConfig.from_kwargs(**env_raw)
-    names = list(cfg["schedulers"])
+    # one name on the command line (schedulers=balance) arrives as a string, not a one-item list
+    names = [cfg["schedulers"]] if isinstance(cfg["schedulers"], str) else list(cfg["schedulers"])
     if not names:
         raise ValueError("schedulers must name at least one scheduler")
-    rounds = int(cfg["rounds"])
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if cfg.get("policy_path") and "policy" not in names:  # it would be ignored, silently
+        raise ValueError(f"policy_path is set but schedulers {names} has no 'policy': add it, e.g. schedulers=[balance,policy]")
+    rounds = cfg["rounds"]
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:  # 2.7 is a typo, not 2 rounds
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
     split = cfg.get("split", "test")
     if split not in ("validation", "test"):
         raise ValueError(f"split must be 'validation' or 'test' (training rounds are never evaluated on), got {split!r}")
     seed = cfg["seed"]
     if not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    output = cfg.get("output")
+    if output:
+        check_writable(output, "output")  # before the evaluation, not after it
     limit_threads(int(cfg.get("threads", 1)))  # before any policy's torch work (agents/threads.py)
     evaluate_fn = evaluate_schedulers
     if env_id == "EdgeSchedule-v1":  # ED plans: the split exact check and outcome (agents/evaluate_v1.py)
@@ -181,7 +188,6 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
         policy_path=cfg.get("policy_path"),
     )
     summary = summarize(df)
-    output = cfg.get("output")
     if output:
         path = Path(output)
         write_csv_atomic(df, path)  # never leave a half-written CSV behind

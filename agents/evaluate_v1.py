@@ -47,9 +47,9 @@ def evaluate_schedulers_v1(cfg: EnvConfig, schedulers: list[str], rounds: int | 
     split_model = SplitCostModel(cost.profile) if has_split else None
     rnds = make_rounds(cfg, rounds, seed, split=split) if isinstance(rounds, int) else list(rounds)
     users = [ed_users(split_model, rnd, cfg.max_gamma) if split_model is not None else None for rnd in rnds]
+    built = [(name, _scheduler(name, cost, cfg, draft_depth, seed, policy_path, **options)) for name in schedulers]  # all before any runs
     rows = []
-    for name in schedulers:
-        sched = _scheduler(name, cost, cfg, draft_depth, seed, policy_path, **options)
+    for name, sched in built:
         for r, rnd in enumerate(tqdm(rnds, desc=f"{name:>12}", disable=not progress, leave=False)):
             plan = sched.plan(rnd)
             depth = plan.ed_depth if plan.ed_depth is not None else np.zeros(rnd.num_users, dtype=np.int64)

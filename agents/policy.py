@@ -41,6 +41,8 @@ def algo_class(name: str):
 def resolve_policy_path(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """``path`` is a folder or its ``model.zip``; returns the zip and the policy metadata."""
     p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"policy_path {str(path)!r} does not exist (give a policy folder or its model.zip)")
     folder = p if p.is_dir() else p.parent
     model = p if p.suffix == ".zip" else folder / "model.zip"
     meta_path = folder / "policy.json"
@@ -48,7 +50,14 @@ def resolve_policy_path(path: str | Path) -> tuple[Path, dict[str, Any]]:
         raise FileNotFoundError(f"no policy model at {model}")
     if not meta_path.is_file():
         raise FileNotFoundError(f"no policy.json beside {model} (written by agents.train)")
-    return model, json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{meta_path} is not valid JSON ({exc})") from None
+    missing = [key for key in ("env",) if key not in meta] if isinstance(meta, dict) else ["env"]
+    if missing:
+        raise ValueError(f"{meta_path} lacks the key(s) {missing} (policy.json as agents.train writes it)")
+    return model, meta
 
 
 class PolicyScheduler(Scheduler):

@@ -315,8 +315,13 @@ def write_results(study: optuna.Study, cfg: dict[str, Any], argv: list[str] | No
     return info
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    cfg = load_search_config(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in args):  # key=value overrides, not flags: --help prints the usage and runs nothing
+        print(__doc__)
+        print(f"Keys (conf/tune/search.yaml): {', '.join(KEYS)}")
+        return None
+    cfg = load_search_config(args)
     study = run_study(cfg)
     info = write_results(study, cfg, sys.argv[1:] if argv is None else argv)
     print(f"[tune] {info['trials']} trials {info['counts']}; best {info.get('best_value')} (trial {info.get('best_number')}) -> {cfg['output']}", flush=True)

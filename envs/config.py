@@ -23,6 +23,25 @@ COMPLETIONS = ("batch", "own")
 SHARINGS = ("fixed", "work_conserving")
 REWARD_TIMINGS = ("admission", "episode_end")
 RTT_DISTRIBUTIONS = ("uniform", "loguniform")
+#: the radio fields' allowed ranges (a cell up to 100 km, power spectral densities and path losses
+#: of any real link, bandwidths up to 1 THz); fields in POSITIVE_CHANNEL_FIELDS must also be > 0
+CHANNEL_RANGES = {
+    "cell_radius_m": (0.0, 1.0e5),
+    "uplink_bandwidth_hz": (0.0, 1.0e12),
+    "downlink_bandwidth_hz": (0.0, 1.0e12),
+    "bits_per_token": (0.0, 1.0e6),
+    "uplink_psd_dbm_per_hz": (-300.0, 100.0),
+    "downlink_psd_dbm_per_hz": (-300.0, 100.0),
+    "noise_psd_dbm_per_hz": (-300.0, 100.0),
+    "path_loss_db_at_1km": (0.0, 500.0),
+    "path_loss_slope_db": (0.0, 200.0),
+}
+POSITIVE_CHANNEL_FIELDS = ("cell_radius_m", "uplink_bandwidth_hz", "downlink_bandwidth_hz", "bits_per_token")
+
+
+def _number(v: Any) -> bool:
+    """A real number that is not a bool (``True`` is an int to Python, never a radius); NaN fails every comparison."""
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 class ConfigError(ValueError):
@@ -92,31 +111,30 @@ class EnvConfig:
             raise bad("max_users", f"null or an integer in [1, {MAX_USERS_LIMIT}]", self.max_users)
         if not isinstance(self.profile, str) or not self.profile:
             raise bad("profile", "the name of a file in envs/profiles/ without .yaml", self.profile)
-        if self.memory_bytes is not None and not (isinstance(self.memory_bytes, int | float) and not isinstance(self.memory_bytes, bool)
-                                                  and self.memory_bytes > 0):
-            raise bad("memory_bytes", "null or a number > 0", self.memory_bytes)
+        if self.memory_bytes is not None and not (_number(self.memory_bytes) and 0 < self.memory_bytes < math.inf):
+            raise bad("memory_bytes", "null or a finite number > 0", self.memory_bytes)
         if not isinstance(self.max_gamma, int) or isinstance(self.max_gamma, bool) or not 1 <= self.max_gamma <= 32:
             raise bad("max_gamma", "an integer in [1, 32]", self.max_gamma)
         self.input_tokens = self._range("input_tokens", self.input_tokens, 1, 1 << 20, integer=True)
         self.output_tokens = self._range("output_tokens", self.output_tokens, 1, 1 << 20, integer=True)
         self.deadline_s = self._range("deadline_s", self.deadline_s, 1e-6, 1e6)
         self.alpha = self._range("alpha", self.alpha, 0.0, 1.0)
-        for name in ("cell_radius_m", "uplink_bandwidth_hz", "downlink_bandwidth_hz", "bits_per_token"):
+        # physical ranges, not just finiteness: a radius of 1e308 m overflowed its square at reset,
+        # and a PSD of 1e300 dBm/Hz or a path loss of 1e308 dB silently rejected every user
+        for name, (lo, hi) in CHANNEL_RANGES.items():
             v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise bad(name, "a finite number > 0", v)
-        if not (isinstance(self.min_distance_m, int | float) and 0 < self.min_distance_m < self.cell_radius_m):
+            if not (_number(v) and lo <= v <= hi) or (name in POSITIVE_CHANNEL_FIELDS and not v > 0):
+                interval = f"({lo:g}, {hi:g}]" if name in POSITIVE_CHANNEL_FIELDS else f"[{lo:g}, {hi:g}]"
+                raise bad(name, f"a number in {interval}", v)
+        if not (_number(self.min_distance_m) and 0 < self.min_distance_m < self.cell_radius_m):
             raise bad("min_distance_m", f"a number in (0, cell_radius_m={self.cell_radius_m})", self.min_distance_m)
-        for name in ("uplink_psd_dbm_per_hz", "downlink_psd_dbm_per_hz", "noise_psd_dbm_per_hz", "path_loss_db_at_1km", "path_loss_slope_db"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v)):
-                raise bad(name, "a finite number", v)
         for name in ("alpha_cv", "output_cv"):
             v = getattr(self, name)
-            if not (isinstance(v, int | float) and 0 <= v <= 2):
+            if not (_number(v) and 0 <= v <= 2):
                 raise bad(name, "a number in [0, 2]", v)
-        if self.output_tail_nu is not None and not (isinstance(self.output_tail_nu, int | float) and self.output_tail_nu > 2):
-            raise bad("output_tail_nu", "null (normal) or a number > 2 (finite variance)", self.output_tail_nu)
+        # finite: an infinite nu is the normal case (use null); inf itself broke the draws (chi / inf)
+        if self.output_tail_nu is not None and not (_number(self.output_tail_nu) and 2 < self.output_tail_nu < math.inf):
+            raise bad("output_tail_nu", "null (normal) or a finite number > 2 (finite variance)", self.output_tail_nu)
         if not isinstance(self.simulate_acceptance, bool):
             raise bad("simulate_acceptance", "true or false", self.simulate_acceptance)
         if self.kv_memory not in KV_MEMORY_MODELS:

@@ -195,6 +195,18 @@ def final_info(cfg: EnvConfig, cost: CostModel, gamma: int, z: float, lam: float
     }
 
 
+def reset_options(options: dict | None, key: str) -> dict:
+    """``reset(options=...)`` checked: None or a dict whose only key is ``key`` (a misspelt key would
+    otherwise be ignored and a random round played instead of the given one)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(f"reset(options=...) must be None or a dict with the key {key!r}, got {type(options).__name__}")
+    unknown = sorted(str(k) for k in options if k != key)
+    if unknown:
+        raise ValueError(f"reset(options=...) knows only the key {key!r}, got {unknown}")
+    return options
+
 RENDER_MODES = ["ansi", "rgb_array"]
 
 
@@ -258,8 +270,7 @@ class EdgeScheduleEnv(gym.Env):
         super().reset(seed=seed)
         if self._next_cost is not None:  # set_cost_model during the last episode
             self._use_cost_model()
-        options = options or {}
-        rnd = options.get("round")
+        rnd = reset_options(options, "round").get("round")
         if rnd is None:
             rnd = sample_round(self.np_random, self.cfg)
         elif not isinstance(rnd, Round) or rnd.num_users != self.cfg.num_users:

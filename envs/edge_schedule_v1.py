@@ -93,7 +93,7 @@ from gymnasium import spaces
 from envs.actions import action_index
 from envs.config import ConfigError, EnvConfig
 from envs.cost_model import CostModel, expected_tokens_per_iteration
-from envs.edge_schedule import UPLINK_SCALE_S
+from envs.edge_schedule import UPLINK_SCALE_S, reset_options
 from envs.observation_rows import batch_features, observation_rows
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan
@@ -253,7 +253,7 @@ class EdgeScheduleV1Env(gym.Env):
         super().reset(seed=seed)
         if self._next_cost is not None:  # set_cost_model during the last episode
             self._use_cost_model()
-        rnd = (options or {}).get("round")
+        rnd = reset_options(options, "round").get("round")
         if rnd is None:
             rnd = sample_round(self.np_random, self.cfg)
         elif not isinstance(rnd, Round) or rnd.num_users != self.cfg.num_users:

@@ -45,7 +45,9 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
 
     def __init__(self, num_envs: int = 8, **kwargs: Any):
-        kwargs.pop("render_mode", None)
+        render_mode = kwargs.pop("render_mode", None)  # gymnasium.make_vec passes None
+        if render_mode is not None:
+            raise ValueError(f"render_mode must be None: the v1 vector env has no render modes (render a scalar EdgeSchedule-v1), got {render_mode!r}")
         self.cfg, self.cost, self.split, _ = make_models(kwargs)
         if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:  # 2.5 or "3" is a mistake, not 2 or 3
             raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")

@@ -29,6 +29,7 @@ from envs.edge_schedule import (
     draw,
     final_info,
     observation_size,
+    reset_options,
 )
 from envs.plan import AD, REJECT, SD
 from envs.plan_builder import PlanBuilder
@@ -78,10 +79,12 @@ def vector_reset_inputs(num_envs: int, num_users: int, seed: int | list[int] | N
         if len(seeds) != num_envs:
             raise ValueError(f"reset(seed=...) needs {num_envs} seeds, got {len(seeds)}")
         rngs = [seeding.np_random(s)[0] for s in seeds]
-    rounds = (options or {}).get("rounds")
-    if rounds is not None and (len(rounds) != num_envs or any(r.num_users != num_users for r in rounds)):
-        raise ValueError(f"options['rounds'] must hold {num_envs} rounds of {num_users} users")
+    rounds = reset_options(options, "rounds").get("rounds")
+    if rounds is not None and (isinstance(rounds, str | bytes) or not hasattr(rounds, "__len__") or len(rounds) != num_envs
+                               or any(not isinstance(r, Round) or r.num_users != num_users for r in rounds)):
+        raise ValueError(f"options['rounds'] must be a list of {num_envs} Rounds of {num_users} users")
     return rngs, rounds
+
 
 
 class EdgeScheduleVectorEnv(VectorEnv):

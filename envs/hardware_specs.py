@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.profile_fields import ProfileError, positive_field, require_field
+from envs.profile_fields import ProfileError, positive_field, refuse_unknown, require_field
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,17 @@ class DeviceSpec:
     @classmethod
     def from_dict(cls, d: dict, where: str = "device.") -> DeviceSpec:
         w = where
-        return cls(
+        refuse_unknown(d, ("name", "memory_bytes", "bandwidth_bytes_per_s", "flops_per_s", "reserve_bytes"), w)
+        spec = cls(
             name=str(require_field(d, "name", w)),
             memory_bytes=positive_field(d, "memory_bytes", w),
             bandwidth_bytes_per_s=positive_field(d, "bandwidth_bytes_per_s", w),
             flops_per_s=positive_field(d, "flops_per_s", w),
             reserve_bytes=positive_field(d, "reserve_bytes", w, allow_zero=True),
         )
+        if spec.reserve_bytes >= spec.memory_bytes:  # nothing left for weights or KV: every user would be refused
+            raise ProfileError(f"profile field '{w}reserve_bytes' must be < memory_bytes ({spec.memory_bytes:g}), got {spec.reserve_bytes:g}")
+        return spec
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, d: dict, where: str) -> ModelSpec:
         w = f"{where}."
+        refuse_unknown(d, ("name", "params", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "head_dim", "vocab", "dtype_bytes"), w)
         spec = cls(
             name=str(require_field(d, "name", w)),
             params=positive_field(d, "params", w),

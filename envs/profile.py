@@ -41,7 +41,13 @@ from envs.latency import (
     RooflineLatency,
     table_latency,
 )
-from envs.profile_fields import ProfileError, axis_field, positive_field, require_field
+from envs.profile_fields import (
+    ProfileError,
+    axis_field,
+    positive_field,
+    refuse_unknown,
+    require_field,
+)
 
 #: the shipped profiles: package data of ``envs`` (so a plain ``pip install .`` has them), not a
 #: Hydra config group -- app configs name a profile by a string (``profile=NAME`` or ``profile=PATH``)
@@ -114,6 +120,7 @@ class NetworkSpec:
         w = "network."
         if not isinstance(d, dict):
             raise ProfileError("profile field 'network' must be a mapping with rtt_ms, bandwidth_bytes_per_s, bytes_per_draft_token, bytes_per_reply_token")
+        refuse_unknown(d, ("rtt_ms", "bandwidth_bytes_per_s", "bytes_per_draft_token", "bytes_per_reply_token", "request_overhead_bytes"), w)
         return cls(
             rtt_ms=positive_field(d, "rtt_ms", w, allow_zero=True),
             bandwidth_bytes_per_s=positive_field(d, "bandwidth_bytes_per_s", w),
@@ -140,6 +147,7 @@ class EdgeSpec:
     def from_dict(cls, d: dict, slm: ModelSpec) -> EdgeSpec:
         if not isinstance(d, dict):
             raise ProfileError("profile field 'edge' must be a mapping with device and latency")
+        refuse_unknown(d, ("device", "latency", "measured_on", "notes"), "edge.")
         device = DeviceSpec.from_dict(require_field(d, "device", "edge."), "edge.device.")
         lat = require_field(d, "latency", "edge.")
         source = require_field(lat, "source", "edge.latency.")
@@ -156,6 +164,11 @@ class EdgeSpec:
         else:
             raise ProfileError(f"profile field 'edge.latency.source' must be one of ['roofline', 'table'], got {source!r}")
         return cls(device, source, tau)
+
+
+#: a profile's top-level sections (``fit`` and ``derived_from``: provenance that runtime.profile and
+#: envs.split_profile write; read by people, not by the model)
+PROFILE_SECTIONS = ("name", "notes", "device", "llm", "slm", "latency", "engine", "measured_on", "calibration", "edge", "network", "fit", "derived_from")
 
 
 @dataclass(frozen=True)
@@ -197,6 +210,7 @@ class Profile:
     def from_dict(cls, d: dict, name: str = "") -> Profile:
         if not isinstance(d, dict):
             raise ProfileError("a profile must be a mapping with fields device, llm, slm, latency")
+        refuse_unknown(d, PROFILE_SECTIONS, "")
         device = DeviceSpec.from_dict(require_field(d, "device", ""))
         llm = ModelSpec.from_dict(require_field(d, "llm", ""), "llm")
         slm = ModelSpec.from_dict(require_field(d, "slm", ""), "slm")
@@ -299,7 +313,10 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if hit is not None and hit[0] == mtime_ns:
         return hit[1]
     with path.open() as fh:
-        data = yaml.safe_load(fh)
+        try:
+            data = yaml.safe_load(fh)
+        except yaml.YAMLError as exc:
+            raise ProfileError(f"profile {str(path)!r} is not valid YAML: {exc}") from None
     profile = Profile.from_dict(data, name=path.stem)
     _LOADED[path] = (mtime_ns, profile)
     return profile

@@ -19,9 +19,20 @@ def require_field(d: dict, key: str, where: str) -> Any:
     return d[key]
 
 
+def refuse_unknown(d: dict, known: tuple[str, ...], where: str) -> None:
+    """A :class:`ProfileError` naming any key of ``d`` not in ``known``: a misspelled optional key
+    (``request_overhed_bytes``) would otherwise be dropped and its field left at its default."""
+    unknown = sorted(str(k) for k in d if k not in known) if isinstance(d, dict) else []
+    if unknown:
+        section = f"section '{where.rstrip('.')}'" if where else "a profile's top level"
+        raise ProfileError(f"unknown profile field(s) {[where + k for k in unknown]}; {section} knows {sorted(known)}")
+
+
 def positive_field(d: dict, key: str, where: str, *, integer: bool = False, allow_zero: bool = False) -> float:
     """``d[key]`` as a finite number > 0 (>= 0 with ``allow_zero``; an int with ``integer``), else a :class:`ProfileError`."""
     value = require_field(d, key, where)
+    if isinstance(value, bool):  # YAML's true is an int to Python, never a count or a size
+        raise ProfileError(f"profile field '{where}{key}' must be a number, got {value!r}")
     try:
         num = float(value)
     except (TypeError, ValueError):

@@ -162,5 +162,8 @@ def write_split_profiles(directory: Path = PROFILE_DIR) -> list[Path]:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m envs.split_profile", description="Rewrite every envs/profiles/split_*.yaml (see the module docstring).").parse_args()
     for p in write_split_profiles():
         print(p)

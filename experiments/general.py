@@ -287,6 +287,25 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
     return "\n".join(lines)
 
 
+def int_list(p: argparse.ArgumentParser, name: str, text: str, low: int) -> list[int]:
+    """``text`` as comma-separated integers >= ``low``; a parser error naming ``name`` otherwise."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        p.error(f"{name} must be comma-separated integers, got {text!r}")
+    if not values or min(values) < low:
+        p.error(f"{name} must be integers >= {low}, got {text!r}")
+    return values
+
+
+def k_rounds(p: argparse.ArgumentParser, k_name: str, ks: str, rounds_name: str, rounds: str) -> list[tuple[int, int]]:
+    """``(K, rounds)`` pairs of two comma lists of equal length (K >= 1, rounds >= 1)."""
+    k_values, n_values = int_list(p, k_name, ks, 1), int_list(p, rounds_name, rounds, 1)
+    if len(k_values) != len(n_values):
+        p.error(f"{k_name} and {rounds_name} must have one entry each per K, got {len(k_values)} and {len(n_values)}")
+    return list(zip(k_values, n_values, strict=True))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m experiments.general", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "general")
@@ -306,11 +325,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--post-step", default="improve", choices=["improve", "improve_mixed", "none"],
                    help="post-step every policy runs on its plan (agents.plan_repair.improve, timed with it); the seeds without it are reported beside ('raw')")
     args = p.parse_args(argv)
+    # every argument is checked before anything is read, trained or written (a bad --ks once failed
+    # only after the shipped policy folder had been rewritten)
+    plan = [("paper", k, n) for k, n in k_rounds(p, "--ks", args.ks, "--rounds", args.rounds)]
+    if args.noisy_ks:
+        plan += [("noisy", k, n) for k, n in k_rounds(p, "--noisy-ks", args.noisy_ks, "--noisy-rounds", args.noisy_rounds)]
+    for setting, k, _ in plan:
+        try:
+            EnvConfig.from_kwargs(**{**ImitationConfig().env(k).to_dict(), **SETTINGS[setting]})
+        except ValueError as exc:
+            p.error(f"K = {k} ({setting}): {exc}")
+    timing_ks = int_list(p, "--timing-ks", args.timing_ks, 1) if args.timing_ks else []
+    bal = {}
+    for item in filter(None, args.balance_timing_rounds.split(",")):
+        k, sep, n = item.partition(":")
+        if not sep:
+            p.error(f"--balance-timing-rounds: items must be K:rounds, got {item!r}")
+        bal[int_list(p, "--balance-timing-rounds K", k, 1)[0]] = int_list(p, "--balance-timing-rounds rounds", n, 0)[0]
+    if args.timing_rounds < 1:
+        p.error(f"--timing-rounds must be >= 1, got {args.timing_rounds}")
+    if args.diagnose_k < 1 or args.diagnose_rounds < 0:
+        p.error(f"--diagnose-k must be >= 1 and --diagnose-rounds >= 0, got {args.diagnose_k} and {args.diagnose_rounds}")
+    if args.balance_only and args.cache is None:
+        p.error("--balance-only fills --cache: give --cache DIR")
     limit_threads(1)
     runs = seed_runs(args.runs) if not args.balance_only else []
-    plan = [("paper", int(k), int(n)) for k, n in zip(args.ks.split(","), args.rounds.split(","), strict=True)]
-    if args.noisy_ks:
-        plan += [("noisy", int(k), int(n)) for k, n in zip(args.noisy_ks.split(","), args.noisy_rounds.split(","), strict=True)]
     if args.balance_only:
         for setting, k, n in plan:
             cfg = EnvConfig.from_kwargs(**{**ImitationConfig().env(k).to_dict(), **SETTINGS[setting]})  # the policies' env (policy.json)
@@ -334,9 +373,8 @@ def main(argv: list[str] | None = None) -> None:
             seeds[-1]["raw_ratio_to_balance"] = across_seeds(summary.assign(scheduler=summary.scheduler.str.replace("raw s", "policy s", regex=False).where(summary.scheduler.str.startswith("raw s"), "x")))["ratio_to_balance"]
         print(f"[general] {setting} K={k}: {seeds[-1]} ({time.perf_counter() - start:.0f} s)", flush=True)
     per_seed_df, seeds_df = pd.concat(per_seed, ignore_index=True), pd.DataFrame(seeds)
-    bal = dict(kv.split(":") for kv in args.balance_timing_rounds.split(",")) if args.balance_timing_rounds else {}
     load_before = os.getloadavg()[0]
-    times = timing(args.policies, [int(k) for k in args.timing_ks.split(",")], args.timing_rounds, {int(k): int(v) for k, v in bal.items()})
+    times = timing(args.policies, timing_ks, args.timing_rounds, bal)
     load = f"1-minute load average {load_before:.1f} before the timing, {os.getloadavg()[0]:.1f} after ({os.cpu_count()} CPUs)"
     out = args.results
     write_csv_atomic(per_seed_df[COLS], out / "general.csv")

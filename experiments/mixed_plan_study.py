@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agents.artefacts import write_bytes_atomic, write_csv_atomic, write_text_atomic
+from agents.artefacts import check_writable, write_bytes_atomic, write_csv_atomic, write_text_atomic
 from agents.imitation import ImitationConfig
 from agents.mixed_repack import MIXED_DEPTH, MixedFamily, mixed_repack
 from agents.plan_repair import improve
@@ -105,9 +105,9 @@ def run(policy: Path, k: int, rounds: int, cache: Path | None, depths: list[int]
     cfg = env_for(policy, k, "paper")
     cost = CostModel.from_config(cfg)
     rnds = make_rounds(cfg, rounds, ImitationConfig().val_seed, split="validation")
-    bal = balance_plans(cfg, rnds, cache)
-    raw = PolicyScheduler(cost, cfg.max_gamma, path=policy)
+    raw = PolicyScheduler(cost, cfg.max_gamma, path=policy)  # loaded first: a broken policy fails before BALANCE's minutes
     raw.post_step = None
+    bal = balance_plans(cfg, rnds, cache)
     rows = []
     for i, rnd in enumerate(rnds):
         modes = bal[i]
@@ -161,9 +161,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache", type=Path, default=None, help="folder for BALANCE's plans (reused when present)")
     ap.add_argument("--out", type=Path, default=Path("results"))
     args = ap.parse_args(argv)
-    depths = [int(x) for x in args.depths.split(",") if x.strip()]
+    try:
+        depths = [int(x) for x in args.depths.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--depths must be comma-separated integers, got {args.depths!r}") from None
     if args.k < 1 or args.rounds < 1 or not depths or any(d < 1 for d in depths):
         raise SystemExit("--k and --rounds must be >= 1, --depths a list of draft depths >= 1")
+    try:
+        check_writable(args.out, "--out", directory=True)
+        max_gamma = env_for(args.policy, args.k, "paper").max_gamma
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(str(exc)) from None
+    if max(depths) > max_gamma:
+        raise SystemExit(f"--depths must lie in [1, {max_gamma}] (the policy's largest draft depth), got {args.depths!r}")
     import torch
 
     torch.set_num_threads(1)

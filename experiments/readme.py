@@ -239,7 +239,10 @@ def fill_sections(text: str, sections: dict) -> str:
     return text
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m experiments.readme", description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help: no rewrite
     readme = ROOT / "README.md"
     write_text_atomic(readme, fill_sections(readme.read_text(), SECTIONS))  # a reader never sees half a README
     print(f"updated {readme}")

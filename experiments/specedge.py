@@ -71,13 +71,14 @@ comparison with the published figures (and the figure) is :mod:`experiments.spec
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic
+from agents.artefacts import check_writable, save_figure_atomic, write_csv_atomic, write_text_atomic
 from envs.split_cost import PROACTIVE_GAINS, SERVER_ONLY_WIDTHS
 from experiments.specedge_hybrid import HYBRID_PROFILE, SEED, hybrid_rows, hybrid_summary
 from experiments.specedge_scorecard import (
@@ -220,8 +221,8 @@ def _list(text: str, name: str, cast, low) -> list:
         vals = [cast(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise SystemExit(f"--{name} must be comma-separated numbers, got {text!r}") from None
-    if not vals or min(vals) < low:
-        raise SystemExit(f"--{name} must hold numbers >= {low}, got {text!r}")
+    if not vals or not all(math.isfinite(v) and v >= low for v in vals):  # NaN and inf are not RTTs or fractions
+        raise SystemExit(f"--{name} must hold finite numbers >= {low}, got {text!r}")
     return vals
 
 
@@ -249,7 +250,15 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame | No
     command = "python -m experiments.specedge " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.report_only:
         return report_only(args.out, command.replace(" --report-only", "").strip())
+    try:
+        check_writable(args.out, "--out", directory=True)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if args.quick:
+        given = [flag for flag, dest in (("--rtts", "rtts"), ("--clients", "clients"), ("--ks", "ks"), ("--edge-fractions", "edge_fractions"),
+                                         ("--rounds", "rounds")) if getattr(args, dest) != ap.get_default(dest)]
+        if given:
+            raise SystemExit(f"--quick sets {', '.join(given)} itself: drop --quick or those flags")
         args.rtts, args.clients, args.ks, args.edge_fractions, args.rounds = "5,15,65", f"{HEADLINE_CLIENTS},{SWEEP_CLIENTS}", "10,20", "0,0.5", 3
     rtts = _list(args.rtts, "rtts", float, 0.0)
     clients = _list(args.clients, "clients", int, 1)

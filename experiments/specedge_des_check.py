@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
 from envs.profile import load_profile
 from envs.split_cost import DraftTree, SplitCostModel, SplitOptions, tree_shape
 from envs.split_des import simulate
@@ -237,6 +237,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = ap.parse_args(argv)
     if args.iterations < 10:
         raise SystemExit(f"--iterations must be >= 10, got {args.iterations}")
+    if not 0 <= args.seed < 2**32:
+        raise SystemExit(f"--seed must be an integer in [0, 2**32), got {args.seed}")
+    try:
+        check_writable(args.out, "--out", directory=True)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     cases = quick_cases() if args.quick else full_cases()
     df = run(cases, args.iterations, args.seed)
     jitter = None if args.quick else run_jitter(args.iterations, args.seed)

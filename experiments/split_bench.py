@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -76,7 +77,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
 from experiments.split_bench_analysis import (
     THROUGHPUT,
     THROUGHPUT_WORDS,
@@ -184,8 +185,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.throughput = args.throughput or ("cpu" if args.device == "cpu" else "busy")
     args.proactive = [p for p in args.proactive.split(",") if p]
-    if not args.rtt_ms or any(r < 0 for r in args.rtt_ms) or not set(args.proactive) <= {"on", "off"} or not args.proactive:
-        raise SystemExit("--rtt-ms needs values >= 0 and --proactive a list of on/off")
+    # finite checks: NaN passes no comparison, so "r < 0" alone let NaN and inf through
+    if not args.rtt_ms or not all(0 <= r < math.inf for r in args.rtt_ms) or not set(args.proactive) <= {"on", "off"} or not args.proactive:
+        raise SystemExit("--rtt-ms needs finite values >= 0 and --proactive a list of on/off")
+    if not (0 <= args.jitter_ms < math.inf and 0 < args.bandwidth_mbps < math.inf and 0 <= args.window_ms < math.inf and 0 < args.timeout_s < math.inf):
+        raise SystemExit("--jitter-ms and --window-ms must be finite numbers >= 0, --bandwidth-mbps and --timeout-s finite numbers > 0")
+    if args.depth != "auto" and not (args.depth.isdigit() and int(args.depth) >= 1):
+        raise SystemExit(f"--depth must be auto or an integer >= 1, got {args.depth!r}")
+    from runtime.pair import device_dtype_problem
+
+    for device, dtype in ((args.device, args.dtype), (args.edge_device or args.device, args.edge_dtype or args.dtype)):
+        if problem := device_dtype_problem(device, dtype):
+            raise SystemExit(problem)
+    if args.baseline is not None and not args.baseline.is_file():
+        raise SystemExit(f"--baseline must be an earlier run's baseline.csv, got {str(args.baseline)!r} (no such file)")
+    if args.pair is not None and not args.pair.is_dir():
+        raise SystemExit(f"--pair must be a built pair folder (target/ + draft/), got {str(args.pair)!r}")
+    try:
+        check_writable(args.out, "--out", directory=True)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     if not args.cohorts or min(args.cohorts) < 1 or not args.clients or min(args.clients) < 1 or args.requests < 1 or args.max_new_tokens < 2:
         raise SystemExit("--cohorts, --clients and --requests must be >= 1 and --max-new-tokens >= 2")
     args.sweep_clients = args.sweep_clients or max(args.clients)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import threading
 import time
@@ -102,8 +103,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.clients < 1 or args.requests < 1 or args.max_new_tokens < 1 or args.max_depth < 1:
         raise SystemExit("--clients, --requests, --max-new-tokens and --max-depth must be >= 1")
-    if args.rtt_ms < 0 or args.jitter_ms < 0 or args.bandwidth_mbps <= 0 or args.temperature < 0:
-        raise SystemExit("--rtt-ms, --jitter-ms and --temperature must be >= 0 and --bandwidth-mbps > 0")
+    # finite as well: NaN passes no comparison, so "< 0" alone let NaN and inf through
+    if not (0 <= args.rtt_ms < math.inf and 0 <= args.jitter_ms < math.inf and 0 < args.bandwidth_mbps < math.inf and 0 <= args.temperature <= 100):
+        raise SystemExit("--rtt-ms and --jitter-ms must be finite numbers >= 0, --bandwidth-mbps a finite number > 0 and --temperature in [0, 100]")
+    if not (0 < args.reply_timeout_s < math.inf and 0 < args.connect_timeout_s < math.inf):
+        raise SystemExit(f"--reply-timeout-s and --connect-timeout-s must be finite numbers > 0, got {args.reply_timeout_s} and {args.connect_timeout_s}")
+    host, sep, port = args.server.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise SystemExit(f"--server must be HOST:PORT with PORT in [1, 65535], got {args.server!r}")
     if args.placement == "on":
         if args.depth not in ("plan", "auto"):
             raise SystemExit(f"--depth must be plan or auto with --placement on, got {args.depth!r}")
@@ -295,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
 
     wall_s = run_clients(client, args.clients, "edge-client")
     write_reports(args, outcomes, wall_s, start)
+    if outcomes and all(out.outcome in ("error", "timeout") for out in outcomes):
+        # a script that checks the exit status learns that nothing was served (the reports say why)
+        raise SystemExit(f"[edge] every request failed ({len(outcomes)}); first error: {outcomes[0].error}")
 
 
 if __name__ == "__main__":

@@ -28,15 +28,18 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import math
 import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 
+from agents.artefacts import check_writable
 from envs.config import EnvConfig
 from envs.workload import round_rng, sample_round
 from runtime.admission import sent_header_value
@@ -175,11 +178,25 @@ def validate(cfg: dict) -> None:
     for key, lo in (("rounds", 1), ("users", 1), ("max_tokens_cap", 1)):
         if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool) or cfg[key] < lo:
             raise ValueError(f"loadgen '{key}' must be an integer >= {lo}, got {cfg.get(key)!r}")
+    seed = cfg.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise ValueError(f"loadgen 'seed' must be an integer in [0, 2**32), got {seed!r}")
+    # finite: an infinite time scale sent infinite deadlines, an infinite gap waited forever
     for key in ("time_scale", "token_scale", "timeout_s"):
-        if not isinstance(cfg.get(key), int | float) or not cfg[key] > 0:
-            raise ValueError(f"loadgen '{key}' must be a number > 0, got {cfg.get(key)!r}")
-    if not isinstance(cfg.get("round_gap_s"), int | float) or cfg["round_gap_s"] < 0:
-        raise ValueError(f"loadgen 'round_gap_s' must be a number >= 0, got {cfg.get('round_gap_s')!r}")
+        if not _number(cfg.get(key)) or not 0 < cfg[key] < math.inf:
+            raise ValueError(f"loadgen '{key}' must be a finite number > 0, got {cfg.get(key)!r}")
+    if not _number(cfg.get("round_gap_s")) or not 0 <= cfg["round_gap_s"] < math.inf:
+        raise ValueError(f"loadgen 'round_gap_s' must be a finite number >= 0, got {cfg.get('round_gap_s')!r}")
+    url = cfg.get("url")
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"loadgen 'url' must be an http(s)://HOST[:PORT] address, got {url!r}")
+    if cfg.get("output"):
+        check_writable(cfg["output"], "loadgen 'output'")
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _write_summary(path: Path, summary: pd.DataFrame) -> None:

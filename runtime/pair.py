@@ -125,6 +125,25 @@ class ModelPair:
         return next(self.target.parameters()).device
 
 
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def device_dtype_problem(device: str, dtype: str) -> str | None:
+    """Why ``device`` / ``dtype`` cannot hold a pair (None when they can): checked before a pair is
+    built or loaded, so a typo fails in a second rather than after the models load."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        return f"--device must be a torch device such as cpu, cuda or cuda:1, got {device!r}"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {device!r} requested but CUDA is not available"
+    if dev.type not in ("cpu", "cuda", "mps"):
+        return f"--device must be cpu, cuda[:N] or mps, got {device!r}"
+    if dtype not in DTYPES:
+        return f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
+    return None
+
+
 def load_pair(target_path: str | Path, draft_path: str | Path | None = None, device: str = "cpu", dtype: str = "float32") -> ModelPair:
     """Load a pair from local folders (``target_path`` may be a built pair's folder)."""
     from transformers import AutoModelForCausalLM

@@ -143,6 +143,12 @@ class ServeConfig:
         need(self.devices is None or (isinstance(self.devices, list | tuple) and len(self.devices) == 2 and all(isinstance(d, str) and d for d in self.devices)),
              "devices", "null or a list of two device names, e.g. [cuda:0, cuda:1]")
         need(isinstance(self.dtype, str) and self.dtype in ("float32", "float16", "bfloat16"), "dtype", "one of float32, float16, bfloat16")
+        # torch is imported only once the cheap checks have passed
+        from runtime.pair import device_dtype_problem
+
+        for name, dev in [("device", self.device)] + [("devices", d) for d in (self.devices or [])]:
+            need(isinstance(dev, str) and device_dtype_problem(dev, self.dtype) is None, name,
+                 "a torch device this machine has (cpu, cuda, cuda:N with CUDA available)")
         need((self.target is None) == (self.draft is None), "draft", "given together with 'target' (both or neither)")
         for name in ("pair", "target", "draft"):
             path = getattr(self, name)

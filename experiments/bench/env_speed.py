@@ -90,6 +90,29 @@ def vector_decisions_per_s(users: int, num_envs: int, seconds: float) -> float:
     return rate(step, seconds) * num_envs
 
 
+MAX_SECONDS = 3600.0  #: per measurement
+MAX_NUM_ENVS = 1 << 16  #: a vector env's sub-envs (memory grows with them)
+
+
+def check_speed_args(ap: argparse.ArgumentParser, users: int, num_envs: int, seconds: float, out: str | None, **env_kwargs) -> None:
+    """The speed benchmarks' arguments, checked before any measurement (``ap.error`` names the flag)."""
+    import math
+
+    from agents.artefacts import check_writable
+    from envs.config import ConfigError, EnvConfig
+
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        ap.error(f"--seconds must be a number in (0, {MAX_SECONDS:g}], got {seconds}")
+    if not 1 <= num_envs <= MAX_NUM_ENVS:
+        ap.error(f"--num-envs must be an integer in [1, {MAX_NUM_ENVS}], got {num_envs}")
+    try:
+        EnvConfig.from_kwargs(num_users=users, **env_kwargs)
+        if out:
+            check_writable(out, "--out")
+    except (ConfigError, ValueError) as exc:
+        ap.error(str(exc).replace("env config field 'num_users'", "--users").replace("env config field 'edge_fraction'", "--edge-fraction"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--users", type=int, default=50)
@@ -97,6 +120,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out", default=None, help="also write the table to this markdown file")
     args = ap.parse_args()
+    check_speed_args(ap, args.users, args.num_envs, args.seconds, args.out)
     cp = cartpole_steps_per_s(args.seconds)
     plain = edge_steps_per_s(args.users, args.seconds, with_masks=False)
     masked = edge_steps_per_s(args.users, args.seconds, with_masks=True)

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import envs  # noqa: E402
 from agents.artefacts import write_text_atomic  # noqa: E402
 from envs.edge_schedule_v1 import V1_DEFAULTS  # noqa: E402
-from experiments.bench.env_speed import cartpole_steps_per_s, rate  # noqa: E402
+from experiments.bench.env_speed import cartpole_steps_per_s, check_speed_args, rate  # noqa: E402
 
 
 def scalar_steps_per_s(env_id: str, seconds: float, with_masks: bool, **kwargs) -> float:
@@ -93,8 +93,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="run the whole set this many times; report medians (loaded hosts)")
     ap.add_argument("--out", default=None, help="also write the table to this markdown file (atomically)")
     args = ap.parse_args()
-    if args.users < 1 or args.num_envs < 1 or args.seconds <= 0 or not 0 <= args.edge_fraction <= 1 or args.repeats < 1:
-        ap.error("--users, --num-envs and --repeats must be >= 1, --seconds > 0, --edge-fraction in [0, 1]")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    check_speed_args(ap, args.users, args.num_envs, args.seconds, args.out, edge_fraction=args.edge_fraction)
     load_start = os.getloadavg()[0]
     runs = []
     for r in range(args.repeats):

@@ -19,10 +19,12 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
 
 
 def load_pair_from_args(args: argparse.Namespace):
-    from runtime.pair import PairQualityError, build_pair, load_pair
+    from runtime.pair import PairQualityError, build_pair, device_dtype_problem, load_pair
 
     if args.threads < 1:
         raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if problem := device_dtype_problem(args.device, args.dtype):
+        raise SystemExit(problem)
     if getattr(args, "cpus", None) is not None:
         from runtime.cpu_pinning import parse_cpus, pin_process
 
