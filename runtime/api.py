@@ -171,7 +171,8 @@ class ServeApp:
 
         def admit(req, ids: list[int], max_tokens: int, scope: dict) -> LiveRequest:
             if not 1 <= max_tokens <= cfg.max_tokens_limit:
-                raise BadRequest(400, f"'max_tokens' must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens}", "max_tokens")
+                field = req.limit_field()
+                raise BadRequest(400, f"'{field}' must be an integer in [1, {cfg.max_tokens_limit}], got {max_tokens}", field)
             live = LiveRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", prompt_ids=ids, max_tokens=max_tokens, arrival=scope.get(ARRIVAL_KEY) or time.monotonic(),
                                sent_lead_s=scope.get(SENT_LEAD_KEY, 0.0),
                                deadline_s=float(req.deadline_s if req.deadline_s is not None else cfg.default_deadline_s),

@@ -96,6 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--http-queue", type=int, default=16, help="with --listen: requests that may wait for a free client (more get 429)")
     ap.add_argument("--http-max-tokens", type=int, default=512, help="with --listen: the largest max_tokens a request may ask for")
     ap.add_argument("--http-max-prompt-tokens", type=int, default=2048, help="with --listen: the longest prompt, in tokens")
+    ap.add_argument("--http-header-timeout-s", type=float, default=10.0,
+                    help="with --listen: a connection without complete request headers after this long is closed")
     ap.add_argument("--profile", default=None, help="a split profile (NAME in envs/profiles or PATH): --depth auto starts at its calibrated depth")
     ap.add_argument("--alpha", type=float, default=0.7, help="with --profile: the acceptance the depth is calibrated at (and the controller's prior)")
     ap.add_argument("--log", type=Path, default=None, help="per-iteration JSON lines")
@@ -132,6 +134,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parse_listen(args.listen)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
+        if not 0 < args.http_header_timeout_s < math.inf:
+            raise SystemExit(f"--http-header-timeout-s must be a finite number > 0, got {args.http_header_timeout_s}")
         if args.http_queue < 0 or args.http_max_tokens < 1 or args.http_max_prompt_tokens < 1:
             raise SystemExit(f"--http-queue must be >= 0 (got {args.http_queue}), --http-max-tokens and --http-max-prompt-tokens >= 1 "
                              f"(got {args.http_max_tokens}, {args.http_max_prompt_tokens})")
@@ -256,8 +260,14 @@ def main(argv: list[str] | None = None) -> None:
     lock = threading.Lock()
     device_lock = threading.Lock() if args.shared_device == "on" else None  # this process's clients share one draft device
 
+    connected: set[int] = set()  #: clients that have reached the server once
+
     def new_link(i: int):
-        return DelayedLink(GrpcLink(args.server, args.connect_timeout_s), args.rtt_ms, args.jitter_ms, args.bandwidth_mbps, seed=args.seed + i)
+        # a client's first connection waits for a server that may still be starting; a reconnection
+        # (the server was there and went away) fails at once when refused, not after the timeout
+        link = GrpcLink(args.server, args.connect_timeout_s, fail_fast=i in connected)
+        connected.add(i)
+        return DelayedLink(link, args.rtt_ms, args.jitter_ms, args.bandwidth_mbps, seed=args.seed + i)
 
     def new_client(i: int, depth: int | DepthController) -> EdgeClient:
         return EdgeClient(pair.draft, new_link(i), depth=depth, proactive=args.proactive == "on", max_depth=args.max_depth,
@@ -270,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         depths = [depth_for(args, start) for _ in range(args.clients)]  # one controller per client, kept across reconnects
         t0 = time.perf_counter()
         pool = EdgePool(args.clients, lambda i: new_client(i, depths[i]), args.http_queue)
-        serve(args.listen, pool, tok, args.server, args.http_max_tokens, args.http_max_prompt_tokens)
+        serve(args.listen, pool, tok, args.server, args.http_max_tokens, args.http_max_prompt_tokens, header_timeout_s=args.http_header_timeout_s)
         write_reports(args, [out for _, out in pool.finished], time.perf_counter() - t0, start)
         return
 

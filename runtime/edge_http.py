@@ -17,7 +17,9 @@ server is gone or unreachable, 504 (``verification_timeout``) when no verdict ca
 depth, accepted drafts, queue wait, latency). A malformed request gets 400 naming the field, as on
 the server; ``top_p`` other than 1 is refused (the edge drafts with temperature only) and
 ``deadline_s`` is accepted and ignored (no planner here: the request runs as soon as a client is
-free). Bodies are limited as on the server (:class:`runtime.api.BodyLimits`: 413 / 408).
+free). Bodies are limited as on the server (:class:`runtime.api.BodyLimits`: 413 / 408), and so are headers
+(:mod:`runtime.header_timeout`: a connection without complete request headers after 10 s is closed).
+Requests still queued when the edge stops get 503 (``shutting_down``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from fastapi import Request as HTTPRequest  # module level: FastAPI resolves ann
 
 from runtime.api import BodyLimits
 from runtime.edge_pool import FINISHED, EdgeJob, EdgePool, Refused
+from runtime.header_timeout import header_timeout_protocol
 from runtime.metrics import ServeMetrics
 from runtime.openai_requests import (
     BadRequest,
@@ -55,7 +58,8 @@ from runtime.serve_config import ServeConfig
 from runtime.textstream import TextStream
 
 #: HTTP status and error code of a job that did not finish
-FAILED = {"error": (502, "verification_server_error"), "timeout": (504, "verification_timeout"), "cancelled": (499, "client_closed_request")}
+FAILED = {"error": (502, "verification_server_error"), "timeout": (504, "verification_timeout"), "cancelled": (499, "client_closed_request"),
+          "shutdown": (503, "shutting_down")}
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -88,7 +92,8 @@ class EdgeHTTP:
                 else:
                     ids, limit = self.encode(req.prompt, "prompt"), req.max_tokens
                 if not 1 <= limit <= max_tokens_limit:
-                    raise BadRequest(400, f"'max_tokens' must be an integer in [1, {max_tokens_limit}], got {limit} (--http-max-tokens)", "max_tokens")
+                    field = req.limit_field()
+                    raise BadRequest(400, f"'{field}' must be an integer in [1, {max_tokens_limit}], got {limit} (--http-max-tokens)", field)
                 loop = asyncio.get_running_loop()
                 job = EdgeJob(f"cmpl-{uuid.uuid4().hex[:16]}", ids, limit, req.temperature, req.seed if req.seed is not None else secrets.randbits(63),
                               TextStream(tokenizer.decode, req.stop_list()), loop, stream=req.stream, pieces=asyncio.Queue() if req.stream else None)
@@ -163,7 +168,8 @@ class EdgeHTTP:
 
 
 def serve(listen: str, pool: EdgePool, tokenizer, server: str, max_tokens_limit: int, max_prompt_tokens: int,
-          on_listening: Callable[[str], None] = lambda url: print(f"listening on {url}", flush=True), close_timeout_s: float = 30.0) -> EdgePool:
+          on_listening: Callable[[str], None] = lambda url: print(f"listening on {url}", flush=True), close_timeout_s: float = 30.0,
+          header_timeout_s: float = ServeConfig.header_timeout_s) -> EdgePool:
     """Serve the endpoint until SIGINT / SIGTERM, then close the pool (waiting jobs end with
     ``error``, running ones finish); returns the pool (its ``finished`` list holds every outcome)."""
     import uvicorn
@@ -172,7 +178,9 @@ def serve(listen: str, pool: EdgePool, tokenizer, server: str, max_tokens_limit:
     sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     bound = sock.getsockname()[1]
     app = EdgeHTTP(pool, tokenizer, server, max_tokens_limit, max_prompt_tokens)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=close_timeout_s, timeout_keep_alive=5)
+    # a connection that never completes its request headers is closed, as on the live server
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=close_timeout_s, timeout_keep_alive=5,
+                            http=header_timeout_protocol(header_timeout_s))
     on_listening(f"http://{host if ':' not in host else f'[{host}]'}:{bound}")  # the socket listens already: connections wait in its backlog
 
     class EdgeServer(uvicorn.Server):

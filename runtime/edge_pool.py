@@ -5,10 +5,15 @@ Each of the ``N`` edge clients is one thread holding its own :class:`~runtime.sp
 one :class:`EdgeJob` in one bounded queue; the first free client takes it, drafts for it, has it
 verified and ends it with exactly one outcome: ``length``, ``eos``, ``stop`` (a stop sequence),
 ``cancelled`` (its HTTP client went away: the client is freed at the next iteration), ``timeout``
-(no verdict within the reply timeout) or ``error`` (the server is gone or unreachable). After an
-error or a timeout the client opens a new stream for its next job (a late reply must not answer
-another request), as the prompt-list mode does. A full queue refuses at once (429), a closing
-pool too (503): nothing waits without bound.
+(no verdict within the reply timeout), ``error`` (the server is gone or unreachable) or
+``shutdown`` (still queued when the edge process stopped: 503). After an error or a timeout the
+client opens a new stream for its next job (a late reply must not answer another request), as the
+prompt-list mode does; so does a client whose idle stream has ended (the server restarted
+meanwhile), before it takes the job. A job whose stream fails before its first verdict has
+produced nothing, so it is tried once more on a new stream; a server that refuses the new
+connection fails it at once (``GrpcLink(fail_fast=True)`` for every reconnection), not after the
+connect timeout. A full queue refuses at once (429), a closing pool too (503): nothing waits
+without bound.
 
 Threads, not asyncio: drafting and the gRPC link are blocking; the HTTP side only waits for a
 job's ``done`` event and reads its stream pieces, which the worker hands over with
@@ -161,20 +166,30 @@ class EdgePool:
                 if job.cancelled.is_set():  # its HTTP client left while it waited
                     self._end(job, self._failed(job, "cancelled", "the HTTP client went away before a client was free"))
                     continue
-                if edge is None:
-                    try:
-                        edge = self.make_edge(i)
-                    except ConnectionError as exc:
-                        self._end(job, self._failed(job, "error", str(exc)))
-                        continue
-                try:
-                    out = edge.generate(job.prompt_ids, job.max_tokens, job.temperature, seed=job.seed, request_id=job.id, on_tokens=job.on_tokens)
-                except Exception as exc:  # noqa: BLE001 - a bug in one request must not kill the client thread
-                    out = self._failed(job, "error", f"{type(exc).__name__}: {exc}")
-                    edge.broken = True
-                if edge.broken:  # a late reply could answer the next request: a new stream first
+                # an idle client's stream may have died with a server that has since come back: a
+                # new stream now, not a failed request first (the link knows once its stream ended)
+                if edge is not None and getattr(edge.link, "dead", False):
                     edge.link.close()
                     edge = None
+                for attempt in (0, 1):
+                    if edge is None:
+                        try:
+                            edge = self.make_edge(i)
+                        except ConnectionError as exc:
+                            out = self._failed(job, "error", str(exc))
+                            break
+                    try:
+                        out = edge.generate(job.prompt_ids, job.max_tokens, job.temperature, seed=job.seed, request_id=job.id, on_tokens=job.on_tokens)
+                    except Exception as exc:  # noqa: BLE001 - a bug in one request must not kill the client thread
+                        out = self._failed(job, "error", f"{type(exc).__name__}: {exc}")
+                        edge.broken = True
+                    if edge.broken:  # a late reply could answer the next request: a new stream first
+                        edge.link.close()
+                        edge = None
+                    # a stream that failed before its first verdict produced nothing: the request is
+                    # tried once more on a new stream (the server may have restarted since the last job)
+                    if not (attempt == 0 and out.outcome == "error" and not out.iterations and not job.cancelled.is_set()):
+                        break
                 self._end(job, out)
             finally:
                 with self._lock:
@@ -183,7 +198,7 @@ class EdgePool:
             edge.link.close()
 
     def refuse(self) -> None:
-        """Refuse new jobs (503) and end the waiting ones with ``error``; running jobs go on."""
+        """Refuse new jobs (503) and end the waiting ones with ``shutdown`` (503); running jobs go on."""
         with self._lock:
             self.closing = True
         while True:
@@ -194,7 +209,7 @@ class EdgePool:
             if job is not None:
                 with self._lock:
                     self._waiting -= 1
-                self._end(job, self._failed(job, "error", "the edge process shut down before a client was free"))
+                self._end(job, self._failed(job, "shutdown", "the edge process shut down before a client was free"))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """:meth:`refuse`, then let the running jobs finish (each bounded by its client's reply

@@ -40,10 +40,15 @@ class BadRequest(Exception):
         self.status, self.param, self.code = status, param, code
 
 
+def _union_member(part: str) -> bool:
+    return "[" in part or part in ("str", "int", "float", "bool", "list", "dict", "none")
+
+
 def validation_message(err: ValidationError) -> tuple[str, str | None]:
     """The first validation error as ``(message naming the field, the field's dotted path)``."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int)) or None
+    # a union's member shows in the path as its type ("prompt.str", "stop.list[str]"): the field is the rest
+    loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, int) and not _union_member(str(p))) or None
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('msg')}", None
     if first.get("type") == "model_type" and not first.get("loc"):

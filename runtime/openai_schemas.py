@@ -35,7 +35,7 @@ class UnsupportedParameter(ValueError):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: bool = Field(False, strict=True)  # "yes" is not a yes
 
 
 class _Common(BaseModel):
@@ -44,9 +44,9 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow")  # extras are checked by name in check_supported (a 400 naming them)
 
     model: str | None = None
-    stream: bool = False
+    stream: bool = Field(False, strict=True)  # strict: "yes" or 1 is a malformed request, not a stream
     stream_options: StreamOptions | None = None
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    temperature: float = Field(0.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
@@ -56,11 +56,15 @@ class _Common(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v):
-        if isinstance(v, list) and (len(v) > 4 or any(not s for s in v)):
-            raise ValueError("at most 4 non-empty stop sequences")
-        if isinstance(v, str) and not v:
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(v)}")
+        if (isinstance(v, list) and any(not s for s in v)) or (isinstance(v, str) and not v):
             raise ValueError("a stop sequence must not be empty")
         return v
+
+    def limit_field(self) -> str:
+        """The request field that set the output token limit (named in a refusal)."""
+        return "max_tokens"
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -78,7 +82,7 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=1, strict=True)  # strict: true is not 1 token
 
     @field_validator("prompt")
     @classmethod
@@ -111,11 +115,14 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
 
     def token_limit(self) -> int:
         return self.max_completion_tokens or self.max_tokens or 16
+
+    def limit_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
 
 
 # ----------------------------------------------------------------------------------- responses

@@ -37,70 +37,22 @@ the cores (``torch`` threads = cores / 2 each, unless ``threads`` is set).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from envs.config import refuse_renamed_keys, refuse_renamed_overrides
 from runtime.api import ServeApp, create_app
 from runtime.executor import run_parallel, run_shared
+from runtime.header_timeout import header_timeout_protocol
 from runtime.rounds import RoundServer
 from runtime.serve_config import ServeConfig
 
 __all__ = ["ServeConfig", "ServeApp", "RoundServer", "SpecSchedServer", "create_app", "make_server", "run_parallel", "run_shared", "main"]
 
 GRACE_S = 2.0  #: after the rounds are done, connections get this long to send their last bytes
-HEADER_GRACE = 6  #: header_timeout_s periods a connection with unread bytes waiting may get (the loop is behind, not the client)
 
 
-def _unread_bytes_waiting(transport) -> bool:
-    """Whether the kernel holds bytes of this connection that the event loop has not read yet."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return False
-    try:
-        with socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:  # a duplicate: peeking leaves the data for the loop
-            return bool(dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except OSError:  # nothing waiting (EAGAIN), or the connection is gone
-        return False
-
-
-def _header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing a connection whose request headers are not complete in time
-    (uvicorn itself only times out idle keep-alive connections).
-
-    A connection whose bytes have arrived but wait unread behind a busy event loop (a burst of
-    thousands of requests) is not a slow client: it gets another period, at most ``HEADER_GRACE``
-    times, instead of being reset with its request unread."""
-
-    class HeaderTimeoutH11(H11Protocol):
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._header_periods = 1
-            self._header_timer = asyncio.get_running_loop().call_later(timeout_s, self._headers_late)
-
-        def _headers_late(self) -> None:
-            if self.cycle is not None:  # a request has started on this connection
-                return
-            if self._header_periods < HEADER_GRACE and _unread_bytes_waiting(self.transport):
-                self._header_periods += 1
-                self._header_timer = asyncio.get_running_loop().call_later(timeout_s, self._headers_late)
-                return
-            self.transport.close()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.cycle is not None:
-                self._header_timer.cancel()
-
-        def connection_lost(self, exc) -> None:
-            self._header_timer.cancel()
-            super().connection_lost(exc)
-
-    return HeaderTimeoutH11
 
 
 class SpecSchedServer(uvicorn.Server):
@@ -110,7 +62,7 @@ class SpecSchedServer(uvicorn.Server):
 
     def __init__(self, app: ServeApp, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
         cfg = app.cfg
-        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=_header_timeout_protocol(cfg.header_timeout_s),
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=header_timeout_protocol(cfg.header_timeout_s),
                                         timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5))
         self.serve_app = app
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -79,7 +80,8 @@ def edge_and_server(tmp_path: Path, *edge_args: str):
 @pytest.fixture(scope="module")
 def edge_url(tmp_path_factory):
     """One edge process for the module: 2 clients, at most 1 waiting request, 10 ms RTT."""
-    with edge_and_server(tmp_path_factory.mktemp("edge"), "--clients", "2", "--http-queue", "1", "--rtt-ms", "10", "--depth", "auto") as (url, _, _):
+    with edge_and_server(tmp_path_factory.mktemp("edge"), "--clients", "2", "--http-queue", "1", "--rtt-ms", "10", "--depth", "auto",
+                         "--http-header-timeout-s", "1") as (url, _, _):
         yield url
 
 
@@ -200,6 +202,26 @@ def test_a_killed_server_gives_error_answers_not_a_hang(tmp_path, pair):
         assert edge.wait(60) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["requests"] == 3 and summary["outcomes"] == {"length": 1, "error": 2}, summary["outcomes"]
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed_by_the_edge(edge_url):
+    """Without a header timeout such a connection stayed open for good (a red-team's find)."""
+    host, port = edge_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        assert s.recv(65536) == b""  # the edge closed it (a TimeoutError after 60 s would fail the test)
+
+
+@pytest.mark.parametrize("body, param", [({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "max_tokens": True}, "max_tokens"),
+                                         ({"prompt": [1, 2]}, "prompt"), ({"prompt": "x", "stop": [""]}, "stop")])
+def test_lax_values_are_refused_naming_the_field(edge_url, body, param):
+    r = httpx.post(f"{edge_url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_the_chat_token_limit_names_the_field_that_was_sent(edge_url):
+    r = httpx.post(f"{edge_url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100000}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens", r.text
 
 
 def test_bad_listen_arguments_fail_fast():

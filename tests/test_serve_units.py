@@ -246,7 +246,7 @@ def test_arrival_is_stamped_before_the_body_is_read():
 def test_header_timeout_tells_unread_bytes_from_a_silent_client():
     """Bytes the kernel holds but the (busy) event loop has not read yet mean the client did send:
     the header timeout gives such a connection more time instead of resetting it."""
-    from runtime.serve import _unread_bytes_waiting
+    from runtime.header_timeout import unread_bytes_waiting
 
     async def go():
         transports = []
@@ -265,11 +265,11 @@ def test_header_timeout_tells_unread_bytes_from_a_silent_client():
             await talker.drain()
             talker_port = talker.get_extra_info("sockname")[1]
             for _ in range(200):  # until both are accepted and the talker's bytes are in the kernel
-                if len(transports) == 2 and any(_unread_bytes_waiting(t) for t in transports):
+                if len(transports) == 2 and any(unread_bytes_waiting(t) for t in transports):
                     break
                 await asyncio.sleep(0.01)
             by_peer = {t.get_extra_info("peername")[1]: t for t in transports}
-            result = [_unread_bytes_waiting(by_peer[p]) for p in sorted(by_peer, key=lambda p: p == talker_port)]
+            result = [unread_bytes_waiting(by_peer[p]) for p in sorted(by_peer, key=lambda p: p == talker_port)]
             silent.close()
             talker.close()
             return result

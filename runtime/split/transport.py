@@ -37,6 +37,11 @@ class VerifierLink(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def dead(self) -> bool:
+        """Whether the link is known to be unusable (its stream ended): a new one is needed."""
+        ...
+
 
 def _failed(exc: BaseException) -> Future:
     fut: Future = Future()
@@ -64,21 +69,40 @@ class LocalLink:
     def close(self) -> None:
         self.batcher.leave(self.client)
 
+    @property
+    def dead(self) -> bool:
+        return False
+
 
 def _fields(req: VerifyRequest) -> tuple:
     return req.drafts, req.prompt, req.committed, req.temperature, req.seed
 
 
 class GrpcLink:
-    """One bidirectional stream to ``address`` (``host:port``)."""
+    """One bidirectional stream to ``address`` (``host:port``).
 
-    def __init__(self, address: str, connect_timeout_s: float = 10.0):
+    The connection is waited for up to ``connect_timeout_s`` (a server that is still starting);
+    with ``fail_fast`` a refused connection fails at once instead (a server that was there and is
+    gone: waiting out the timeout held an edge client, and every request queued behind it, for
+    the whole timeout per request)."""
+
+    def __init__(self, address: str, connect_timeout_s: float = 10.0, fail_fast: bool = False):
         self.channel = grpc.insecure_channel(address)
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
-        except grpc.FutureTimeoutError:
+        settled, last = threading.Event(), []
+
+        def watch(state: grpc.ChannelConnectivity) -> None:
+            last.append(state)
+            if state is grpc.ChannelConnectivity.READY or (fail_fast and state is grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+                settled.set()
+
+        self.channel.subscribe(watch, try_to_connect=True)
+        settled.wait(connect_timeout_s)
+        self.channel.unsubscribe(watch)
+        if not last or last[-1] is not grpc.ChannelConnectivity.READY:
             self.channel.close()
-            raise ConnectionError(f"no verification server at {address} within {connect_timeout_s} s") from None
+            if last and last[-1] is grpc.ChannelConnectivity.TRANSIENT_FAILURE and fail_fast:
+                raise ConnectionError(f"the verification server at {address} refused the connection")
+            raise ConnectionError(f"no verification server at {address} within {connect_timeout_s} s")
         self._outbox: queue.Queue = queue.Queue()
         self._pending: list[Future] = []
         self._lock = threading.Lock()
@@ -121,6 +145,12 @@ class GrpcLink:
         self._outbox.put(None)
         self._call.cancel()
         self.channel.close()
+
+    @property
+    def dead(self) -> bool:
+        """The stream has ended (the server went away, even while this link was idle)."""
+        with self._lock:
+            return self._broken is not None
 
 
 class _DelayLine:
@@ -201,6 +231,10 @@ class DelayedLink:
     def close(self) -> None:
         self._line.at(self._arrival(4, up=True), self.inner.close)
         self._line.stop_when_empty()
+
+    @property
+    def dead(self) -> bool:
+        return bool(getattr(self.inner, "dead", False))
 
 
 def _copy(src: Future, dst: Future) -> None:

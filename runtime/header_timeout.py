@@ -1,0 +1,64 @@
+"""Closing HTTP connections whose request headers do not arrive in time (slow or silent clients).
+
+uvicorn times out only idle keep-alive connections: a client that opens a connection and sends
+nothing, or half its headers, holds it (and a file descriptor) forever. Both HTTP entry points --
+the live server (:mod:`runtime.serve`) and the edge's local endpoint (:mod:`runtime.edge_http`) --
+run uvicorn with :func:`header_timeout_protocol`, so such a connection is closed after
+``timeout_s``. Its own module because both servers use it and neither should import the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEADER_GRACE = 6  #: header_timeout_s periods a connection with unread bytes waiting may get (the loop is behind, not the client)
+
+
+def unread_bytes_waiting(transport) -> bool:
+    """Whether the kernel holds bytes of this connection that the event loop has not read yet."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        with socket.fromfd(sock.fileno(), sock.family, sock.type) as dup:  # a duplicate: peeking leaves the data for the loop
+            return bool(dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing waiting (EAGAIN), or the connection is gone
+        return False
+
+
+def header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose request headers are not complete in time
+    (uvicorn itself only times out idle keep-alive connections).
+
+    A connection whose bytes have arrived but wait unread behind a busy event loop (a burst of
+    thousands of requests) is not a slow client: it gets another period, at most ``HEADER_GRACE``
+    times, instead of being reset with its request unread."""
+
+    class HeaderTimeoutH11(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._header_periods = 1
+            self._header_timer = asyncio.get_running_loop().call_later(timeout_s, self._headers_late)
+
+        def _headers_late(self) -> None:
+            if self.cycle is not None:  # a request has started on this connection
+                return
+            if self._header_periods < HEADER_GRACE and unread_bytes_waiting(self.transport):
+                self._header_periods += 1
+                self._header_timer = asyncio.get_running_loop().call_later(timeout_s, self._headers_late)
+                return
+            self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None:
+                self._header_timer.cancel()
+
+        def connection_lost(self, exc) -> None:
+            self._header_timer.cancel()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutH11
