@@ -19,7 +19,8 @@ the server; ``top_p`` other than 1 is refused (the edge drafts with temperature 
 ``deadline_s`` is accepted and ignored (no planner here: the request runs as soon as a client is
 free). Bodies are limited as on the server (:class:`runtime.api.BodyLimits`: 413 / 408), and so are headers
 (:mod:`runtime.header_timeout`: a connection without complete request headers after 10 s is closed).
-Requests still queued when the edge stops get 503 (``shutting_down``).
+Requests still queued when the edge stops get 503 (``shutting_down``). ``/health`` says ``ok``,
+``closing``, or ``server_unreachable`` (the last connection to the verification server failed).
 """
 
 from __future__ import annotations

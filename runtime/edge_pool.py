@@ -122,6 +122,9 @@ class EdgePool:
         self._waiting = 0  #: jobs submitted and not yet taken by a client
         self.busy = 0  #: clients running a job now
         self.closing = False
+        #: the verification server refused or did not answer the last (re)connection; cleared by the
+        #: next connection that succeeds (``health`` reports it: the edge itself is up either way)
+        self.server_unreachable = False
         self.finished: list[tuple[EdgeJob, RequestOutcome]] = []  #: every job's outcome, in the order they ended
         self.counts: dict[str, int] = {}
         self._threads = [threading.Thread(target=self._work, args=(i,), name=f"edge-http-client-{i}", daemon=True) for i in range(clients)]
@@ -130,7 +133,8 @@ class EdgePool:
 
     def health(self) -> dict:
         with self._lock:
-            return {"status": "closing" if self.closing else "ok", "clients": self.clients, "busy": self.busy, "queued": self._waiting,
+            status = "closing" if self.closing else ("server_unreachable" if self.server_unreachable else "ok")
+            return {"status": status, "clients": self.clients, "busy": self.busy, "queued": self._waiting,
                     "queue_limit": self.queue_size, "outcomes": dict(self.counts)}
 
     def submit(self, job: EdgeJob) -> None:
@@ -152,8 +156,11 @@ class EdgePool:
 
     @staticmethod
     def _failed(job: EdgeJob, outcome: str, reason: str) -> RequestOutcome:
+        """A job that ends without a generation; its latency runs from when a client took it (e.g.
+        a connection attempt), or from its arrival if none did."""
         now = time.time()
-        return RequestOutcome(job.id, len(job.prompt_ids), [], outcome, now, now, error=reason)
+        since = now - (time.monotonic() - (job.started_at if job.started_at is not None else job.queued_at))
+        return RequestOutcome(job.id, len(job.prompt_ids), [], outcome, since, now, error=reason)
 
     def _work(self, i: int) -> None:
         edge: EdgeClient | None = None
@@ -176,8 +183,10 @@ class EdgePool:
                         try:
                             edge = self.make_edge(i)
                         except ConnectionError as exc:
+                            self.server_unreachable = True
                             out = self._failed(job, "error", str(exc))
                             break
+                        self.server_unreachable = False
                     try:
                         out = edge.generate(job.prompt_ids, job.max_tokens, job.temperature, seed=job.seed, request_id=job.id, on_tokens=job.on_tokens)
                     except Exception as exc:  # noqa: BLE001 - a bug in one request must not kill the client thread

@@ -103,6 +103,24 @@ def test_a_stream_that_fails_before_its_first_verdict_is_retried_once_on_a_new_s
     assert len(made) == 3 and not made[2].script and pool.counts == {"length": 1, "error": 1}
 
 
+def test_health_says_when_the_verification_server_cannot_be_reached(loop):
+    up = [False]
+
+    def make_edge(i: int) -> FakeEdge:
+        if not up[0]:
+            raise ConnectionError("the verification server at 127.0.0.1:1 refused the connection")
+        return FakeEdge(["ok"])
+
+    pool = EdgePool(1, make_edge, queue_size=1)
+    try:
+        assert pool.health()["status"] == "ok"  # nothing tried yet
+        assert _run(pool, [_job(0, loop)])[0].outcome == "error" and pool.health()["status"] == "server_unreachable"
+        up[0] = True
+        assert _run(pool, [_job(1, loop)])[0].outcome == "length" and pool.health()["status"] == "ok"
+    finally:
+        pool.close(5.0)
+
+
 def test_jobs_still_queued_at_shutdown_end_with_shutdown_not_error(loop):
     release = threading.Event()
 
