@@ -135,13 +135,23 @@ def _train_round(env_cfg: EnvConfig, seed: int, stage: int, i: int):
 
 def collect(cfg: ImitationConfig, ks: list[int], rounds: list[int], out: Path, seed: int = 0) -> list[Path]:
     """Expert plans per K into ``out/plans_k{K}.npz`` (skipped when present): train stream ``seed``, stage = index of K."""
+    if len(ks) != len(rounds) or not ks or min(ks) < 1 or min(rounds) < 1 or not 0 <= seed < 2**32:
+        raise ValueError(f"collect needs one rounds count >= 1 per K >= 1 and a seed in [0, 2**32), got ks={ks}, rounds={rounds}, seed={seed}")
+    for k in ks:
+        cfg.env(k)  # K out of the env's range fails here, before any plan is computed
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for stage, (k, n) in enumerate(zip(ks, rounds, strict=True)):
         path = out / f"plans_k{k}.npz"
         paths.append(path)
         if path.is_file():
-            continue
+            with np.load(path) as old:
+                held = (old["modes"].shape, int(old["seed"]), int(old["stage"]), int(old["gamma"]))
+            if held == ((n, k), seed, stage, cfg.expert_gamma):
+                continue  # an earlier run's plans for exactly this request
+            # a file from another request (rounds, seed, stage or depth) must not be taken for this one
+            raise ValueError(f"{path} holds plans of another request ((rounds, K), seed, stage, gamma) = {held}, not "
+                             f"{((n, k), seed, stage, cfg.expert_gamma)}: move it away or collect into another --out")
         env_cfg = cfg.env(k)
         env = EdgeScheduleEnv(**env_cfg.to_dict())
         start = time.perf_counter()
@@ -308,10 +318,21 @@ def _main(argv: list[str] | None = None) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--epochs", type=int, default=ImitationConfig.epochs)
     args = p.parse_args(argv)
+    if not 0 <= args.seed < 2**32:
+        p.error(f"--seed must be an integer in [0, 2**32), got {args.seed}")
     limit_threads(1)
     if args.cmd == "collect":
-        collect(ImitationConfig(), [int(x) for x in args.ks.split(",")], [int(x) for x in args.rounds.split(",")], args.out, args.seed)
+        try:
+            ks, rounds = [int(x) for x in args.ks.split(",")], [int(x) for x in args.rounds.split(",")]
+        except ValueError:
+            p.error(f"--ks and --rounds must be comma-separated integers, got {args.ks!r} and {args.rounds!r}")
+        try:
+            collect(ImitationConfig(), ks, rounds, args.out, args.seed)
+        except ValueError as exc:
+            p.error(str(exc))
     else:
+        if args.epochs < 1:
+            p.error(f"--epochs must be >= 1, got {args.epochs}")
         print(train_bc(ImitationConfig(epochs=args.epochs), args.data, args.out, args.seed)["best_val_served_frac"])
 
 

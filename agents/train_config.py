@@ -9,6 +9,7 @@ experiments) do not reach into the loop's module for it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ class TrainConfig:
             if not ok:
                 raise TrainConfigError(f"train config '{name}' must be {allowed}, got {got!r}")
 
-        need("seed", isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0", self.seed)
+        need("seed", isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0, "an integer >= 0", self.seed)
         need("total_timesteps", isinstance(self.total_timesteps, int) and self.total_timesteps >= 1, "an integer >= 1", self.total_timesteps)
         need("n_envs", isinstance(self.n_envs, int) and 1 <= self.n_envs <= 4096, "an integer in [1, 4096]", self.n_envs)
         need("checkpoint_freq", self.checkpoint_freq is None or (isinstance(self.checkpoint_freq, int) and self.checkpoint_freq >= 0), "null (every 10 % of the run) or an integer >= 0 (0 = none)", self.checkpoint_freq)
@@ -117,6 +118,16 @@ class TrainConfig:
         need("eval.rounds", isinstance(self.eval.rounds, int) and self.eval.rounds >= 1, "an integer >= 1", self.eval.rounds)
         need("eval.freq", isinstance(self.eval.freq, int) and self.eval.freq >= 0, "an integer >= 0 (0 = only at the end)", self.eval.freq)
         need("eval.final_rounds", isinstance(self.eval.final_rounds, int) and self.eval.final_rounds >= 0, "an integer >= 0", self.eval.final_rounds)
+        # the final comparison's schedulers are known before training starts, not after it
+        from agents.registry import SCHEDULERS
+
+        finals = self.eval.final_schedulers
+        need("eval.final_schedulers", isinstance(finals, list) and all(isinstance(n, str) and n in SCHEDULERS for n in finals),
+             f"a list of scheduler names from {sorted(SCHEDULERS)}", finals)
+        hp = self.agent.hyperparams or {}
+        for name, ok, allowed in HYPERPARAM_RANGES:
+            if name in hp:
+                need(f"agent.hyperparams.{name}", ok(hp[name]), allowed, hp[name])
         need("curriculum", isinstance(self.curriculum, list) and all(isinstance(k, int) and 1 <= k <= self.env.num_users for k in self.curriculum), f"a list of round sizes in [1, env.num_users={self.env.num_users}]", self.curriculum)
         if self.curriculum and self.env.max_users is None:
             raise TrainConfigError("curriculum needs env.max_users set (a fixed look-ahead keeps the observation size the same across stages)")
@@ -126,6 +137,33 @@ class TrainConfig:
         wb = (self.logger or {}).get("wandb")
         if wb is not None:
             need("logger.wandb.mode", wb.get("mode") in WANDB_MODES, f"one of {list(WANDB_MODES)}", wb.get("mode"))
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+#: the SB3 hyperparameters a config may set, with their ranges (SB3 itself refuses some of them only
+#: mid-training, and accepts a discount of 2): name, check, allowed
+HYPERPARAM_RANGES = (
+    ("learning_rate", lambda v: _real(v) and v > 0, "a finite number > 0"),
+    ("gamma", lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    ("gae_lambda", lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    ("clip_range", lambda v: _real(v) and v > 0, "a finite number > 0"),
+    ("ent_coef", lambda v: _real(v) and v >= 0, "a finite number >= 0"),
+    ("vf_coef", lambda v: _real(v) and v >= 0, "a finite number >= 0"),
+    ("max_grad_norm", lambda v: _real(v) and v > 0, "a finite number > 0"),
+    ("n_steps", _count, "an integer >= 1"),
+    ("batch_size", _count, "an integer >= 1"),
+    ("n_epochs", _count, "an integer >= 1"),
+    ("buffer_size", _count, "an integer >= 1"),
+    ("learning_starts", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    ("exploration_fraction", lambda v: _real(v) and 0 <= v <= 1, "a number in [0, 1]"),
+)
 
 
 def _dataclass(cls, values: dict, where: str):

@@ -42,7 +42,7 @@ import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.artefacts import check_writable, save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
 from agents.evaluate import evaluate_schedulers, format_summary, summarize  # noqa: E402
 from agents.paired_stats import paired_difference, t_interval  # noqa: E402
 from agents.train import TrainConfig, train  # noqa: E402
@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OTHERS = ["balance", "ad_only", "sd_only", "greedy", "optimal"]  #: evaluated once; the policy once per seed
 SCHEDULERS = ["policy", *OTHERS]
 DEFAULT_SEEDS = "0,1,2,3,4"
+MAX_ROUNDS = 100_000  #: test rounds of the comparison (the exact optimum runs on every one)
 SEED_COLS = ["seed", "served_frac", "balance_served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "best_validation_ratio", "timesteps", "train_s"]
 #: ``seeds.csv``'s ``mean`` row: across-seed means, ``<col>_t_ci95`` (Student-t half-widths), and in
 #: ``diff_ci95_low/high`` / ``p_wilcoxon`` the seed-averaged policy's paired comparison over rounds
@@ -214,8 +215,13 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--publish", action="store_true", help="also write results/main_job.md (the README's copy)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for conf/train.yaml, e.g. total_timesteps=20000")
     args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if not 1 <= args.rounds <= MAX_ROUNDS:  # the rounds are built only after every seed has trained
+        ap.error(f"--rounds must be an integer in [1, {MAX_ROUNDS}], got {args.rounds}")
+    if args.out is not None:
+        try:
+            check_writable(args.out, "--out", directory=True)
+        except ValueError as exc:
+            ap.error(str(exc))
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as err:

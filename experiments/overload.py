@@ -28,6 +28,7 @@ the server decided rejections at the end (``runtime.admission``). Writes ``resul
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -39,10 +40,11 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from agents.artefacts import write_csv_atomic, write_text_atomic
+from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
 from experiments.sim_vs_real import ROOT, free_port, serve
 from runtime.loadgen import run as loadgen
 from runtime.pair import build_pair
+from runtime.serve_config import ServeConfig
 
 RESULTS = ROOT / "results"
 
@@ -115,6 +117,21 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--users must be integers in [1, 64] (the server's max_round)")
     if args.burst < 0 or args.hog < 0 or not args.hog_max_s > 0 or args.rounds < 1:
         raise SystemExit("--burst and --hog must be >= 0, --hog-max-s > 0, --rounds >= 1")
+    # everything the servers and the load generator will be given, checked before the pair is built
+    # (building it trains a model pair: minutes)
+    for name, value in (("--time-scale", args.time_scale), ("--burst-time-scale", args.burst_time_scale), ("--token-scale", args.token_scale),
+                        ("--window-s", args.window_s)):
+        if not 0 < value < math.inf:
+            raise SystemExit(f"{name} must be a finite number > 0, got {value}")
+    if args.threads < 1:
+        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if args.pair is not None and not args.pair.is_dir():
+        raise SystemExit(f"--pair must be a built pair folder (target/ + draft/), got {str(args.pair)!r}")
+    try:
+        ServeConfig(scheduler=args.scheduler, profile=args.profile, window_s=args.window_s, threads=args.threads).validate()
+        check_writable(args.out, "--out", directory=True)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     pair = args.pair or build_pair(recipe=args.pair_preset)
     env = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "env" / "paper.yaml"))
     runs = [(f"steady {u}/round", u, args.rounds, True, 0, args.time_scale) for u in loads]

@@ -9,6 +9,7 @@ or refused after writing (``experiments.general`` rewrote ``--policies`` before 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -277,3 +278,75 @@ def test_help_runs_nothing(capsys):
     with pytest.raises(SystemExit) as exc:
         readme_main(["--help"])  # printed the usage, rewrote no README
     assert exc.value.code == 0
+
+
+# ------------------------------------------------------------------------------- training side
+@pytest.mark.parametrize("over, field", [
+    ({"eval": {"final_schedulers": ["balance", "bogus"]}}, "eval.final_schedulers"),  # was refused after training
+    ({"agent": {"hyperparams": {"gamma": 2}}}, "agent.hyperparams.gamma"),  # was accepted
+    ({"agent": {"hyperparams": {"learning_rate": math.nan}}}, "agent.hyperparams.learning_rate"),
+    ({"agent": {"hyperparams": {"batch_size": 0}}}, "agent.hyperparams.batch_size"),
+    ({"agent": {"hyperparams": {"n_steps": -4}}}, "agent.hyperparams.n_steps"),
+    ({"seed": True}, "seed"),
+])
+def test_train_config_refuses_before_training(over, field):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from agents.train_config import TrainConfig, TrainConfigError
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"), version_base="1.3"):
+        raw = OmegaConf.to_container(compose(config_name="train"), resolve=True)
+    TrainConfig.from_dict(raw)  # the defaults pass
+    for key, value in over.items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                raw[key][sub] = {**raw[key][sub], **v} if isinstance(v, dict) else v
+        else:
+            raw[key] = value
+    with pytest.raises(TrainConfigError, match=f"'{field}' must be"):
+        TrainConfig.from_dict(raw)
+
+
+def test_imitation_collect_checks_its_request_and_never_reuses_another_requests_plans(tmp_path):
+    from agents.imitation import ImitationConfig, collect
+
+    cfg = ImitationConfig()
+    with pytest.raises(ValueError, match="one rounds count >= 1 per K"):
+        collect(cfg, [0], [1], tmp_path / "a")
+    with pytest.raises(ValueError, match="one rounds count >= 1 per K"):
+        collect(cfg, [6], [1, 2], tmp_path / "a")  # wrote plans_k6.npz before failing, once
+    assert not (tmp_path / "a").exists()
+    collect(cfg, [6], [2], tmp_path / "b")
+    collect(cfg, [6], [2], tmp_path / "b")  # the same request: the file is reused
+    with pytest.raises(ValueError, match="holds plans of another request"):
+        collect(cfg, [6], [3], tmp_path / "b")  # was silently reused: 2 rounds where 3 were asked for
+
+
+def test_overload_checks_every_flag_before_building_a_pair(monkeypatch, tmp_path):
+    import experiments.overload as overload
+
+    def built(*args, **kwargs):
+        raise AssertionError("a model pair was built before the bad flag was refused")
+
+    monkeypatch.setattr(overload, "build_pair", built)
+    for argv, words in ((["--scheduler", "bogus"], "'scheduler'"), (["--profile", "bogus"], "'profile'"), (["--time-scale", "-1"], "--time-scale"),
+                        (["--threads", "0"], "--threads")):
+        with pytest.raises(SystemExit, match=words):
+            overload.main(["--users", "8", "--rounds", "1", "--burst", "0", "--hog", "0", "--out", str(tmp_path / "o"), *argv])
+
+
+@pytest.mark.parametrize("module, argv, words", [
+    ("experiments.main", ["--rounds", "1000000000000"], "--rounds must be an integer in"),
+    ("experiments.paper", ["--seed=-1"], "--seed must be an integer"),
+    ("experiments.learned", ["--train-timesteps=-5", "--train-seeds", "0"], "--train-timesteps must be >= 1"),
+    ("experiments.optimality", ["--ks", "20", "--rounds", "1", "--time-limits", "nan", "--bound-steps", "0.02"], "--time-limits must be finite"),
+])
+def test_experiment_flags_are_refused_up_front(capsys, tmp_path, module, argv, words):
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(tmp_path / "out")])
+    assert exc.value.code != 0 and words in str(exc.value.code) + capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
