@@ -7,7 +7,6 @@ only onnxruntime. ``python -m agents.export DIR`` writes ``DIR/policy.onnx``.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +48,12 @@ class OnnxPolicy:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m agents.export POLICY_DIR")
-    print(export_onnx(sys.argv[1]))
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m agents.export", description="Export a trained policy folder's model.zip to ONNX (policy.onnx beside it).")
+    ap.add_argument("policy_dir", help="a policy folder (model.zip + policy.json) or its model.zip")
+    args = ap.parse_args()
+    try:
+        print(export_onnx(args.policy_dir))
+    except (FileNotFoundError, ValueError) as exc:  # a missing or malformed policy: one line, not a traceback
+        raise SystemExit(f"agents.export: {exc}") from None
