@@ -45,6 +45,15 @@ def check_writable(path: str | Path, field: str, directory: bool = False) -> Pat
     return path
 
 
+def require_writable(path: str | Path, flag: str, directory: bool = False) -> Path:
+    """:func:`check_writable` for a command line: its refusal ends the program (SystemExit with the
+    message naming ``flag``), before the command's work starts."""
+    try:
+        return check_writable(path, flag, directory)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def _tmp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.train_log import STDOUT_MODES, WANDB_MODES
-from envs.config import ConfigError, EnvConfig, refuse_renamed_keys, resolve_draft_depth
+from envs.config import ConfigError, EnvConfig, is_number, refuse_renamed_keys, resolve_draft_depth
 
 #: environments ``env.id`` may name: v0 (reject/AD/SD) and v1 (adds the SpecEdge split ED@g; agents/sb3_vec_env_v1.py)
 ENV_IDS = ("EdgeSchedule-v0", "EdgeSchedule-v1")
@@ -140,7 +140,7 @@ class TrainConfig:
 
 
 def _real(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return is_number(v) and math.isfinite(v)
 
 
 def _count(v: Any) -> bool:

@@ -39,7 +39,7 @@ CHANNEL_RANGES = {
 POSITIVE_CHANNEL_FIELDS = ("cell_radius_m", "uplink_bandwidth_hz", "downlink_bandwidth_hz", "bits_per_token")
 
 
-def _number(v: Any) -> bool:
+def is_number(v: Any) -> bool:
     """A real number that is not a bool (``True`` is an int to Python, never a radius); NaN fails every comparison."""
     return isinstance(v, int | float) and not isinstance(v, bool)
 
@@ -111,7 +111,7 @@ class EnvConfig:
             raise bad("max_users", f"null or an integer in [1, {MAX_USERS_LIMIT}]", self.max_users)
         if not isinstance(self.profile, str) or not self.profile:
             raise bad("profile", "the name of a file in envs/profiles/ without .yaml", self.profile)
-        if self.memory_bytes is not None and not (_number(self.memory_bytes) and 0 < self.memory_bytes < math.inf):
+        if self.memory_bytes is not None and not (is_number(self.memory_bytes) and 0 < self.memory_bytes < math.inf):
             raise bad("memory_bytes", "null or a finite number > 0", self.memory_bytes)
         if not isinstance(self.max_gamma, int) or isinstance(self.max_gamma, bool) or not 1 <= self.max_gamma <= 32:
             raise bad("max_gamma", "an integer in [1, 32]", self.max_gamma)
@@ -123,17 +123,17 @@ class EnvConfig:
         # and a PSD of 1e300 dBm/Hz or a path loss of 1e308 dB silently rejected every user
         for name, (lo, hi) in CHANNEL_RANGES.items():
             v = getattr(self, name)
-            if not (_number(v) and lo <= v <= hi) or (name in POSITIVE_CHANNEL_FIELDS and not v > 0):
+            if not (is_number(v) and lo <= v <= hi) or (name in POSITIVE_CHANNEL_FIELDS and not v > 0):
                 interval = f"({lo:g}, {hi:g}]" if name in POSITIVE_CHANNEL_FIELDS else f"[{lo:g}, {hi:g}]"
                 raise bad(name, f"a number in {interval}", v)
-        if not (_number(self.min_distance_m) and 0 < self.min_distance_m < self.cell_radius_m):
+        if not (is_number(self.min_distance_m) and 0 < self.min_distance_m < self.cell_radius_m):
             raise bad("min_distance_m", f"a number in (0, cell_radius_m={self.cell_radius_m})", self.min_distance_m)
         for name in ("alpha_cv", "output_cv"):
             v = getattr(self, name)
-            if not (_number(v) and 0 <= v <= 2):
+            if not (is_number(v) and 0 <= v <= 2):
                 raise bad(name, "a number in [0, 2]", v)
         # finite: an infinite nu is the normal case (use null); inf itself broke the draws (chi / inf)
-        if self.output_tail_nu is not None and not (_number(self.output_tail_nu) and 2 < self.output_tail_nu < math.inf):
+        if self.output_tail_nu is not None and not (is_number(self.output_tail_nu) and 2 < self.output_tail_nu < math.inf):
             raise bad("output_tail_nu", "null (normal) or a finite number > 2 (finite variance)", self.output_tail_nu)
         if not isinstance(self.simulate_acceptance, bool):
             raise bad("simulate_acceptance", "true or false", self.simulate_acceptance)

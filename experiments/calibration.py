@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agents.artefacts import check_writable
+from agents.artefacts import require_writable
 from agents.evaluate import evaluate_schedulers
 from envs.config import EnvConfig
 from envs.cost_model import CostModel, sd_iterations
@@ -69,10 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
-    try:
-        check_writable(args.out, "--out", directory=True)
-    except ValueError as exc:
-        ap.error(str(exc))
+    require_writable(args.out, "--out", directory=True)
     start = time.perf_counter()
     lat, mem = fig1()
     wl = workload(args.rounds)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
+from agents.artefacts import require_writable, write_csv_atomic, write_text_atomic
 from agents.evaluate import evaluate_schedulers, summarize
 from agents.paired_stats import t_interval
 from agents.policy import resolve_policy_path
@@ -147,10 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.train_timesteps is not None and args.train_timesteps < 1:
         ap.error(f"--train-timesteps must be >= 1, got {args.train_timesteps}")
     for flag, folder in (("--train-dir", args.train_dir), ("--out", args.out)):
-        try:
-            check_writable(folder, flag, directory=True)
-        except ValueError as exc:
-            ap.error(str(exc))
+        require_writable(folder, flag, directory=True)
     seeds = None
     if args.train_seeds is not None:
         try:

@@ -42,7 +42,12 @@ import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from agents.artefacts import check_writable, save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.artefacts import (  # noqa: E402
+    require_writable,
+    save_figure_atomic,
+    write_csv_atomic,
+    write_text_atomic,
+)
 from agents.evaluate import evaluate_schedulers, format_summary, summarize  # noqa: E402
 from agents.paired_stats import paired_difference, t_interval  # noqa: E402
 from agents.train import TrainConfig, train  # noqa: E402
@@ -218,10 +223,7 @@ def main(argv: list[str] | None = None) -> Path:
     if not 1 <= args.rounds <= MAX_ROUNDS:  # the rounds are built only after every seed has trained
         ap.error(f"--rounds must be an integer in [1, {MAX_ROUNDS}], got {args.rounds}")
     if args.out is not None:
-        try:
-            check_writable(args.out, "--out", directory=True)
-        except ValueError as exc:
-            ap.error(str(exc))
+        require_writable(args.out, "--out", directory=True)
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError as err:

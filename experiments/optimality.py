@@ -33,7 +33,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agents.artefacts import check_writable, write_bytes_atomic, write_csv_atomic, write_text_atomic
+from agents.artefacts import (
+    require_writable,
+    write_bytes_atomic,
+    write_csv_atomic,
+    write_text_atomic,
+)
 from agents.balance import Balance
 from agents.optimal import Optimal
 from envs.config import EnvConfig
@@ -231,10 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--bound-steps must be in (0, 1], got {args.bound_steps!r}")
     if not all(0 < t < float("inf") for t in limits):  # NaN fails the comparison too
         raise SystemExit(f"--time-limits must be finite numbers > 0, got {args.time_limits!r}")
-    try:
-        check_writable(Path(args.out).with_suffix(".csv"), "--out")
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    require_writable(Path(args.out).with_suffix(".csv"), "--out")
     policies = [ROOT / p.strip() for p in args.policies.split(",") if p.strip()]
     policies = [p for p in policies if (p / "model.zip").is_file()]
     policy_ks = tuple(_ints(args.policy_ks, "policy-ks")) if policies else ()

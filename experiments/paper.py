@@ -34,7 +34,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from agents.artefacts import check_writable, save_figure_atomic, write_csv_atomic, write_text_atomic  # noqa: E402
+from agents.artefacts import (  # noqa: E402
+    require_writable,
+    save_figure_atomic,
+    write_csv_atomic,
+    write_text_atomic,
+)
 from agents.evaluate import evaluate_schedulers  # noqa: E402
 from agents.paired_stats import paired_difference  # noqa: E402
 from envs.config import EnvConfig  # noqa: E402
@@ -278,10 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--rounds must be >= 1")
     if not 0 <= args.seed < 2**32:
         raise SystemExit(f"--seed must be an integer in [0, 2**32), got {args.seed}")
-    try:
-        check_writable(args.out, "--out", directory=True)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    require_writable(args.out, "--out", directory=True)
     args.out.mkdir(parents=True, exist_ok=True)
     base_env = EnvConfig().to_dict()
     for name in names:

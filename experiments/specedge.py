@@ -78,7 +78,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from agents.artefacts import check_writable, save_figure_atomic, write_csv_atomic, write_text_atomic
+from agents.artefacts import (
+    require_writable,
+    save_figure_atomic,
+    write_csv_atomic,
+    write_text_atomic,
+)
 from envs.split_cost import PROACTIVE_GAINS, SERVER_ONLY_WIDTHS
 from experiments.specedge_hybrid import HYBRID_PROFILE, SEED, hybrid_rows, hybrid_summary
 from experiments.specedge_scorecard import (
@@ -250,10 +255,7 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame | No
     command = "python -m experiments.specedge " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.report_only:
         return report_only(args.out, command.replace(" --report-only", "").strip())
-    try:
-        check_writable(args.out, "--out", directory=True)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    require_writable(args.out, "--out", directory=True)
     if args.quick:
         given = [flag for flag, dest in (("--rtts", "rtts"), ("--clients", "clients"), ("--ks", "ks"), ("--edge-fractions", "edge_fractions"),
                                          ("--rounds", "rounds")) if getattr(args, dest) != ap.get_default(dest)]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
+from agents.artefacts import require_writable, write_csv_atomic, write_text_atomic
 from envs.profile import load_profile
 from envs.split_cost import DraftTree, SplitCostModel, SplitOptions, tree_shape
 from envs.split_des import simulate
@@ -239,10 +239,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         raise SystemExit(f"--iterations must be >= 10, got {args.iterations}")
     if not 0 <= args.seed < 2**32:
         raise SystemExit(f"--seed must be an integer in [0, 2**32), got {args.seed}")
-    try:
-        check_writable(args.out, "--out", directory=True)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    require_writable(args.out, "--out", directory=True)
     cases = quick_cases() if args.quick else full_cases()
     df = run(cases, args.iterations, args.seed)
     jitter = None if args.quick else run_jitter(args.iterations, args.seed)

@@ -77,7 +77,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
+from agents.artefacts import require_writable, write_csv_atomic, write_text_atomic
 from experiments.split_bench_analysis import (
     THROUGHPUT,
     THROUGHPUT_WORDS,
@@ -201,10 +201,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit(f"--baseline must be an earlier run's baseline.csv, got {str(args.baseline)!r} (no such file)")
     if args.pair is not None and not args.pair.is_dir():
         raise SystemExit(f"--pair must be a built pair folder (target/ + draft/), got {str(args.pair)!r}")
-    try:
-        check_writable(args.out, "--out", directory=True)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    require_writable(args.out, "--out", directory=True)
     if not args.cohorts or min(args.cohorts) < 1 or not args.clients or min(args.clients) < 1 or args.requests < 1 or args.max_new_tokens < 2:
         raise SystemExit("--cohorts, --clients and --requests must be >= 1 and --max-new-tokens >= 2")
     args.sweep_clients = args.sweep_clients or max(args.clients)

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from agents.artefacts import check_writable
-from envs.config import EnvConfig
+from envs.config import EnvConfig, is_number
 from envs.workload import round_rng, sample_round
 from runtime.admission import sent_header_value
 from runtime.lean_http import post_json
@@ -183,9 +183,9 @@ def validate(cfg: dict) -> None:
         raise ValueError(f"loadgen 'seed' must be an integer in [0, 2**32), got {seed!r}")
     # finite: an infinite time scale sent infinite deadlines, an infinite gap waited forever
     for key in ("time_scale", "token_scale", "timeout_s"):
-        if not _number(cfg.get(key)) or not 0 < cfg[key] < math.inf:
+        if not is_number(cfg.get(key)) or not 0 < cfg[key] < math.inf:
             raise ValueError(f"loadgen '{key}' must be a finite number > 0, got {cfg.get(key)!r}")
-    if not _number(cfg.get("round_gap_s")) or not 0 <= cfg["round_gap_s"] < math.inf:
+    if not is_number(cfg.get("round_gap_s")) or not 0 <= cfg["round_gap_s"] < math.inf:
         raise ValueError(f"loadgen 'round_gap_s' must be a finite number >= 0, got {cfg.get('round_gap_s')!r}")
     url = cfg.get("url")
     parts = urlsplit(url) if isinstance(url, str) else None
@@ -194,9 +194,6 @@ def validate(cfg: dict) -> None:
     if cfg.get("output"):
         check_writable(cfg["output"], "loadgen 'output'")
 
-
-def _number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _write_summary(path: Path, summary: pd.DataFrame) -> None:
