@@ -33,7 +33,9 @@ steps/s logged (``time/fps``); ``threads`` torch threads (default 1: see ``agent
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -249,6 +251,20 @@ def train(raw: dict, out: str | Path, wrap_validation: Callable[[Callable], Call
     return summary
 
 
+def discard_refused_run_folder(out: Path) -> None:
+    """Remove what Hydra made in ``out`` for a run refused before it started: its ``.hydra/`` record
+    and empty logs, then ``out`` itself if that leaves it empty. Anything else in ``out`` (a folder
+    the user named, a resumed run's artefacts) is left as it is, and so is ``out``."""
+    others = [p for p in out.iterdir() if not (p.name == ".hydra" or (p.suffix == ".log" and p.is_file() and p.stat().st_size == 0))] if out.is_dir() else [None]
+    if others:
+        return
+    shutil.rmtree(out / ".hydra", ignore_errors=True)
+    for log in out.glob("*.log"):
+        log.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()
+
+
 def _main() -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -268,6 +284,12 @@ def _main() -> None:
             raw["resume"] = "auto"  # a preempted or timed-out job is requeued into the same folder: continue it
         # conf/train.yaml makes Hydra's run folder output_dir, so .hydra/ and train.log land there too
         out = hc.runtime.output_dir
+        if hc.mode == RunMode.RUN:
+            try:
+                TrainConfig.from_dict(raw)  # train() checks it again; here a refusal is one line, not a traceback
+            except TrainConfigError as err:
+                discard_refused_run_folder(Path(out))
+                raise SystemExit(f"agents.train: error: {err}") from None
         summary = train(raw, out)
         print(f"trained {summary['timesteps']} steps in {summary['train_s']:.0f} s -> {out}")
         if "table" in summary:

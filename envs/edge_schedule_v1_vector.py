@@ -28,7 +28,7 @@ from envs.edge_schedule_v1 import (
     make_models,
     observation_size,
 )
-from envs.edge_schedule_vector import vector_reset_inputs
+from envs.edge_schedule_vector import check_num_envs, vector_reset_inputs
 from envs.plan import AD, ED, REJECT, SD
 from envs.split_builder import SplitPlanBuilder
 from envs.split_final_batch import batchable, final_infos
@@ -49,9 +49,7 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         if render_mode is not None:
             raise ValueError(f"render_mode must be None: the v1 vector env has no render modes (render a scalar EdgeSchedule-v1), got {render_mode!r}")
         self.cfg, self.cost, self.split, _ = make_models(kwargs)
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:  # 2.5 or "3" is a mistake, not 2 or 3
-            raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
-        self.num_envs = int(num_envs)
+        self.num_envs = check_num_envs(num_envs, self.cfg.num_users)
         g, k = self.cfg.max_gamma, self.cfg.num_users
         self._na = 2 + 2 * g
         self.single_action_space = spaces.Discrete(self._na)

@@ -70,6 +70,21 @@ def encode_rounds(cfg: EnvConfig, cost: CostModel, builder: PlanBuilder, data: R
     return obs
 
 
+#: the most user slots (num_envs x num_users) a vector env holds: its per-slot state is tens of bytes
+#: in several arrays, so this is already gigabytes; beyond it numpy's MemoryError would not name the field
+MAX_USER_SLOTS = 1 << 27
+
+
+def check_num_envs(num_envs: Any, num_users: int) -> int:
+    """``num_envs`` as an int, or ValueError naming the field and its allowed range."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:  # 2.5 or "3" is a mistake, not 2 or 3
+        raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
+    top = max(1, MAX_USER_SLOTS // max(num_users, 1))
+    if num_envs > top:
+        raise ValueError(f"num_envs must be in [1, {top:,}] at num_users={num_users} (num_envs x num_users <= {MAX_USER_SLOTS:,}: memory), got {num_envs:,}")
+    return int(num_envs)
+
+
 def vector_reset_inputs(num_envs: int, num_users: int, seed: int | list[int] | None, options: dict | None) -> tuple[list[np.random.Generator] | None, list[Round] | None]:
     """A vector env's ``reset(seed=, options=)`` checked: one generator per sub-env (``seed + i``, or
     the given list; None without a seed) and the given ``options["rounds"]`` (None if absent)."""
@@ -106,9 +121,7 @@ class EdgeScheduleVectorEnv(VectorEnv):
         self._same_step = autoreset_mode == "same_step"
         self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.SAME_STEP if self._same_step else AutoresetMode.NEXT_STEP}
         self.cfg = EnvConfig.from_kwargs(**kwargs)
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:  # 2.5 or "3" is a mistake, not 2 or 3
-            raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
-        self.num_envs = int(num_envs)
+        self.num_envs = check_num_envs(num_envs, self.cfg.num_users)
         self.cost = CostModel.from_config(self.cfg)
         self.single_action_space = spaces.Discrete(2 + self.cfg.max_gamma)
         self.single_observation_space = spaces.Box(0.0, 1.0, shape=(observation_size(self.cfg),), dtype=np.float32)

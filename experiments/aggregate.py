@@ -36,6 +36,29 @@ from agents.paired_stats import t_interval  # noqa: E402
 
 REFERENCE = "balance"
 TEST_SEED = 1000003  #: agents.train's default eval.seed, for runs whose policy.json predates the streams
+class RunFolderError(ValueError):
+    """A run folder's file that cannot be read (corrupt CSV or JSON); the message names the file."""
+
+
+def read_json(path: Path) -> dict:
+    """``path`` parsed as a JSON object, or :class:`RunFolderError` naming it."""
+    try:
+        meta = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunFolderError(f"{path}: not a readable JSON file ({err})") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(f"{path}: must hold a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    """``path`` read by pandas, or :class:`RunFolderError` naming it (pandas' own errors do not)."""
+    try:
+        return pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise RunFolderError(f"{path}: not a readable CSV file ({type(err).__name__}: {err})") from None
+
+
 RUN_COLS = ["group", "seed", "run", "test_rounds", "served_frac", "balance_served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "best_validation_ratio", "timesteps"]
 
 
@@ -53,13 +76,18 @@ def find_runs(folder: Path) -> list[Path]:
 
 
 def run_seed(run: Path) -> int:
-    return int(json.loads((run / "policy.json").read_text()).get("seed", -1))
+    return int(read_json(run / "policy.json").get("seed", -1))
 
 
 def run_overrides(run: Path) -> dict[str, str]:
     """The run's Hydra command-line overrides (``.hydra/overrides.yaml``) as key -> value, without ``seed``."""
     path = run / ".hydra" / "overrides.yaml"
-    items = yaml.safe_load(path.read_text()) if path.is_file() else []
+    try:
+        items = yaml.safe_load(path.read_text()) if path.is_file() else []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise RunFolderError(f"{path}: not a readable YAML file ({err})") from None
+    if items is not None and not isinstance(items, list):
+        raise RunFolderError(f"{path}: must hold a list of overrides, got {type(items).__name__}")
     pairs = (str(o).split("=", 1) for o in items or [])
     return {k.lstrip("+~"): v for k, v in ((p[0], p[1] if len(p) > 1 else "") for p in pairs) if k.lstrip("+~") != "seed"}
 
@@ -80,7 +108,7 @@ def learning_curve(run: Path) -> pd.DataFrame:
     cols = ["time/total_timesteps", "eval/ratio_to_balance"]
     if not path.is_file():
         return pd.DataFrame(columns=["timesteps", "ratio_to_balance"])
-    prog = pd.read_csv(path)
+    prog = read_csv(path)
     if not set(cols) <= set(prog.columns):
         return pd.DataFrame(columns=["timesteps", "ratio_to_balance"])
     curve = prog.dropna(subset=cols)[cols].drop_duplicates(subset=[cols[0]], keep="last").sort_values(cols[0])
@@ -89,12 +117,15 @@ def learning_curve(run: Path) -> pd.DataFrame:
 
 def run_row(run: Path, evaluation: pd.DataFrame | None = None, policy: str = "policy", group: str = "all") -> dict:
     """One run's test-stream comparison with BALANCE (from ``eval.csv`` unless ``evaluation`` is given)."""
-    meta = json.loads((run / "policy.json").read_text())
+    meta = read_json(run / "policy.json")
     row: dict = {"group": group, "seed": int(meta.get("seed", -1)), "run": run.name}
     curve = learning_curve(run)
     row["best_validation_ratio"] = float(curve.ratio_to_balance.max()) if len(curve) else np.nan
     row["timesteps"] = int(curve.timesteps.max()) if len(curve) else np.nan
-    df = evaluation if evaluation is not None else (pd.read_csv(run / "eval.csv") if (run / "eval.csv").is_file() else None)
+    df = evaluation if evaluation is not None else (read_csv(run / "eval.csv") if (run / "eval.csv").is_file() else None)
+    need = {"scheduler", "round", "served", "num_users"}  # what agents.evaluate.summarize reads
+    if df is not None and not need <= set(df.columns):
+        raise RunFolderError(f"{run / 'eval.csv'}: needs the columns {sorted(need)} (agents.evaluate's CSV), got {list(df.columns)[:8]}")
     if df is None or not {policy, REFERENCE} <= set(df.scheduler):
         return row
     s = summarize(df[df.scheduler.isin([policy, REFERENCE])], reference=REFERENCE).set_index("scheduler")
@@ -168,7 +199,7 @@ def evaluate_runs(runs: list[Path], rounds: int, progress: bool = True) -> dict[
     balance: dict[str, pd.DataFrame] = {}
     out = {}
     for run in runs:
-        meta = json.loads((run / "policy.json").read_text())
+        meta = read_json(run / "policy.json")
         seed = int(meta.get("streams", {}).get("test", {}).get("seed", TEST_SEED))
         cfg = EnvConfig.from_kwargs(**meta["env"])
         key = json.dumps([meta["env"], seed], sort_keys=True)
@@ -188,12 +219,13 @@ def aggregate(folder: Path, out: Path | None = None, test_rounds: int = 0) -> tu
     """
     runs = find_runs(folder)
     out = Path(out) if out else Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
     labels, common = group_labels(runs)
     evals = evaluate_runs(runs, test_rounds) if test_rounds > 0 else {}
+    # every run is read before anything is written: a corrupt file leaves no half-made aggregate
+    rows = pd.DataFrame([run_row(r, evaluation=evals.get(r), group=g) for r, g in zip(runs, labels, strict=True)])
+    out.mkdir(parents=True, exist_ok=True)
     if evals:
         write_csv_atomic(pd.concat([df.assign(run=r.name) for r, df in evals.items()], ignore_index=True), out / "aggregate_eval.csv")
-    rows = pd.DataFrame([run_row(r, evaluation=evals.get(r), group=g) for r, g in zip(runs, labels, strict=True)])
     means = across_seeds(rows)
     curves: dict[str, list[tuple[int, pd.DataFrame]]] = {}
     for r, (_, row) in zip(runs, rows.iterrows(), strict=True):
@@ -216,7 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.test_rounds < 0:
         ap.error(f"--test-rounds must be >= 0, got {args.test_rounds}")
-    rows, means = aggregate(args.folder, args.out, test_rounds=args.test_rounds)
+    try:
+        rows, means = aggregate(args.folder, args.out, test_rounds=args.test_rounds)
+    except (FileNotFoundError, RunFolderError) as err:
+        raise SystemExit(f"experiments.aggregate: error: {err}") from None
     print(markdown(rows, means))
     print(f"wrote {(args.out or args.folder) / 'aggregate.csv'}, .md, .png")
 

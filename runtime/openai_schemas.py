@@ -82,7 +82,9 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
-    max_tokens: int = Field(16, ge=1, strict=True)  # strict: true is not 1 token
+    # strict: true is not 1 token. No lower bound here: the server's own range check answers
+    # with both ends, [1, its configured limit] (runtime.api / runtime.edge_http)
+    max_tokens: int = Field(16, strict=True)
 
     @field_validator("prompt")
     @classmethod
@@ -115,14 +117,18 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, strict=True)
-    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
+    max_tokens: int | None = Field(None, strict=True)  # range checked by the server (see CompletionRequest)
+    max_completion_tokens: int | None = Field(None, strict=True)
 
     def token_limit(self) -> int:
-        return self.max_completion_tokens or self.max_tokens or 16
+        """``max_completion_tokens`` if sent (it supersedes ``max_tokens``), else ``max_tokens``, else 16;
+        a sent 0 stays 0 so that the range check refuses it."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens if self.max_tokens is not None else 16
 
     def limit_field(self) -> str:
-        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
 
 # ----------------------------------------------------------------------------------- responses

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from experiments.aggregate import aggregate, find_runs, group_labels
+from experiments.aggregate import aggregate, find_runs, group_labels, main
 
 
 def _fake_run(folder: Path, seed: int, algo: str, gain: float, rounds: int = 40) -> Path:
@@ -55,6 +55,24 @@ def test_missing_folder_is_clear(tmp_path):
         find_runs(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="no training runs"):
         find_runs(tmp_path)
+
+
+@pytest.mark.parametrize(("name", "content", "words"), [("eval.csv", "scheduler,round\nx,1\nx,1,2,3\n", "eval.csv: not a readable CSV"),
+                                                      ("eval.csv", "", "eval.csv: not a readable CSV"),
+                                                      ("eval.csv", "a,b\n1,2\n", "eval.csv: needs the columns"),
+                                                      ("progress.csv", "a,b\n1,2\n1,2,3,4\n", "progress.csv: not a readable CSV"),
+                                                      ("policy.json", "{seed: 0", "policy.json: not a readable JSON"),
+                                                      (".hydra/overrides.yaml", "[seed=0", "overrides.yaml: not a readable YAML")])
+def test_a_corrupt_run_file_is_named_and_nothing_is_written(tmp_path, name, content, words):
+    # pandas' / json's own errors named no file; the aggregate used to be half-written by then
+    runs = tmp_path / "multirun"
+    for seed in range(2):
+        _fake_run(runs / f"s{seed}", seed, "ppo", 0.1)
+    (runs / "s1" / name).write_text(content)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=words):
+        main([str(runs), "--out", str(out)])
+    assert not out.exists()
 
 
 def test_aggregate_evaluates_runs_without_eval_csv(tmp_path):

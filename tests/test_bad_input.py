@@ -69,6 +69,14 @@ def test_vector_reset_options_are_checked(env_id):
     venv.reset(seed=0)
 
 
+@pytest.mark.parametrize("env_id", ["EdgeSchedule-v0", "EdgeSchedule-v1"])
+@pytest.mark.parametrize("num_envs", [10**9, 0, 2.5, True])
+def test_vector_env_refuses_a_num_envs_out_of_range(env_id, num_envs):
+    # 10**9 used to reach numpy as a MemoryError that named no field
+    with pytest.raises(ValueError, match="num_envs must be"):
+        gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", num_users=5)
+
+
 def test_the_v1_vector_env_refuses_a_render_mode():
     with pytest.raises(ValueError, match="render_mode must be None"):
         gym.make_vec("EdgeSchedule-v1", num_envs=2, vectorization_mode="vector_entry_point", num_users=5, render_mode="ansi")
@@ -306,6 +314,23 @@ def test_train_config_refuses_before_training(over, field):
             raw[key] = value
     with pytest.raises(TrainConfigError, match=f"'{field}' must be"):
         TrainConfig.from_dict(raw)
+
+
+def test_a_refused_train_config_is_one_line_and_leaves_no_run_folder(tmp_path):
+    # Hydra made the run folder (.hydra/, an empty train.log) before the check, then printed a traceback
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agents.train", "logger=disabled", "agent.hyperparams.gamma=2", f"output_dir={out}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode != 0 and "'agent.hyperparams.gamma' must be" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists()
+    keep = tmp_path / "mine"  # a folder with the user's own files is left as it is
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    r = subprocess.run(cmd[:-1] + [f"output_dir={keep}"], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode != 0 and (keep / "notes.txt").read_text() == "mine"
 
 
 def test_imitation_collect_checks_its_request_and_never_reuses_another_requests_plans(tmp_path):

@@ -136,6 +136,8 @@ def test_a_malformed_request_gets_400_naming_the_field(edge_url, body, param):
     r = httpx.post(f"{edge_url}/v1/completions", json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and param in r.json()["error"]["message"]
+    if param == "max_tokens":  # the allowed range with both ends, the upper one the configured limit
+        assert "[1, " in r.json()["error"]["message"], r.text
 
 
 def test_chat_without_messages_and_a_body_that_is_not_json_get_400(edge_url):

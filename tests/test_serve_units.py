@@ -139,6 +139,15 @@ def test_supported_parameters_pass():
     assert body == {"error": {"message": "no", "type": "rate_limit_error", "param": None, "code": "rejected"}}
 
 
+@pytest.mark.parametrize(("body", "limit", "field"), [({"max_completion_tokens": 0, "max_tokens": 5}, 0, "max_completion_tokens"),
+                                                     ({"max_tokens": 0}, 0, "max_tokens"), ({"max_tokens": -3}, -3, "max_tokens"),
+                                                     ({}, 16, "max_tokens"), ({"max_tokens": 7}, 7, "max_tokens")])
+def test_chat_token_limit_keeps_a_sent_zero_for_the_range_check(body, limit, field):
+    # a sent 0 must reach the server's range check (which names [1, limit]), not fall back to a default
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **body})
+    assert chat.token_limit() == limit and chat.limit_field() == field
+
+
 def test_bad_config_fails_fast_before_any_model_is_loaded():
     start = time.monotonic()
     for overrides, field in (({"scheduler": "nosuch"}, "scheduler"), ({"profile": "nosuch"}, "profile"), ({"window_s": 0}, "window_s"),
