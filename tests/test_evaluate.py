@@ -47,7 +47,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from agents.evaluate import summarize  # noqa: E402
-from agents.paired_stats import paired_difference, t_interval  # noqa: E402
+from agents.paired_stats import EXACT_MAX, paired_difference, signed_rank_p, t_interval  # noqa: E402
 
 fracs = st.lists(st.integers(0, 20), min_size=2, max_size=40).map(lambda v: np.array(v) / 20)
 
@@ -91,6 +91,51 @@ def test_pairing_finds_what_overlapping_cis_hide():
     assert s.loc["policy", "diff_ci95_low"] > 0 and s.loc["policy", "p_wilcoxon"] < 1e-6
     assert s.loc["policy", "diff_vs_balance"] == pytest.approx((a - b).mean())
     assert np.isnan(s.loc["balance", "diff_vs_balance"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=60), st.integers(1, 500))
+def test_signed_rank_p_does_not_depend_on_the_scale_of_served_counts(diffs, k):
+    # served fractions a/K - b/K of equal integer differences differ in the last bit: they must tie
+    a = np.array(diffs) + 10
+    b = np.full(len(diffs), 10)
+    assert signed_rank_p(a / k - b / k) == pytest.approx(signed_rank_p((a - b).astype(float)), rel=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=12))
+def test_signed_rank_p_is_the_exact_sign_flip_p_value(diffs):
+    # brute force: every sign pattern of the non-zero differences, mid-ranks with ties, zeros dropped
+    import itertools
+
+    from scipy import stats
+
+    d = np.array(diffs, dtype=float)
+    x = d[d != 0]
+    if len(x) == 0:
+        assert signed_rank_p(d) == 1.0
+        return
+    r = stats.rankdata(np.abs(x))
+    t = r[x > 0].sum()
+    ts = np.array([np.dot(r, s) for s in itertools.product((0, 1), repeat=len(x))])
+    exact = min(1.0, 2 * min(np.mean(ts <= t + 1e-9), np.mean(ts >= t - 1e-9)))
+    assert signed_rank_p(d) == pytest.approx(exact, rel=1e-9)
+
+
+def test_signed_rank_p_adversarial_cases():
+    from scipy import stats
+
+    few = np.zeros(50)
+    few[:5] = 1 / 70  # 5 of 50 rounds one user apart: the normal approximation said 0.025
+    assert signed_rank_p(few) == pytest.approx(2 / 2**5)
+    assert signed_rank_p(np.array([0.0, 0.0, 0.2])) == 1.0  # one round differs: no evidence
+    assert signed_rank_p(np.zeros(7)) == 1.0 and np.isnan(signed_rank_p(np.array([1.0, np.nan])))
+    x = np.random.default_rng(0).normal(0.3, 1.0, size=30)  # no ties, no zeros: scipy's exact test
+    assert signed_rank_p(x) == pytest.approx(stats.wilcoxon(x, method="exact").pvalue, rel=1e-9)
+    big = np.random.default_rng(1).integers(-3, 4, size=3 * EXACT_MAX).astype(float)  # past EXACT_MAX: the normal approximation
+    assert signed_rank_p(big) == pytest.approx(stats.wilcoxon(big[big != 0], method="approx").pvalue)
+    inf = paired_difference(np.array([1.0, np.inf]), np.zeros(2))
+    assert np.isnan(inf.ci_low) and np.isnan(inf.p_value)
 
 
 def test_paired_difference_rejects_unpaired_samples():
