@@ -37,6 +37,7 @@ class Exhaustive(Scheduler):
     """The exact optimum by complete search; for K <= ``max_users`` (default 16)."""
 
     name = "exhaustive"
+    max_users = 16
 
     def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, max_users: int = 16, time_limit_s: float = 60.0, warm_start: bool = True):
         super().__init__(cost, max_gamma, draft_depth, seed)

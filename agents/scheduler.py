@@ -21,6 +21,9 @@ class Scheduler(ABC):
     """Decides a plan for a round of users from their predictions."""
 
     name: str = "scheduler"
+    #: the largest round (users) the scheduler can decide; None: any. Exhaustive searches set it, so
+    #: that a server can refuse a round size it would fail on before it starts (runtime.serve_config)
+    max_users: int | None = None
 
     def __init__(self, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None):
         """``cost`` prices plans; ``max_gamma`` is the largest draft depth a plan may use (tokens);

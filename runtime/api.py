@@ -123,6 +123,11 @@ class BodyLimits:
                         break
         except TimeoutError:
             return await _send_json(counted, 408, error_body(408, f"request body not complete within body_timeout_s={self.cfg.body_timeout_s}", code="body_timeout"), close=True)
+        except asyncio.CancelledError:
+            # uvicorn cancels a request still sending its body when the shutdown grace ends: answer it
+            # as the queued ones are (503 shutting_down), not with uvicorn's plain-text 500 and an
+            # error log. The task ends here, which is what the cancellation asked for.
+            return await _send_json(counted, 503, error_body(503, "the server is shutting down; the request body was not complete", code="shutting_down"), close=True)
         if size > limit:
             return await _send_json(counted, 413, error_body(413, f"request body over the limit of {limit} bytes (max_body_bytes)", code="body_too_large"), close=True)
         body, given = b"".join(chunks), False
@@ -188,10 +193,10 @@ class ServeApp:
                 if chat:
                     req = parse_request(ChatCompletionRequest, body)
                     ids = encode(chat_prompt(tokenizer, chat_messages(req)), "messages")
-                    live = admit(req, ids, req.token_limit(), request.scope)
+                    live = admit(req, ids, req.token_limit(cfg.max_tokens_limit), request.scope)
                 else:
                     req = parse_request(CompletionRequest, body)
-                    live = admit(req, encode(req.prompt, "prompt"), req.max_tokens, request.scope)
+                    live = admit(req, encode(req.prompt, "prompt"), req.token_limit(cfg.max_tokens_limit), request.scope)
             except BadRequest as err:
                 return error_response(err.status, str(err), err.param, err.code)
             except Refused as err:

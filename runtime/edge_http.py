@@ -89,9 +89,9 @@ class EdgeHTTP:
             try:
                 req = self.parse(ChatCompletionRequest if chat else CompletionRequest, await request.body())
                 if chat:
-                    ids, limit = self.encode(chat_prompt(tokenizer, chat_messages(req)), "messages"), req.token_limit()
+                    ids, limit = self.encode(chat_prompt(tokenizer, chat_messages(req)), "messages"), req.token_limit(max_tokens_limit)
                 else:
-                    ids, limit = self.encode(req.prompt, "prompt"), req.max_tokens
+                    ids, limit = self.encode(req.prompt, "prompt"), req.token_limit(max_tokens_limit)
                 if not 1 <= limit <= max_tokens_limit:
                     field = req.limit_field()
                     raise BadRequest(400, f"'{field}' must be an integer in [1, {max_tokens_limit}], got {limit} (--http-max-tokens)", field)

@@ -35,16 +35,27 @@ def header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
 
     A connection whose bytes have arrived but wait unread behind a busy event loop (a burst of
     thousands of requests) is not a slow client: it gets another period, at most ``HEADER_GRACE``
-    times, instead of being reset with its request unread."""
+    times, instead of being reset with its request unread.
+
+    Every request on a kept-alive connection is timed, not only the first: after a response, the
+    first byte that arrives starts the clock for the next request's headers (uvicorn cancels its
+    keep-alive timer on any byte, so a client sending half a second request, or trickling the body
+    of a GET the app answered without reading it, would otherwise hold the connection for good).
+    An idle kept-alive connection is left to uvicorn's keep-alive timeout."""
 
     class HeaderTimeoutH11(H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self._armed_cycle = None  # the request cycle when the clock started: a different one means a request began
+            self._await_next = False  # a response is complete: the next byte starts the clock
+            self._arm()
+
+        def _arm(self) -> None:
             self._header_periods = 1
             self._header_timer = asyncio.get_running_loop().call_later(timeout_s, self._headers_late)
 
         def _headers_late(self) -> None:
-            if self.cycle is not None:  # a request has started on this connection
+            if self.cycle is not self._armed_cycle:  # a request has started since the clock started
                 return
             if self._header_periods < HEADER_GRACE and unread_bytes_waiting(self.transport):
                 self._header_periods += 1
@@ -52,10 +63,25 @@ def header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
                 return
             self.transport.close()
 
+        def data_received(self, data: bytes) -> None:
+            if self._await_next:  # the first byte after a response: the next request's headers are due
+                self._await_next = False
+                self._header_timer.cancel()
+                self._armed_cycle = self.cycle
+                self._arm()
+            super().data_received(data)
+
         def handle_events(self) -> None:
             super().handle_events()
-            if self.cycle is not None:
+            if self.cycle is not self._armed_cycle:
                 self._header_timer.cancel()
+                self._await_next = False
+
+        def on_response_complete(self) -> None:
+            self._header_timer.cancel()
+            self._armed_cycle = self.cycle
+            self._await_next = True
+            super().on_response_complete()  # may start a pipelined request at once (handle_events)
 
         def connection_lost(self, exc) -> None:
             self._header_timer.cancel()

@@ -19,12 +19,27 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-#: fields OpenAI defines that the server refuses unless they hold their neutral value
-UNSUPPORTED: dict[str, Any] = {
-    "n": 1, "best_of": 1, "logprobs": None, "top_logprobs": None, "echo": False, "suffix": None, "presence_penalty": 0.0,
-    "frequency_penalty": 0.0, "logit_bias": None, "tools": None, "tool_choice": None, "functions": None, "function_call": None,
-    "response_format": None, "parallel_tool_calls": None,
+#: fields OpenAI defines that the server refuses unless they hold a neutral value (null always is):
+#: each value a client may send that asks for nothing the server lacks -- clients often send the
+#: defaults explicitly (``logprobs: false``, ``response_format: {"type": "text"}``, ``tool_choice: "none"``).
+#: Compared type-aware: ``n: true`` is not ``n: 1``. A completion's ``logprobs: 0`` is not neutral (it
+#: asks for the sampled token's log-probability).
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": (), "presence_penalty": (0,),
+    "frequency_penalty": (0,), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "response_format": ({"type": "text"},), "parallel_tool_calls": (True, False),  # without tools there is nothing to call in parallel
 }
+#: output tokens of a request that sets no limit (OpenAI's completions default), capped at the server's limit
+DEFAULT_MAX_TOKENS = 16
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """``value == neutral`` without Python's bool/int mixing (``True == 1``, ``False == 0``)."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    if isinstance(value, dict) and isinstance(neutral, dict):
+        return value.keys() == neutral.keys() and all(_same(value[k], neutral[k]) for k in value)
+    return value == neutral
 
 
 class UnsupportedParameter(ValueError):
@@ -46,12 +61,13 @@ class _Common(BaseModel):
     model: str | None = None
     stream: bool = Field(False, strict=True)  # strict: "yes" or 1 is a malformed request, not a stream
     stream_options: StreamOptions | None = None
-    temperature: float = Field(0.0, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    # strict: true is not a temperature of 1 nor a 1 s deadline, "5" is not 5 (an int is still a float)
+    temperature: float = Field(0.0, ge=0.0, le=2.0, allow_inf_nan=False, strict=True)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, strict=True)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, strict=True)
     stop: str | list[str] | None = None
     user: str | None = Field(None, max_length=256)
-    deadline_s: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    deadline_s: float | None = Field(None, gt=0.0, allow_inf_nan=False, strict=True)
 
     @field_validator("stop")
     @classmethod
@@ -72,19 +88,25 @@ class _Common(BaseModel):
     def check_supported(self) -> None:
         """Raise :class:`UnsupportedParameter` for any field the server does not implement."""
         for name, value in (self.model_extra or {}).items():
-            neutral = UNSUPPORTED.get(name, object())
-            if value is None or value == neutral:
+            neutral = UNSUPPORTED.get(name)
+            if value is None or (neutral is not None and any(_same(value, n) for n in neutral)):
                 continue
-            if name in UNSUPPORTED:
-                raise UnsupportedParameter(name, f"'{name}' = {value!r} is not supported by this server (only {neutral!r})")
+            if neutral is not None:
+                allowed = " or ".join(["null", *(repr(n) for n in neutral)])
+                raise UnsupportedParameter(name, f"'{name}' = {value!r} is not supported by this server (only {allowed})")
             raise UnsupportedParameter(name, f"unknown parameter '{name}'")
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
     # strict: true is not 1 token. No lower bound here: the server's own range check answers
-    # with both ends, [1, its configured limit] (runtime.api / runtime.edge_http)
-    max_tokens: int = Field(16, strict=True)
+    # with both ends, [1, its configured limit] (runtime.api / runtime.edge_http). None: not sent
+    max_tokens: int | None = Field(None, strict=True)
+
+    def token_limit(self, server_limit: int) -> int:
+        """``max_tokens`` if sent, else ``DEFAULT_MAX_TOKENS`` capped at ``server_limit`` (a limit the
+        client never sent must not get its request refused)."""
+        return self.max_tokens if self.max_tokens is not None else min(DEFAULT_MAX_TOKENS, server_limit)
 
     @field_validator("prompt")
     @classmethod
@@ -120,12 +142,12 @@ class ChatCompletionRequest(_Common):
     max_tokens: int | None = Field(None, strict=True)  # range checked by the server (see CompletionRequest)
     max_completion_tokens: int | None = Field(None, strict=True)
 
-    def token_limit(self) -> int:
-        """``max_completion_tokens`` if sent (it supersedes ``max_tokens``), else ``max_tokens``, else 16;
-        a sent 0 stays 0 so that the range check refuses it."""
+    def token_limit(self, server_limit: int) -> int:
+        """``max_completion_tokens`` if sent (it supersedes ``max_tokens``), else ``max_tokens``, else
+        ``DEFAULT_MAX_TOKENS`` capped at ``server_limit``; a sent 0 stays 0 so that the range check refuses it."""
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
-        return self.max_tokens if self.max_tokens is not None else 16
+        return self.max_tokens if self.max_tokens is not None else min(DEFAULT_MAX_TOKENS, server_limit)
 
     def limit_field(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"

@@ -193,6 +193,12 @@ class ServeConfig:
         if self.scheduler == "policy":
             if not self.policy_path or not Path(self.policy_path).exists():
                 raise ValueError(f"serve config 'policy_path' must be an existing policy folder or model.zip for scheduler=policy, got {self.policy_path!r}")
+            return
+        # an exhaustive search decides rounds of at most its max_users: a larger round would fail every request in it
+        limit = SCHEDULERS[self.scheduler].max_users
+        if limit is not None and self.max_round > limit:
+            raise ValueError(f"serve config 'max_round' must be an integer in [1, {limit}] with scheduler={self.scheduler} "
+                             f"(it searches every plan of a round), got {self.max_round}; set max_round={limit}")
 
 
 def check_profile_matches_pair(profile: Profile, target_config, draft_config) -> None:

@@ -34,6 +34,7 @@ class TextStream:
     def feed(self, new: Sequence[int]) -> None:
         if self.stopped:
             return
+        before = len(self.ids)
         self.ids.extend(new)
         text = self.decode(self.ids)
         if self.stops:
@@ -42,6 +43,13 @@ class TextStream:
             hits = [i for s in self.stops if (i := text.find(s, lo)) >= 0]
             if hits:
                 text, self.stopped = text[: min(hits)], True
+                # a speculative chunk can run past the stop: keep the tokens up to the one that
+                # completes it (what one-token decoding would have generated), so usage counts no more
+                for m in range(before + 1, len(self.ids)):
+                    head = self.decode(self.ids[:m])
+                    if any(head.find(s, lo) >= 0 for s in self.stops):
+                        del self.ids[m:]
+                        break
         self.text = text
 
     def _settled(self) -> int:

@@ -250,3 +250,53 @@ def test_completion_endpoints_answer_a_crash_with_an_openai_500(pair, profile):
     for r in asyncio.run(go()):
         assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error" and "RuntimeError" in r.json()["error"]["message"]
     assert app.metrics.counts["http"] == {"500": 2}
+
+
+def _recv_response(sock: socket.socket) -> bytes:
+    """One whole HTTP/1.1 response with a Content-Length (headers and body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def _recv_until_closed(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):  # the socket's timeout fails the test if the server keeps it open
+        out += chunk
+    return out
+
+
+def test_every_request_on_a_kept_alive_connection_gets_the_header_timeout(server):
+    # only a connection's first request was timed: half the headers of a second request (or a GET
+    # body trickled after its answer) held the connection and a file descriptor for good
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=4.0) as s:  # header_timeout_s=0.5; uvicorn's keep-alive is 5 s
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _recv_response(s).startswith(b"HTTP/1.1 200")
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # half a second request, then silence
+        assert _recv_until_closed(s) == b""
+    with socket.create_connection((host, int(port)), timeout=4.0) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n")  # under max_body_bytes
+        assert _recv_response(s).startswith(b"HTTP/1.1 200")  # answered without reading the body
+        closed = False
+        for _ in range(30):  # a byte every 0.1 s: each one used to cancel uvicorn's keep-alive timer
+            try:
+                s.sendall(b"x")
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.1)
+        assert closed or _recv_until_closed(s) == b""
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200  # pipelined and ordinary keep-alive still served
+
+
+def test_keep_alive_requests_in_a_row_are_served(server):
+    with httpx.Client(timeout=30) as c:  # one connection, several requests, gaps shorter than the header timeout
+        for _ in range(3):
+            assert c.get(f"{server}/health").status_code == 200
+            time.sleep(0.3)

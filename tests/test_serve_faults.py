@@ -221,3 +221,21 @@ def test_shutdown_is_bounded_by_shutdown_timeout(pair, profile):
     assert took < 1.0 + 2.0 + 1.5  # shutdown_timeout_s + the connections' grace + slack
     final = _final_event(box["r"])["specsched"]
     assert final["outcome"] == "error" and final["reason"].startswith("shutdown")
+
+
+def test_a_body_still_arriving_at_shutdown_gets_a_503_not_a_500(pair, profile):
+    # uvicorn cancels such a request when its shutdown grace ends; the cancellation became its plain-text 500
+    import socket
+
+    with running(pair, profile, body_timeout_s=60) as srv:
+        host, port = srv.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"prompt":')
+            time.sleep(0.3)
+            srv.should_exit = True
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+    assert out.startswith(b"HTTP/1.1 503"), out[:200]
+    body = json.loads(out.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "shutting_down"

@@ -56,6 +56,10 @@ def test_stop_sequences_match_the_reference_cut(text, stop, cuts):
     want = text[: text.index(stop)] if stop in text else text
     assert "".join(pieces) == want
     assert ts.stopped == (stop in text)
+    # tokens counted do not depend on the chunking: a speculative chunk past the stop counts only up to
+    # the token that completes it, as one token at a time would (usage counted the whole chunk)
+    _, one_by_one = _stream_all(text, list(range(len(TOK.encode(text)) + 1)), [stop])
+    assert ts.tokens == one_by_one.tokens
 
 
 def test_stop_prefix_is_held_back_until_settled():
@@ -119,12 +123,43 @@ def test_calibrated_cost_model_scales_times_not_memory():
 
 
 @pytest.mark.parametrize("field,value", [("n", 2), ("best_of", 3), ("logprobs", 1), ("echo", True), ("suffix", "x"), ("presence_penalty", 0.5),
-                                         ("logit_bias", {"1": 2}), ("made_up", 1)])
+                                         ("logit_bias", {"1": 2}), ("made_up", 1),
+                                         # type-aware: true is not n = 1; a completion's logprobs 0 asks for the sampled token's
+                                         ("n", True), ("logprobs", 0), ("logprobs", True), ("tool_choice", "auto"),
+                                         ("response_format", {"type": "json_object"}), ("response_format", {"type": "text", "x": 1})])
 def test_unsupported_parameters_are_named(field, value):
     req = CompletionRequest.model_validate({"prompt": "x", field: value})
     with pytest.raises(UnsupportedParameter) as err:
         req.check_supported()
     assert err.value.param == field
+
+
+@pytest.mark.parametrize("extra", [{"logprobs": False}, {"top_logprobs": 0}, {"response_format": {"type": "text"}}, {"tool_choice": "none"},
+                                   {"parallel_tool_calls": False}, {"tools": []}, {"n": 1}, {"presence_penalty": 0}, {"frequency_penalty": 0.0},
+                                   {"logit_bias": {}}, {"logprobs": None}])
+def test_neutral_values_clients_send_explicitly_pass(extra):
+    # the OpenAI SDK and others send defaults explicitly: they ask for nothing the server lacks
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **extra})
+    chat.check_supported()
+
+
+@pytest.mark.parametrize("field,value", [("temperature", True), ("top_p", True), ("seed", True), ("deadline_s", True), ("deadline_s", "5"),
+                                         ("temperature", "0.5"), ("seed", 1.5)])
+def test_sampling_and_deadline_fields_are_strict(field, value):
+    # true sampled at T = 1 and became a 1 s deadline; "5" was accepted as 5 s
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"prompt": "x", field: value})
+    CompletionRequest.model_validate({"prompt": "x", "temperature": 1, "deadline_s": 5, "top_p": 1})  # an int is still a number
+
+
+def test_an_unsent_limit_is_capped_at_the_servers():
+    # a server with max_tokens_limit 8 refused a request that sent no max_tokens ("got 16")
+    assert CompletionRequest.model_validate({"prompt": "x"}).token_limit(8) == 8
+    assert CompletionRequest.model_validate({"prompt": "x"}).token_limit(512) == 16
+    assert CompletionRequest.model_validate({"prompt": "x", "max_tokens": 100}).token_limit(8) == 100  # sent: the range check refuses it
+    assert ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]}).token_limit(4) == 4
 
 
 def test_supported_parameters_pass():
@@ -133,7 +168,7 @@ def test_supported_parameters_pass():
     req.check_supported()
     assert req.prompt == "x" and req.stop_list() == ["\n"]
     chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_completion_tokens": 5})
-    assert chat.token_limit() == 5 and chat.messages[0].text() == "hi"
+    assert chat.token_limit(64) == 5 and chat.messages[0].text() == "hi"
     assert plain_chat_prompt([("user", "hi")]) == "user: hi\nassistant: "
     body = error_body(429, "no", code="rejected")
     assert body == {"error": {"message": "no", "type": "rate_limit_error", "param": None, "code": "rejected"}}
@@ -145,7 +180,7 @@ def test_supported_parameters_pass():
 def test_chat_token_limit_keeps_a_sent_zero_for_the_range_check(body, limit, field):
     # a sent 0 must reach the server's range check (which names [1, limit]), not fall back to a default
     chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **body})
-    assert chat.token_limit() == limit and chat.limit_field() == field
+    assert chat.token_limit(64) == limit and chat.limit_field() == field
 
 
 def test_bad_config_fails_fast_before_any_model_is_loaded():
@@ -153,10 +188,14 @@ def test_bad_config_fails_fast_before_any_model_is_loaded():
     for overrides, field in (({"scheduler": "nosuch"}, "scheduler"), ({"profile": "nosuch"}, "profile"), ({"window_s": 0}, "window_s"),
                              ({"pair": "/nonexistent"}, "pair"), ({"target": "/nonexistent", "draft": "/nonexistent"}, "target"),
                              ({"target": "."}, "draft"), ({"scheduler": "policy", "policy_path": None}, "policy_path"),
-                             ({"calibration_bounds": [2.0, 3.0]}, "calibration_bounds"), ({"max_round": 65}, "max_round"), ({"dtype": "int7"}, "dtype")):
+                             ({"calibration_bounds": [2.0, 3.0]}, "calibration_bounds"), ({"max_round": 65}, "max_round"), ({"dtype": "int7"}, "dtype"),
+                             # an exhaustive search cannot decide the default 64-request round: every request of a larger one got 500
+                             ({"scheduler": "exhaustive"}, "max_round' must be an integer in \\[1, 16\\]"),
+                             ({"scheduler": "optimal_v1", "max_round": 9}, "max_round' must be an integer in \\[1, 8\\]")):
         with pytest.raises(ValueError, match=field):
             ServeConfig(**overrides).validate()
     assert time.monotonic() - start < 10.0
+    ServeConfig(scheduler="exhaustive", max_round=16).validate()  # within the search's limit
 
 
 def test_profile_of_other_dimensions_is_refused():
