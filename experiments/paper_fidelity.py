@@ -1,7 +1,8 @@
 """Where the model and the BALANCE paper part ways: which single modelling choice reproduces its gains?
 
-    python -m experiments.paper_fidelity                 # every candidate, 50 test rounds per point
+    python -m experiments.paper_fidelity                 # every candidate, 50 validation + 50 test rounds per point
     python -m experiments.paper_fidelity --rounds 20 --only baseline,draft_kv_target
+    python -m experiments.paper_fidelity --rounds 50 --val-rounds 30   # fewer rounds for the choice
 
 The paper reports BALANCE +37.9 % over AD-only and +33.4 % over SD-only on the K sweep (K = 70:
 70.4 % served, AD-only and SD-only both ~54 %); the first-principles model gives much less over
@@ -13,13 +14,19 @@ setting. For each candidate this writes:
   0.8, gamma 4): SD vs AD compute latency and GPU memory (weights + KV + the modelled overheads),
   against the paper's -39.1 % / +18.3 %;
 * the K sweep (K = 20..70, or the candidate's own K values): BALANCE, AD-only and SD-only served
-  fraction on the same test-stream rounds, BALANCE's average relative gain over each (the
-  paper's "X % higher" read as relative; a 95 % bootstrap interval over rounds) and K = 70.
+  fraction on the same rounds, BALANCE's average relative gain over each (the paper's "X % higher"
+  read as relative; a 95 % bootstrap interval over rounds) and K = 70.
+
+The sweep runs on two disjoint round streams: ``--val-rounds`` validation-stream rounds choose
+which candidate is the best match (``env=paper_fit``), ``--rounds`` test-stream rounds give every
+number the report publishes (:mod:`experiments.paper_fidelity_choice`). The report says whether
+the validation choice agrees with ``conf/env/paper_fit.yaml``; it never edits the yaml.
 
 Outputs ``results/paper_fidelity.{csv,md,png}`` (written to a temporary file, then renamed).
 
 This module is the CLI and the report (verdict, findings, markdown, figure); the candidates and
-their measurement are :mod:`experiments.paper_fidelity_candidates`.
+their measurement are :mod:`experiments.paper_fidelity_candidates`, the choice and its stream
+:mod:`experiments.paper_fidelity_choice`.
 """
 
 from __future__ import annotations
@@ -52,15 +59,19 @@ from experiments.paper_fidelity_candidates import (  # noqa: E402
     single_request,
     summarize,
 )
+from experiments.paper_fidelity_choice import (  # noqa: E402
+    CHOICE_SPLIT,
+    REPORT_SPLIT,
+    agreement,
+    best_match,
+    choice_section,
+    eligible,  # noqa: F401  (re-exported: the choice's rule)
+    paper_fit_candidate,
+    rounds_per_point,
+    split_frame,
+)
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-
-
-def eligible(row) -> bool:
-    """Whether a candidate may be chosen as ``env=paper_fit``: a cost-model choice on the paper's
-    own K sweep, consistent with Fig. 1 (both single-request numbers within FIG1_TOLERANCE_PP)."""
-    return (row.k_top == max(K_VALUES) and abs(row.latency_pct - PAPER["latency_pct"]) <= FIG1_TOLERANCE_PP
-            and abs(row.memory_pct - PAPER["memory_pct"]) <= FIG1_TOLERANCE_PP)
 
 
 def kv_floor_gb(k: int = 70, served: float = 0.70, max_tokens: int = 1000, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -125,13 +136,37 @@ def _findings(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
-def best_match(summary: pd.DataFrame) -> str | None:
-    """The eligible candidate (see :func:`eligible`) closest to the paper's two sweep gains."""
-    ok = summary[np.array([eligible(r) for r in summary.itertuples()], dtype=bool) & (summary.candidate != "baseline").to_numpy()]
-    return None if ok.empty else str(ok.loc[ok.miss_pp.idxmin(), "candidate"])
+def reproduce_command(rounds: int, val_rounds: int, seed: int) -> str:
+    """The command line that regenerates the run (``--val-rounds`` only where it differs from ``--rounds``)."""
+    val = "" if val_rounds == rounds else f" --val-rounds {val_rounds}"
+    return f"python -m experiments.paper_fidelity --rounds {rounds}{val} --seed {seed}"
 
 
-def report(summary: pd.DataFrame, df: pd.DataFrame, skipped: dict[str, str], cands: list[Candidate], rounds: int, seed: int, elapsed_s: float) -> str:
+def _verdict(summary: pd.DataFrame, val_summary: pd.DataFrame, current: str | None) -> str:
+    """The best-match sentence: chosen on the validation stream, its numbers from the test stream."""
+    best = best_match(val_summary)
+    if val_summary.empty:
+        return ("Best match: none chosen (this CSV has no validation-stream rounds to choose on; rerun "
+                "`python -m experiments.paper_fidelity`). " + agreement(None, current))
+    if best is None:
+        return "Best match: none. No candidate other than the baseline is consistent with Fig. 1 on the paper's K sweep. " + agreement(None, current)
+    by = summary.set_index("candidate")
+    if best not in by.index:
+        return f"Best match (chosen on the validation rounds): **`{best}`**, which has no test-stream rows in this run. " + agreement(best, current)
+    r = by.loc[best]
+    base = f"; the baseline is {by.loc['baseline', 'miss_pp']:.1f} away" if "baseline" in by.index else ""
+    return (f"Best match (chosen on the validation rounds: smallest miss among cost-model choices on the paper's K sweep that keep "
+            f"both Fig. 1 numbers within {FIG1_TOLERANCE_PP:g} points of the paper's; reported on the test rounds): **`{best}`**, "
+            f"BALANCE {r.gain_ad_pct:+.1f} % vs AD-only and {r.gain_sd_pct:+.1f} % vs SD-only (paper +37.9 % / +33.4 %), "
+            f"{r.miss_pp:.1f} points away{base}. " + agreement(best, current))
+
+
+def report(summary: pd.DataFrame, df: pd.DataFrame, skipped: dict[str, str], cands: list[Candidate], rounds: int, seed: int, elapsed_s: float,
+           val_summary: pd.DataFrame | None = None, val_rounds: int = 0) -> str:
+    """The markdown report. ``summary``/``df``: the TEST stream (every published number);
+    ``val_summary``: the validation stream (only the choice of env=paper_fit)."""
+    val_summary = pd.DataFrame() if val_summary is None else val_summary
+    current = paper_fit_candidate(cands)
     pm = lambda v, lo, hi: f"{v:+.1f} % [{lo:+.1f}, {hi:+.1f}]"  # noqa: E731
     table = pd.DataFrame({
         "candidate": summary.candidate,
@@ -152,15 +187,11 @@ def report(summary: pd.DataFrame, df: pd.DataFrame, skipped: dict[str, str], can
         lat, mem = single_request(CostModel.from_config(EnvConfig.from_kwargs(**c.env)))
         table.loc[len(table)] = [c.name, f"{lat:+.1f} %", f"{mem:+.1f} %", "not evaluated", "not evaluated", max(c.k_values), "", ""]
     choices = "\n".join(f"- `{c.name}`: {c.choice}." + (f" **{skipped[c.name]}**" if c.name in skipped else "") for c in cands)
-    best = best_match(summary)
-    if best is None:
-        verdict = "No candidate other than the baseline is consistent with Fig. 1 on the paper's K sweep."
-    else:
-        r = summary.set_index("candidate").loc[best]
-        verdict = (f"Best match (smallest miss among cost-model choices on the paper's K sweep that keep both Fig. 1 numbers within "
-                   f"{FIG1_TOLERANCE_PP:g} points of the paper's): **`{best}`**, BALANCE {r.gain_ad_pct:+.1f} % vs AD-only and "
-                   f"{r.gain_sd_pct:+.1f} % vs SD-only (paper +37.9 % / +33.4 %), {r.miss_pp:.1f} points away; the baseline is "
-                   f"{summary.set_index('candidate').loc['baseline', 'miss_pp']:.1f} away." if "baseline" in set(summary.candidate) else "")
+    verdict = _verdict(summary, val_summary, current)
+    streams = (f"Two disjoint round streams (seed {seed}): {val_rounds} validation-stream rounds per K CHOOSE the best match "
+               f"(`env=paper_fit`; section 'The choice'), and {rounds} test-stream rounds per K, which chose nothing, give every "
+               "other number in this file (the table, the best match's numbers, the findings, the per-K table and the figure)."
+               if val_rounds else f"Test-stream rounds only ({rounds} per K, seed {seed}): this run chose nothing.")
     per_k = (df.assign(frac=df.served / df.num_users).pivot_table(index=["candidate", "k"], columns="scheduler", values="frac")[SCHEDULERS]
              .reindex(summary.candidate, level=0))
     return "\n".join([
@@ -174,12 +205,15 @@ def report(summary: pd.DataFrame, df: pd.DataFrame, skipped: dict[str, str], can
         "95 % bootstrap interval over rounds (paired: the same rounds for all three). miss = distance in percentage "
         "points from the paper's two sweep gains.",
         "",
+        streams,
+        "",
         table.to_markdown(index=False),
         "",
         choices,
         "",
         verdict,
         "",
+        *choice_section(val_summary, best_match(val_summary), current, val_rounds, rounds, seed),
         "## What the study shows",
         "",
         *_findings(summary),
@@ -188,7 +222,7 @@ def report(summary: pd.DataFrame, df: pd.DataFrame, skipped: dict[str, str], can
         "",
         per_k.reset_index().rename(columns={"k": "K"}).to_markdown(index=False, floatfmt=".3f"),
         "",
-        f"Reproduce: `python -m experiments.paper_fidelity --rounds {rounds} --seed {seed}` ({elapsed_s:.0f} s here).",
+        f"Reproduce: `{reproduce_command(rounds, val_rounds, seed)}` ({elapsed_s:.0f} s here, both streams).",
         "",
     ])
 
@@ -208,35 +242,59 @@ def plot(summary: pd.DataFrame, path: Path) -> None:
     save_figure_atomic(fig, path)
 
 
-def _previous_run(out: Path, cands: list[Candidate]) -> tuple[pd.DataFrame, int, int, float, dict[str, str]]:
-    """The CSV of the last run and, from its report, its seed, its time and why candidates were skipped."""
+def _previous_run(out: Path, cands: list[Candidate]) -> tuple[pd.DataFrame, int, int, int, float, dict[str, str]]:
+    """The CSV of the last run and, from it and its report: test rounds, validation rounds, seed, time, why candidates were skipped.
+
+    A CSV from before the two-stream runs (no ``split`` column) is test rounds only (0 validation rounds).
+    """
     import re
 
     df = pd.read_csv(out / "paper_fidelity.csv")
-    rounds = int(df.groupby(["candidate", "k", "scheduler"]).size().min())
+    if "split" not in df.columns:
+        df = df.assign(split=REPORT_SPLIT)
+    rounds, val_rounds = rounds_per_point(df, REPORT_SPLIT), rounds_per_point(df, CHOICE_SPLIT)
     old = (out / "paper_fidelity.md").read_text() if (out / "paper_fidelity.md").exists() else ""
-    m = re.search(r"--seed (\d+)` \((\d+) s here\)", old)
+    m = re.search(r"--seed (\d+)` \(([\d.]+|nan) s here", old)
     seed, elapsed = (int(m.group(1)), float(m.group(2))) if m else (0, float("nan"))
     skipped = {}
     for c in cands:
         if c.name not in set(df.candidate):
             hit = re.search(rf"- `{re.escape(c.name)}`: .*?\*\*(not evaluated: [^*]*)\*\*", old)
             skipped[c.name] = hit.group(1) if hit else "not evaluated in the CSV's run"
-    return df, rounds, seed, elapsed, skipped
+    return df, rounds, val_rounds, seed, elapsed, skipped
 
 
-def _report_only(out: Path, cands: list[Candidate]) -> None:
-    df, rounds, seed, elapsed, skipped = _previous_run(out, cands)
-    summary = summarize(df, cands)
-    text = report(summary, df, skipped, cands, rounds, seed, elapsed)
+def _publish(out: Path, df: pd.DataFrame, skipped: dict[str, str], cands: list[Candidate], rounds: int, val_rounds: int, seed: int,
+             elapsed: float, csv: bool = True) -> None:
+    """Summarise each stream (validation: the choice; test: everything published) and write the report, figure and CSV."""
+    test_df = split_frame(df, REPORT_SPLIT)
+    summary, val_summary = summarize(test_df, cands), summarize(split_frame(df, CHOICE_SPLIT), cands)
+    text = report(summary, test_df, skipped, cands, rounds, seed, elapsed, val_summary=val_summary, val_rounds=val_rounds)
+    if csv:
+        write_csv_atomic(df, out / "paper_fidelity.csv")
     write_text_atomic(out / "paper_fidelity.md", text)
     plot(summary, out / "paper_fidelity.png")
     print(text)
 
 
+def _report_only(out: Path, cands: list[Candidate]) -> None:
+    df, rounds, val_rounds, seed, elapsed, skipped = _previous_run(out, cands)
+    _publish(out, df, skipped, cands, rounds, val_rounds, seed, elapsed, csv=False)
+
+
+def _run(cand: Candidate, rounds: int, val_rounds: int, seed: int) -> pd.DataFrame | str:
+    """Both streams of one candidate (validation first), or why it could not be evaluated."""
+    val = run_candidate(cand, val_rounds, seed, split=CHOICE_SPLIT)
+    if isinstance(val, str):
+        return val
+    test = run_candidate(cand, rounds, seed, split=REPORT_SPLIT)
+    return test if isinstance(test, str) else pd.concat([val, test], ignore_index=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=50, help="test-stream rounds per K (>= 2)")
+    ap.add_argument("--rounds", type=int, default=50, help="test-stream rounds per K, for every published number (>= 2)")
+    ap.add_argument("--val-rounds", type=int, default=None, help="validation-stream rounds per K, for the choice of env=paper_fit (>= 1; default: --rounds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -245,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.rounds < 2:
         raise SystemExit(f"--rounds must be >= 2 (a bootstrap needs rounds to resample), got {args.rounds}")
+    val_rounds = args.rounds if args.val_rounds is None else args.val_rounds
+    if val_rounds < 1:
+        raise SystemExit(f"--val-rounds must be >= 1 (the choice needs validation rounds), got {val_rounds}")
     if args.seed < 0:
         raise SystemExit(f"--seed must be >= 0, got {args.seed}")
     cands = candidates()
@@ -257,8 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     prev = None
     if args.merge:
         prev = _previous_run(args.out, all_cands)
-        if (prev[1], prev[2]) != (args.rounds, args.seed):
-            raise SystemExit(f"--merge needs the existing run's --rounds {prev[1]} --seed {prev[2]}, got --rounds {args.rounds} --seed {args.seed}")
+        if prev[1:4] != (args.rounds, val_rounds, args.seed):
+            raise SystemExit(f"--merge needs the existing run's --rounds {prev[1]} --val-rounds {prev[2]} --seed {prev[3]}, "
+                             f"got --rounds {args.rounds} --val-rounds {val_rounds} --seed {args.seed}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         _report_only(args.out, cands)
@@ -266,27 +328,21 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     frames, skipped = [], {}
     for cand in tqdm(cands, desc="candidates"):
-        got = run_candidate(cand, args.rounds, args.seed)
+        got = _run(cand, args.rounds, val_rounds, args.seed)
         if isinstance(got, str):
             skipped[cand.name] = got
         else:
             frames.append(got)
     elapsed = time.perf_counter() - start
     if prev is not None:
-        old_df, _, _, old_elapsed, old_skipped = prev
+        old_df, _, _, _, old_elapsed, old_skipped = prev
         frames.insert(0, old_df[~old_df.candidate.isin(names)])
         skipped = {**{n: r for n, r in old_skipped.items() if n not in names}, **skipped}
         cands = all_cands
         elapsed += old_elapsed
     if not frames:
         raise SystemExit(f"no candidate could be evaluated: {skipped}")
-    df = pd.concat(frames, ignore_index=True)
-    summary = summarize(df, cands)
-    text = report(summary, df, skipped, cands, args.rounds, args.seed, elapsed)
-    write_csv_atomic(df, args.out / "paper_fidelity.csv")
-    write_text_atomic(args.out / "paper_fidelity.md", text)
-    plot(summary, args.out / "paper_fidelity.png")
-    print(text)
+    _publish(args.out, pd.concat(frames, ignore_index=True), skipped, cands, args.rounds, val_rounds, args.seed, elapsed)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Each :class:`Candidate` is ONE documented modelling choice (an ``envs.config.EnvConfig`` switch,
 ``envs/model_choices.py``) at the paper setting. For each, :func:`single_request` gives the paper's
 Fig. 1 check (SD vs AD compute latency and GPU memory for one request), :func:`run_candidate` the
-K sweep of BALANCE, AD-only and SD-only on the test stream, and :func:`summarize` one row per
-candidate: BALANCE's mean relative gains over the sweep (:func:`sweep_gains`) with paired bootstrap
+K sweep of BALANCE, AD-only and SD-only on one round stream (validation to choose, test to
+report: :mod:`experiments.paper_fidelity_choice`), and :func:`summarize` one row per candidate of
+ONE stream's rows: BALANCE's mean relative gains over the sweep (:func:`sweep_gains`) with paired bootstrap
 intervals (:func:`bootstrap_gains`) and the distance to the paper's gains.
 
 Separate from the experiment's driver and report (:mod:`experiments.paper_fidelity`: the CLI, the
@@ -22,7 +23,7 @@ from tqdm import tqdm
 from agents.evaluate import evaluate_schedulers
 from envs.config import EnvConfig
 from envs.cost_model import CostModel, sd_iterations
-from envs.workload import make_rounds
+from envs.workload import Split, make_rounds
 
 SCHEDULERS = ["balance", "ad_only", "sd_only"]
 K_VALUES = [20, 30, 40, 50, 60, 70]
@@ -85,18 +86,22 @@ def candidates() -> list[Candidate]:
     ]
 
 
-def run_candidate(cand: Candidate, rounds: int, seed: int, progress: bool = True) -> pd.DataFrame | str:
-    """One row per (K, scheduler, round) on the test stream's rounds ``0 .. rounds-1``.
+def run_candidate(cand: Candidate, rounds: int, seed: int, progress: bool = True, split: Split = "test") -> pd.DataFrame | str:
+    """One row per (K, scheduler, round) on the ``split`` stream's rounds ``0 .. rounds-1`` (column ``split`` says which).
 
+    ``split="validation"`` for the rounds that choose ``env=paper_fit``, ``"test"`` (the default)
+    for the rounds every published number comes from (:mod:`experiments.paper_fidelity_choice`).
     Returns the reason instead when a scheduler cannot plan exactly under the candidate (its plan
     fails the exact check): a per-mode solver that does not price the choice yet.
     """
+    if split not in ("validation", "test"):
+        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
     frames = []
-    for k in tqdm(cand.k_values, desc=f"{cand.name:>20}", disable=not progress, leave=False):
+    for k in tqdm(cand.k_values, desc=f"{cand.name:>20} {split[:4]}", disable=not progress, leave=False):
         cfg = EnvConfig.from_kwargs(**{**cand.env, "num_users": k})
-        rnds = make_rounds(cfg, rounds, seed, split="test")
+        rnds = make_rounds(cfg, rounds, seed, split=split)
         try:
-            frames.append(evaluate_schedulers(cfg, SCHEDULERS, rounds=rnds, seed=seed).assign(candidate=cand.name, k=k))
+            frames.append(evaluate_schedulers(cfg, SCHEDULERS, rounds=rnds, seed=seed).assign(candidate=cand.name, k=k, split=split))
         except AssertionError as err:  # evaluate_schedulers refuses infeasible plans
             return f"not evaluated: {err} at K = {k} (the per-mode solver does not price this choice yet)"
     return pd.concat(frames, ignore_index=True)
@@ -130,7 +135,12 @@ def bootstrap_gains(served: pd.DataFrame, resamples: int = 1000, seed: int = 0) 
 
 
 def summarize(df: pd.DataFrame, cands: list[Candidate]) -> pd.DataFrame:
-    """One row per candidate in ``df``: the Fig. 1 numbers, the sweep gains with their intervals, the largest K's served fractions, the miss."""
+    """One row per candidate in ``df``: the Fig. 1 numbers, the sweep gains with their intervals, the largest K's served fractions, the miss.
+
+    ``df`` holds ONE stream's rows (a mix of validation and test rounds is refused).
+    """
+    if "split" in df.columns and df.split.nunique() > 1:
+        raise ValueError(f"summarize one stream at a time, got {sorted(df.split.unique())}")
     rows = []
     for cand in cands:
         d = df[df.candidate == cand.name]
