@@ -68,14 +68,38 @@ class Response:
             yield buf.decode("utf-8")
 
 
+def url_problem(url: object) -> str | None:
+    """What keeps this client from sending to ``url`` (None: nothing). It speaks plain HTTP to
+    ``http://HOST[:PORT][/PATH]`` only (port 1..65535, 80 when left out): no TLS, and it sends
+    no credentials, query or fragment, so an address with any of those would fail or silently
+    reach something else on every request -- callers refuse it up front instead."""
+    if not isinstance(url, str):
+        return "not a string"
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return f"scheme {parts.scheme!r} is not supported (plain http only)" if parts.scheme else "no http:// scheme"
+    if not parts.hostname:
+        return "no host"
+    try:
+        port = parts.port  # ValueError when not a number or outside 0..65535
+    except ValueError:
+        return "the port is not a number in 1..65535"
+    if port == 0:
+        return "port 0 cannot be connected to"
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        return "credentials, a query or a fragment would not be sent"
+    return None
+
+
 class post_json:
     """``async with post_json(url, path, payload) as response:`` one POST on its own connection
     (``headers``: extra request headers, e.g. the send stamp ``X-Request-Start``)."""
 
     def __init__(self, url: str, path: str, payload: dict, headers: dict[str, str] | None = None):
+        problem = url_problem(url)
+        if problem:
+            raise ValueError(f"only http://HOST[:PORT] URLs (port 1..65535) are supported: {problem}, got {url!r}")
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http://host:port URLs are supported, got {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.path = (parts.path.rstrip("/") + path) or "/"
         self.body = json.dumps(payload).encode()

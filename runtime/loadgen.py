@@ -15,12 +15,20 @@ starts at ``r x round_gap_s`` whatever is still running (0: a burst of every rou
 Each request carries its send time (``X-Request-Start: t=<µs since the epoch>``, the moment its
 latency clock starts), so the server counts its deadline from when it was sent.
 
-One CSV row per request, **written and flushed as soon as it is answered**: prompt tokens, output
-tokens, deadline, mode, outcome, reason, TTFT, latency, the server's timings, the acceptance
-estimate its round was planned with and, for SD, the engine's iterations, accepted drafts and
-rejections. Ctrl-C or SIGTERM stops sending, keeps every answered row and writes the summary of
-those (served fraction, p50/p99 latency, tokens/s) beside the CSV. The command exits non-zero when
-every request failed (outcome ``error``: the server unreachable, or 5xx).
+Exactly one CSV row per request sent, **written and flushed as soon as it is answered**: prompt
+tokens, output tokens, deadline, mode, outcome, reason, TTFT, latency, the server's timings, the
+acceptance estimate its round was planned with and, for SD, the engine's iterations, accepted
+drafts and rejections. Ctrl-C or SIGTERM stops sending; the requests still in flight get
+``STOP_GRACE_S`` to be answered, and each one that is not gets a row of its own with outcome
+``interrupted`` (no status, no latency: the server may still answer it, nobody listens). The
+summary beside the CSV counts them apart: ``requests`` (every one sent) = ``answered`` +
+``in_flight_at_stop``; served fraction, p50/p99 latency and tokens/s are of the answered ones. The
+command exits non-zero when no request was answered or every answered one failed (outcome
+``error``: the server unreachable, or 5xx).
+
+``stream`` and ``wait_rounds`` must be true or false, ``url`` an ``http://HOST[:PORT]`` address
+with a port in 1..65535 (what :mod:`runtime.lean_http` can send to): anything else is refused
+before a request is sent.
 """
 
 from __future__ import annotations
@@ -31,10 +39,10 @@ import json
 import math
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
@@ -43,12 +51,14 @@ from agents.artefacts import check_writable
 from envs.config import EnvConfig, is_number
 from envs.workload import round_rng, sample_round
 from runtime.admission import sent_header_value
-from runtime.lean_http import post_json
+from runtime.lean_http import post_json, url_problem
 
 KNOWN = {"env", "url", "rounds", "users", "seed", "time_scale", "token_scale", "max_tokens_cap", "round_gap_s", "output", "timeout_s", "stream", "wait_rounds"}
 COLUMNS = ["round", "user", "prompt_tokens", "max_tokens", "deadline_s", "status", "mode", "outcome", "reason", "ttft_s", "latency_s", "output_tokens",
            "server_latency_s", "sent_lead_s", "wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections"]
 SUMMARY_KEYS = ("sent_lead_s", "wait_s", "plan_s", "alpha_planned", "sd_iterations", "sd_accepted", "sd_rejections")
+INTERRUPTED = "interrupted"  # the outcome of a request still in flight when the run was stopped
+STOP_GRACE_S = 1.0  # on a stop, how long requests in flight may still be answered before they are recorded as interrupted
 
 
 def prompt_text(n_bytes: int, rng: np.random.Generator, corpus: bytes) -> str:
@@ -93,8 +103,15 @@ async def one_request(url: str, payload: dict, row: dict, timeout_s: float) -> d
         return _row(row, start, None, {}, ttft, repr(err))
 
 
+def interrupted_row(row: dict) -> dict:
+    """The row of a request sent but not answered when the run was stopped: it was sent, so it is
+    counted, with no status or latency (its answer, if the server still sends one, is not read)."""
+    return {**row, "status": None, "mode": None, "outcome": INTERRUPTED, "reason": "the run was stopped before the answer came",
+            "ttft_s": None, "latency_s": None, "output_tokens": None, "server_latency_s": None, **dict.fromkeys(SUMMARY_KEYS)}
+
+
 class RowWriter:
-    """The CSV, one flushed row per answered request (a killed run keeps what it had)."""
+    """The CSV, one flushed row per request as soon as it has its outcome (a killed run keeps what it had)."""
 
     def __init__(self, path: str | Path | None):
         self.rows: list[dict] = []
@@ -119,51 +136,108 @@ class RowWriter:
             self._fh = None
 
 
-async def replay(cfg: dict, writer: RowWriter) -> None:
+async def replay(cfg: dict, writer: RowWriter) -> bool:
+    """Send the rounds, one row per request into ``writer``; returns whether the run was stopped
+    (SIGINT / SIGTERM, caught here when on the main thread) before every round was answered."""
     from runtime.pair import corpus
 
-    env = EnvConfig.from_kwargs(**{**cfg["env"], "num_users": int(cfg["users"])})
-    text, _ = corpus(max_files=200)
-    wait = bool(cfg.get("wait_rounds", True))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    # the signal only sets an event, between two steps of the loop: raised as KeyboardInterrupt at
+    # an arbitrary point it tore the request tasks down and lost the rows of every one in flight
+    signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    in_flight: dict[tuple[int, int], dict] = {}  # (round, user) -> row, from the moment its clock starts until its row is written
+    tasks: set[asyncio.Task] = set()
+    try:
+        env = EnvConfig.from_kwargs(**{**cfg["env"], "num_users": int(cfg["users"])})
+        text, _ = corpus(max_files=200)
 
-    async def send(r: int) -> None:
-        rnd = sample_round(round_rng(int(cfg["seed"]), r), env)
-        rng = round_rng(int(cfg["seed"]), r, 2)
-        tasks = []
-        for k in range(rnd.num_users):
-            max_tokens = int(np.clip(round(rnd.output_tokens[k] * cfg["token_scale"]), 1, cfg["max_tokens_cap"]))
-            deadline = float(rnd.deadline_s[k] * cfg["time_scale"])
-            prompt = prompt_text(int(rnd.input_tokens[k]), rng, text)
-            row = {"round": r, "user": k, "prompt_tokens": len(prompt.encode()), "max_tokens": max_tokens, "deadline_s": deadline}
-            payload = {"prompt": prompt, "max_tokens": max_tokens, "deadline_s": deadline, "stream": bool(cfg.get("stream", True))}
-            tasks.append(asyncio.ensure_future(one_request(cfg["url"], payload, row, float(cfg["timeout_s"]))))
-        for done in asyncio.as_completed(tasks):
-            writer.add(await done)
+        async def request(payload: dict, row: dict) -> None:
+            key = (row["round"], row["user"])
+            in_flight[key] = row  # a request cancelled before this line was never sent: no row
+            answered = await one_request(cfg["url"], payload, row, float(cfg["timeout_s"]))
+            del in_flight[key]  # no await between this and the write: a stop finds it either in flight or written
+            writer.add(answered)
 
-    if wait:
-        for r in range(int(cfg["rounds"])):
-            await send(r)
-            if cfg["round_gap_s"] > 0:
-                await asyncio.sleep(cfg["round_gap_s"])
-    else:
-        async def later(r: int) -> None:
-            await asyncio.sleep(r * cfg["round_gap_s"])
-            await send(r)
+        def send(r: int) -> list[asyncio.Task]:
+            rnd = sample_round(round_rng(int(cfg["seed"]), r), env)
+            rng = round_rng(int(cfg["seed"]), r, 2)
+            sent = []
+            for k in range(rnd.num_users):
+                max_tokens = int(np.clip(round(rnd.output_tokens[k] * cfg["token_scale"]), 1, cfg["max_tokens_cap"]))
+                deadline = float(rnd.deadline_s[k] * cfg["time_scale"])
+                prompt = prompt_text(int(rnd.input_tokens[k]), rng, text)
+                row = {"round": r, "user": k, "prompt_tokens": len(prompt.encode()), "max_tokens": max_tokens, "deadline_s": deadline}
+                payload = {"prompt": prompt, "max_tokens": max_tokens, "deadline_s": deadline, "stream": cfg.get("stream", True)}
+                task = asyncio.ensure_future(request(payload, row))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                sent.append(task)
+            return sent
 
-        await asyncio.gather(*[later(r) for r in range(int(cfg["rounds"]))])
+        async def answered(sent: list[asyncio.Task]) -> None:
+            if sent:
+                await asyncio.wait(sent)  # asyncio.wait, not gather: cancelling the driver leaves the requests running
+            for task in sent:
+                task.result()  # a row that could not be written (the disk) ends the run, as it did
+
+        async def drive() -> None:
+            if cfg.get("wait_rounds", True):
+                for r in range(int(cfg["rounds"])):
+                    await answered(send(r))
+                    if cfg["round_gap_s"] > 0:
+                        await asyncio.sleep(cfg["round_gap_s"])
+            else:
+                start, sent = loop.time(), []
+                for r in range(int(cfg["rounds"])):
+                    await asyncio.sleep(max(start + r * cfg["round_gap_s"] - loop.time(), 0))  # round r at r x gap, whatever is running
+                    sent += send(r)
+                await answered(sent)
+
+        if stop.is_set():  # stopped while the corpus loaded: nothing was sent
+            return True
+        driver = asyncio.ensure_future(drive())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({driver, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if driver.done():
+            driver.result()  # raises what the driver raised
+            return False
+        driver.cancel()  # no further round is sent
+        if tasks:  # bounded: a stop must not wait for a long request (timeout_s can be minutes)
+            await asyncio.wait(set(tasks), timeout=STOP_GRACE_S)
+        return True
+    finally:
+        # also reached when the driver raised or replay itself was cancelled (asyncio.run tearing
+        # down after a KeyboardInterrupt): whatever is still in flight gets its one row, as interrupted
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # they close their connections
+        for key in sorted(in_flight):
+            writer.add(interrupted_row(in_flight.pop(key)))
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)  # remove_signal_handler resets to the default, not to what was there
 
 
 def summarize(df: pd.DataFrame, wall_s: float) -> pd.DataFrame:
     if df.empty:
         df = pd.DataFrame(columns=COLUMNS)
-    lat = df.latency_s[df.outcome.isin(["served", "late"])]
-    ttft = pd.to_numeric(df.ttft_s, errors="coerce").dropna()
+    answered = df[df.outcome != INTERRUPTED]  # the fractions and percentiles are of requests with an outcome
+    lat = pd.to_numeric(answered.latency_s[answered.outcome.isin(["served", "late"])], errors="coerce")
+    ttft = pd.to_numeric(answered.ttft_s, errors="coerce").dropna()
     return pd.DataFrame([{
-        "requests": len(df),
-        "served_frac": float((df.outcome == "served").mean()) if len(df) else np.nan,
-        "late": int((df.outcome == "late").sum()),
-        "rejected": int((df.outcome == "rejected").sum()),
-        "errors": int((df.outcome == "error").sum()),
+        "requests": len(df),  # every request sent: answered + in_flight_at_stop
+        "answered": len(answered),
+        "in_flight_at_stop": len(df) - len(answered),
+        "served": int((answered.outcome == "served").sum()),
+        "served_frac": float((answered.outcome == "served").mean()) if len(answered) else np.nan,
+        "late": int((answered.outcome == "late").sum()),
+        "rejected": int((answered.outcome == "rejected").sum()),
+        "errors": int((answered.outcome == "error").sum()),
         "latency_p50_s": float(lat.quantile(0.5)) if len(lat) else np.nan,
         "latency_p99_s": float(lat.quantile(0.99)) if len(lat) else np.nan,
         "ttft_p50_s": float(ttft.quantile(0.5)) if len(ttft) else np.nan,
@@ -187,10 +261,14 @@ def validate(cfg: dict) -> None:
             raise ValueError(f"loadgen '{key}' must be a finite number > 0, got {cfg.get(key)!r}")
     if not is_number(cfg.get("round_gap_s")) or not 0 <= cfg["round_gap_s"] < math.inf:
         raise ValueError(f"loadgen 'round_gap_s' must be a finite number >= 0, got {cfg.get('round_gap_s')!r}")
+    # what runtime.lean_http cannot send to was accepted here, then failed on every request (https, port 99999)
     url = cfg.get("url")
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"loadgen 'url' must be an http(s)://HOST[:PORT] address, got {url!r}")
+    problem = url_problem(url)
+    if problem:
+        raise ValueError(f"loadgen 'url' must be an http://HOST:PORT address (port 1..65535; no https, credentials or query): {problem}, got {url!r}")
+    for key in ("stream", "wait_rounds"):  # left out: true. A string was truthy: stream=no streamed
+        if not isinstance(cfg.get(key, True), bool):
+            raise ValueError(f"loadgen '{key}' must be true or false, got {cfg.get(key)!r}")
     if cfg.get("output"):
         check_writable(cfg["output"], "loadgen 'output'")
 
@@ -204,15 +282,16 @@ def _write_summary(path: Path, summary: pd.DataFrame) -> None:
 
 
 def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Replay the workload; returns (rows, summary). Interrupted (Ctrl-C / SIGTERM), it keeps the
-    answered rows and summarises those; ``summary.interrupted`` says so."""
+    """Replay the workload; returns (rows, summary), one row per request sent. Interrupted (Ctrl-C /
+    SIGTERM), it keeps the answered rows, records those still in flight as ``interrupted`` and
+    summarises all of them; ``summary.interrupted`` says so."""
     validate(cfg)
     writer = RowWriter(cfg.get("output"))
     start = time.monotonic()
     interrupted = False
     try:
-        asyncio.run(replay(cfg, writer))
-    except KeyboardInterrupt:
+        interrupted = asyncio.run(replay(cfg, writer))
+    except KeyboardInterrupt:  # a signal before replay installed its handlers (its rows in flight are still written)
         interrupted = True
     finally:
         writer.close()
@@ -232,15 +311,15 @@ def main() -> None:
         cfg = OmegaConf.to_container(raw, resolve=True)
         cfg.pop("profile", None)
 
-        def on_term(signum, frame):  # SIGTERM ends the run like Ctrl-C: answered rows are kept
+        def on_term(signum, frame):  # SIGTERM ends the run like Ctrl-C (while requests are sent, replay catches it itself)
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, on_term)
         _, summary = run(cfg)
         print(summary.to_markdown(index=False, floatfmt=".3g"))
         s = summary.iloc[0]
-        if s.requests == 0 or s.errors == s.requests:
-            raise SystemExit(f"every request failed ({int(s.errors)} of {int(s.requests)})")
+        if s.answered == 0 or s.errors == s.answered:
+            raise SystemExit(f"every request failed ({int(s.errors)} of {int(s.answered)} answered, {int(s.in_flight_at_stop)} in flight at the stop)")
 
     app()
 
