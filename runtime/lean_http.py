@@ -108,7 +108,8 @@ class post_json:
 
     async def __aenter__(self) -> Response:
         reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal is bracketed in Host (RFC 9110 7.2)
+        head = (f"POST {self.path} HTTP/1.1\r\nHost: {host}:{self.port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(self.body)}\r\nConnection: close\r\n{self.extra}\r\n").encode("latin-1")
         self.writer.write(head + self.body)
         status_line = await reader.readline()

@@ -266,6 +266,35 @@ def test_lean_http_refuses_broken_responses(response, words):
         post_json("https://example.org", "/", {})
 
 
+def test_lean_http_brackets_an_ipv6_host():
+    # the Host header read "::1:PORT" (unparseable) for http://[::1]:PORT
+    import socket
+
+    from runtime.lean_http import post_json
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    seen = {}
+
+    async def go():
+        async def handle(reader, writer):
+            seen["head"] = (await reader.readuntil(b"\r\n\r\n")).decode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+            writer.close()
+
+        try:
+            server = await asyncio.start_server(handle, "::1", 0)
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        port = server.sockets[0].getsockname()[1]
+        async with server, post_json(f"http://[::1]:{port}", "/v1/completions", {}) as resp:
+            return resp.status, port
+
+    status, port = asyncio.run(go())
+    assert status == 200 and f"Host: [::1]:{port}\r\n" in seen["head"]
+
+
 def test_arrival_is_stamped_before_the_body_is_read():
     """A request's age counts from the app's entry: time spent waiting for its body (or queued in a
     busy event loop) is seen by the admission check."""
