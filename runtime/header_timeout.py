@@ -10,9 +10,13 @@ run uvicorn with :func:`header_timeout_protocol`, so such a connection is closed
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from runtime.openai_schemas import error_body
 
 HEADER_GRACE = 6  #: header_timeout_s periods a connection with unread bytes waiting may get (the loop is behind, not the client)
 
@@ -86,5 +90,15 @@ def header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
         def connection_lost(self, exc) -> None:
             self._header_timer.cancel()
             super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            """A request h11 cannot parse (a garbage request line, a negative or repeated
+            Content-Length): the OpenAI-shaped JSON error every other refusal has, not uvicorn's
+            plain text. It never reaches the app, so the app's per-status counters do not see it."""
+            body = json.dumps(error_body(400, f"malformed HTTP request: {msg}", code="invalid_http")).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
 
     return HeaderTimeoutH11

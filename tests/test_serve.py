@@ -300,3 +300,13 @@ def test_keep_alive_requests_in_a_row_are_served(server):
         for _ in range(3):
             assert c.get(f"{server}/health").status_code == 200
             time.sleep(0.3)
+
+
+def test_malformed_http_gets_the_openai_error_shape(server):
+    # uvicorn answered these with a plain-text "Invalid HTTP request received."
+    for raw in (b"GARBAGE\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"):
+        out = _raw(server, raw)
+        assert out.startswith(b"HTTP/1.1 400"), out[:100]
+        err = json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == "invalid_http"
