@@ -201,7 +201,10 @@ def evaluate_runs(runs: list[Path], rounds: int, progress: bool = True) -> dict[
     for run in runs:
         meta = read_json(run / "policy.json")
         seed = int(meta.get("streams", {}).get("test", {}).get("seed", TEST_SEED))
-        cfg = EnvConfig.from_kwargs(**meta["env"])
+        try:
+            cfg = EnvConfig.from_kwargs(**meta["env"])
+        except (KeyError, TypeError, ValueError) as err:  # ConfigError is a ValueError
+            raise RunFolderError(f"{run / 'policy.json'}: no usable 'env' section to evaluate it on ({type(err).__name__}: {err})") from None
         key = json.dumps([meta["env"], seed], sort_keys=True)
         rnds = make_rounds(cfg, rounds, seed, split="test")
         if key not in balance:

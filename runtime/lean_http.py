@@ -108,6 +108,13 @@ class post_json:
 
     async def __aenter__(self) -> Response:
         reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            return await self._send_and_read_head(reader)
+        except BaseException:  # a bad answer, or cancelled while waiting for one: __aexit__ will not run, so close here
+            self.writer.close()
+            raise
+
+    async def _send_and_read_head(self, reader: asyncio.StreamReader) -> Response:
         host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal is bracketed in Host (RFC 9110 7.2)
         head = (f"POST {self.path} HTTP/1.1\r\nHost: {host}:{self.port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(self.body)}\r\nConnection: close\r\n{self.extra}\r\n").encode("latin-1")

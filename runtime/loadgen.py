@@ -197,6 +197,9 @@ async def replay(cfg: dict, writer: RowWriter) -> bool:
                     sent += send(r)
                 await answered(sent)
 
+        # a signal during the (synchronous) corpus load sets `stop` only once the loop has read its wakeup
+        # pipe and then run the handler, two iterations later: a short real sleep lets both happen first
+        await asyncio.sleep(0.05)
         if stop.is_set():  # stopped while the corpus loaded: nothing was sent
             return True
         driver = asyncio.ensure_future(drive())

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 #: Compared type-aware: ``n: true`` is not ``n: 1``. A completion's ``logprobs: 0`` is not neutral (it
 #: asks for the sampled token's log-probability).
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": (), "presence_penalty": (0,),
-    "frequency_penalty": (0,), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "response_format": ({"type": "text"},), "parallel_tool_calls": (True, False),  # without tools there is nothing to call in parallel
 }
 #: output tokens of a request that sets no limit (OpenAI's completions default), capped at the server's limit
@@ -34,9 +34,15 @@ DEFAULT_MAX_TOKENS = 16
 
 
 def _same(value: Any, neutral: Any) -> bool:
-    """``value == neutral`` without Python's bool/int mixing (``True == 1``, ``False == 0``)."""
+    """``value == neutral`` as JSON types: no bool/int mixing (``True == 1``), an integer field's
+    neutral value is an integer (``n: 1.0`` is not ``n: 1``, as strict ``max_tokens: 1.0`` is refused),
+    a number field's any number (``presence_penalty: 0`` is ``0.0``)."""
     if isinstance(value, bool) or isinstance(neutral, bool):
         return type(value) is type(neutral) and value == neutral
+    if isinstance(neutral, int):
+        return isinstance(value, int) and value == neutral
+    if isinstance(neutral, float):
+        return isinstance(value, int | float) and value == neutral
     if isinstance(value, dict) and isinstance(neutral, dict):
         return value.keys() == neutral.keys() and all(_same(value[k], neutral[k]) for k in value)
     return value == neutral

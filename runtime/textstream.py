@@ -40,16 +40,17 @@ class TextStream:
         if self.stops:
             # only the part that could hold a new match needs searching
             lo = max(0, min(len(self.text), len(text)) - max(len(s) for s in self.stops))
-            hits = [i for s in self.stops if (i := text.find(s, lo)) >= 0]
-            if hits:
-                text, self.stopped = text[: min(hits)], True
+            if any(text.find(s, lo) >= 0 for s in self.stops):
                 # a speculative chunk can run past the stop: keep the tokens up to the one that
-                # completes it (what one-token decoding would have generated), so usage counts no more
+                # completes the first stop sequence and cut the text where the stops found by then
+                # begin -- what one token at a time would have given (text and usage alike)
                 for m in range(before + 1, len(self.ids)):
                     head = self.decode(self.ids[:m])
                     if any(head.find(s, lo) >= 0 for s in self.stops):
                         del self.ids[m:]
+                        text = head
                         break
+                text, self.stopped = text[: min(i for s in self.stops if (i := text.find(s, lo)) >= 0)], True
         self.text = text
 
     def _settled(self) -> int:

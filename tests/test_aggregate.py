@@ -75,6 +75,14 @@ def test_a_corrupt_run_file_is_named_and_nothing_is_written(tmp_path, name, cont
     assert not out.exists()
 
 
+def test_a_policy_json_without_an_env_is_named_when_evaluating(tmp_path):
+    runs = tmp_path / "multirun"
+    _fake_run(runs / "s0", 0, "ppo", 0.1)
+    (runs / "s0" / "policy.json").write_text(json.dumps({"algo": "ppo", "seed": 0}))  # no "env"
+    with pytest.raises(SystemExit, match="policy.json: no usable 'env' section"):
+        main([str(runs), "--out", str(tmp_path / "out"), "--test-rounds", "2"])
+
+
 def test_aggregate_evaluates_runs_without_eval_csv(tmp_path):
     """Runs trained with eval.final_rounds=0: --test-rounds evaluates each policy against BALANCE on test rounds."""
     from agents.policy import algo_class

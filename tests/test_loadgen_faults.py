@@ -136,3 +136,52 @@ def test_sigterm_mid_run_records_every_request_sent(held_server, tmp_path):
     assert summary.requests == len(rows) == summary.answered + summary.in_flight_at_stop
     assert summary.in_flight_at_stop == len(stopped)
     assert summary.answered == summary.served + summary.late + summary.rejected + summary.errors
+
+
+def test_a_stop_while_the_corpus_loads_sends_nothing(monkeypatch, tmp_path):
+    # the signal handler runs only when the loop does: the check right after the (synchronous) corpus
+    # load never saw it, and round 0 went out after the Ctrl-C
+    import os
+
+    import runtime.pair
+    from runtime.loadgen import run
+
+    real = runtime.pair.corpus
+
+    def interrupted_corpus(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.pair, "corpus", interrupted_corpus)
+    rows, summary = run({**GOOD, "url": "http://127.0.0.1:1", "output": str(tmp_path / "rows.csv")})
+    assert len(rows) == 0 and bool(summary.interrupted.iloc[0])
+
+
+def test_a_cancelled_request_closes_its_connection():
+    # __aexit__ does not run when __aenter__ is cancelled: the socket stayed open until garbage collection
+    import asyncio
+
+    from runtime.lean_http import post_json
+
+    async def go():
+        closed = asyncio.Event()
+
+        async def never_answer(reader, writer):
+            await reader.read()  # returns at EOF: the client closed its side
+            closed.set()
+            writer.close()
+
+        server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def request():
+            async with post_json(f"http://127.0.0.1:{port}", "/v1/completions", {}) as resp:
+                return resp.status
+
+        async with server:
+            task = asyncio.ensure_future(request())
+            await asyncio.sleep(0.2)  # sent, waiting for a status line
+            task.cancel()
+            await asyncio.wait_for(closed.wait(), timeout=10)
+
+    asyncio.run(go())

@@ -56,10 +56,21 @@ def test_stop_sequences_match_the_reference_cut(text, stop, cuts):
     want = text[: text.index(stop)] if stop in text else text
     assert "".join(pieces) == want
     assert ts.stopped == (stop in text)
-    # tokens counted do not depend on the chunking: a speculative chunk past the stop counts only up to
+    # text and tokens counted do not depend on the chunking: a speculative chunk past the stop counts only up to
     # the token that completes it, as one token at a time would (usage counted the whole chunk)
     _, one_by_one = _stream_all(text, list(range(len(TOK.encode(text)) + 1)), [stop])
     assert ts.tokens == one_by_one.tokens
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="abc", min_size=1, max_size=24), st.lists(st.text(alphabet="abc", min_size=1, max_size=4), min_size=2, max_size=3),
+       st.lists(st.integers(0, 100), max_size=8))
+def test_overlapping_stop_sequences_cut_as_one_token_at_a_time_would(text, stops, cuts):
+    # with stops like ["abcd", "c"] a chunk cut the text at the earliest *start* among the stops it
+    # held, while one token at a time stops at the first *completed* one (a reviewer's find)
+    pieces, ts = _stream_all(text, cuts, stops)
+    ref_pieces, ref = _stream_all(text, list(range(len(TOK.encode(text)) + 1)), stops)
+    assert ts.text == ref.text and "".join(pieces) == "".join(ref_pieces) and ts.tokens == ref.tokens
 
 
 def test_stop_prefix_is_held_back_until_settled():
@@ -125,7 +136,7 @@ def test_calibrated_cost_model_scales_times_not_memory():
 @pytest.mark.parametrize("field,value", [("n", 2), ("best_of", 3), ("logprobs", 1), ("echo", True), ("suffix", "x"), ("presence_penalty", 0.5),
                                          ("logit_bias", {"1": 2}), ("made_up", 1),
                                          # type-aware: true is not n = 1; a completion's logprobs 0 asks for the sampled token's
-                                         ("n", True), ("logprobs", 0), ("logprobs", True), ("tool_choice", "auto"),
+                                         ("n", True), ("n", 1.0), ("logprobs", 0), ("logprobs", True), ("tool_choice", "auto"),
                                          ("response_format", {"type": "json_object"}), ("response_format", {"type": "text", "x": 1})])
 def test_unsupported_parameters_are_named(field, value):
     req = CompletionRequest.model_validate({"prompt": "x", field: value})
@@ -136,7 +147,7 @@ def test_unsupported_parameters_are_named(field, value):
 
 @pytest.mark.parametrize("extra", [{"logprobs": False}, {"top_logprobs": 0}, {"response_format": {"type": "text"}}, {"tool_choice": "none"},
                                    {"parallel_tool_calls": False}, {"tools": []}, {"n": 1}, {"presence_penalty": 0}, {"frequency_penalty": 0.0},
-                                   {"logit_bias": {}}, {"logprobs": None}])
+                                   {"logit_bias": {}}, {"logprobs": None}, {"suffix": ""}, {"presence_penalty": 0}])
 def test_neutral_values_clients_send_explicitly_pass(extra):
     # the OpenAI SDK and others send defaults explicitly: they ask for nothing the server lacks
     chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **extra})
