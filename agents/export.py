@@ -19,7 +19,7 @@ from agents.policy import algo_class, resolve_policy_path
 def export_onnx(path: str | Path, out: str | Path | None = None) -> Path:
     model_path, meta = resolve_policy_path(path)
     model = algo_class(meta["algo"]).load(model_path, device="cpu")
-    module = MaskedArgmax(model).eval()
+    module = MaskedArgmax(model, use_mask=meta["algo"] == "maskable_ppo").eval()  # as PolicyScheduler runs it
     obs_dim = model.observation_space.shape[0]
     n_actions = int(model.action_space.n)
     out = Path(out) if out else model_path.parent / "policy.onnx"

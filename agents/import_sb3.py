@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from agents.artefacts import write_bytes_atomic, write_text_atomic
-from agents.policy import algo_class
+from agents.policy import ALGOS, algo_class
 from envs import ENV_ID
 from envs.config import EnvConfig
 from envs.edge_schedule import observation_size
@@ -68,6 +68,23 @@ def zoo_run_info(model_path: Path) -> tuple[str | None, dict[str, Any] | None]:
     return algo, dict(pairs.get("env_kwargs") or {})
 
 
+def normalisation_problem(model_path: Path) -> str | None:
+    """Why ``model_path`` cannot be imported as it is, if it was trained behind ``VecNormalize``: its
+    policy acts on normalised observations, and a policy folder carries no normalisation statistics,
+    so the imported scheduler would act on raw ones (silently other actions). None if not."""
+    run = model_path.parent
+    stats = [p for p in (run / "vecnormalize.pkl", run / ENV_ID / "vecnormalize.pkl") if p.is_file()]
+    if stats:
+        return f"it was trained with VecNormalize ({stats[0]})"
+    config = run / ENV_ID / "config.yml"
+    if config.is_file():
+        saved = yaml.load(config.read_text(), Loader=_ZooLoader) or {}
+        hyper = dict(saved) if not isinstance(saved, dict) else saved
+        if hyper.get("normalize") not in (None, False, "False", "false"):
+            return f"its rl-zoo3 config has normalize: {hyper.get('normalize')!r} ({config})"
+    return None
+
+
 def _check_model(model, cfg: EnvConfig, algo: str) -> None:
     obs_shape = getattr(model.observation_space, "shape", None)
     want = (observation_size(cfg),)
@@ -96,9 +113,16 @@ def import_sb3(model_path: str | Path, out: str | Path, algo: str | None = None,
     model_path = Path(model_path)
     if not model_path.is_file():
         raise PolicyImportError(f"no model file at {model_path}")
+    problem = normalisation_problem(model_path)
+    if problem:
+        raise PolicyImportError(f"{model_path} cannot be imported: {problem}; policy folders carry no observation "
+                                "normalisation, so it would act on raw observations. Train without normalize (conf/rl_zoo3/ppo.yml does)")
     zoo_algo, zoo_kwargs = zoo_run_info(model_path)
     algo = algo or zoo_algo
     if algo is None:
+        if zoo_kwargs is not None:  # an rl-zoo3 folder, named after an algorithm policy folders do not run
+            raise PolicyImportError(f"{model_path} is in an rl-zoo3 folder of algorithm {model_path.parent.parent.name!r}; "
+                                    f"policy folders run {list(ALGOS)} (pass --algo for one of those)")
         raise PolicyImportError(f"--algo is needed: {model_path} is not inside an rl-zoo3 log folder")
     try:
         algo_class(algo)

@@ -28,13 +28,16 @@ OBSERVATION_FIELDS = ("max_users", "max_gamma", "user_order", "input_tokens", "o
 POST_STEPS = (None, "improve", "improve_mixed")
 
 
+ALGOS = ("dqn", "maskable_ppo", "ppo")  #: the SB3 algorithms a policy folder may hold
+
+
 def algo_class(name: str):
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import DQN, PPO
 
     algos = {"maskable_ppo": MaskablePPO, "ppo": PPO, "dqn": DQN}
     if name not in algos:
-        raise ValueError(f"unknown algorithm {name!r}; known: {sorted(algos)}")
+        raise ValueError(f"unknown algorithm {name!r}; known: {list(ALGOS)}")
     return algos[name]
 
 
@@ -84,7 +87,7 @@ class PolicyScheduler(Scheduler):
         from agents.masked_policy import MaskedArgmax
 
         # the same module the ONNX export traces: one forward pass, no SB3 predict() overhead
-        self.net = MaskedArgmax(self.model).eval()
+        self.net = MaskedArgmax(self.model, use_mask=self.masked).eval()
         from agents.set_policy_fast import CachedSetActor, supports
 
         # set policies: user encodings cached per round, numpy (agents/set_policy_fast.py; same actions)
@@ -104,9 +107,8 @@ class PolicyScheduler(Scheduler):
 
         if self.fast is not None:
             return self.fast.act(obs, mask)
-        m = mask if self.masked else np.ones_like(mask)
-        with torch.no_grad():
-            return int(self.net(torch.as_tensor(obs[None]), torch.as_tensor(m[None], dtype=torch.float32))[0])
+        with torch.no_grad():  # the module ignores the mask of an unmasked algorithm itself (as the ONNX export does)
+            return int(self.net(torch.as_tensor(obs[None]), torch.as_tensor(mask[None], dtype=torch.float32))[0])
 
     def decide(self, rnd: Round) -> Plan:
         env = self.env

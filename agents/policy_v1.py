@@ -53,7 +53,7 @@ class PolicyV1Scheduler(Scheduler):
         self.masked = self.algo == "maskable_ppo"
         from agents.masked_policy import MaskedArgmax
 
-        self.net = MaskedArgmax(self.model).eval()  # the module the ONNX export traces
+        self.net = MaskedArgmax(self.model, use_mask=self.masked).eval()  # the module the ONNX export traces
         self.env = self._make_env(trained["num_users"])
 
     def _make_env(self, num_users: int) -> EdgeScheduleV1Env:
@@ -66,9 +66,8 @@ class PolicyV1Scheduler(Scheduler):
         """The deterministic action; unmasked algorithms act without the mask."""
         import torch
 
-        m = mask if self.masked else np.ones_like(mask)
-        with torch.no_grad():
-            return int(self.net(torch.as_tensor(obs[None]), torch.as_tensor(m[None], dtype=torch.float32))[0])
+        with torch.no_grad():  # the module ignores the mask of an unmasked algorithm itself (as the ONNX export does)
+            return int(self.net(torch.as_tensor(obs[None]), torch.as_tensor(mask[None], dtype=torch.float32))[0])
 
     def decide(self, rnd: Round) -> Plan:
         if rnd.num_users != self.env.cfg.num_users:

@@ -210,10 +210,17 @@ def reset_options(options: dict | None, key: str) -> dict:
 RENDER_MODES = ["ansi", "rgb_array"]
 
 
-def check_render_mode(render_mode: str | None) -> str | None:
-    """``render_mode`` if it is one of ``RENDER_MODES`` (or None), else ValueError naming the choices."""
-    if render_mode is not None and render_mode not in RENDER_MODES:
-        raise ValueError(f"render_mode must be one of {RENDER_MODES} or None, got {render_mode!r}")
+class RenderModeError(ValueError, TypeError):
+    """A render mode the environment does not have. Also a TypeError because that is how Gymnasium
+    tools detect an env without a mode: stable-baselines3's ``make_vec_env`` asks for
+    ``render_mode="rgb_array"`` and falls back to none only on a TypeError (as a plain ValueError,
+    ``make_vec_env("EdgeSchedule-v1")`` failed)."""
+
+
+def check_render_mode(render_mode: str | None, modes: list[str] = RENDER_MODES) -> str | None:
+    """``render_mode`` if it is one of ``modes`` (or None), else :class:`RenderModeError` naming the choices."""
+    if render_mode is not None and render_mode not in modes:
+        raise RenderModeError(f"render_mode must be one of {modes} or None, got {render_mode!r}")
     return render_mode
 
 

@@ -93,7 +93,7 @@ from gymnasium import spaces
 from envs.actions import action_index
 from envs.config import ConfigError, EnvConfig
 from envs.cost_model import CostModel, expected_tokens_per_iteration
-from envs.edge_schedule import UPLINK_SCALE_S, reset_options
+from envs.edge_schedule import UPLINK_SCALE_S, check_render_mode, reset_options
 from envs.observation_rows import batch_features, observation_rows
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan
@@ -206,9 +206,7 @@ class EdgeScheduleV1Env(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any):
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        self.render_mode = render_mode
+        self.render_mode = check_render_mode(render_mode, self.metadata["render_modes"])
         self.cfg, self.cost, self.split, self._split_options = make_models(kwargs)
         g = self.cfg.max_gamma
         self.action_space = spaces.Discrete(2 + 2 * g)
@@ -375,6 +373,8 @@ class EdgeScheduleV1Env(gym.Env):
     def render(self):
         if self.render_mode != "ansi":
             return None
+        if self._round is None:  # before the first reset (gym.make's wrapper refuses this; the bare env answers it)
+            return "no round yet: call reset()\n"
         p = self._plan
         lines = [f"user {self._t}/{self.cfg.num_users}  SD depth={p.gamma}"]
         for name, m in (("AD", 0), ("SD", 1), ("ED", 2)):

@@ -211,5 +211,7 @@ class EdgeScheduleVectorEnv(VectorEnv):
             self._masks = self._builder.prepare(*self._data.user(self._t))
             obs = encode_rounds(self.cfg, self.cost, self._builder, self._data, self._t, self._masks)
         else:
-            self._needs_reset = terminated
+            # a copy: the caller owns the returned array (a rollout buffer keeping it saw it cleared by
+            # the next step's autoreset, and editing it in place skipped that reset)
+            self._needs_reset = terminated.copy()
         return obs, rewards, terminated, np.zeros(self.num_envs, dtype=bool), infos

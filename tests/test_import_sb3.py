@@ -44,12 +44,17 @@ def test_import_writes_a_loadable_policy_folder(ppo_zip, tmp_path):
     rnd = sample_round(np.random.default_rng(0), cfg)
     plan = sched.plan(rnd)
     assert check_plan(cost, rnd, plan).feasible
-    # the ONNX graph takes the same decisions as the torch policy
+    # the ONNX graph takes the same decisions as the torch policy, given the same (real) masks: an
+    # unmasked algorithm ignores them in both (the graph applied them, the scheduler did not)
     onnx = OnnxPolicy(out / "policy.onnx")
     env = sched.env
     obs, _ = env.reset(options={"round": rnd})
-    mask = env.action_masks()
-    assert int(onnx.act(obs, np.ones_like(mask))[0]) == sched.act(obs, mask)
+    done = False
+    while not done:
+        mask = env.action_masks()
+        action = sched.act(obs, mask)
+        assert int(onnx.act(obs, mask)[0]) == action == int(onnx.act(obs, np.ones_like(mask))[0])
+        obs, _, done, _, _ = env.step(action)
 
 
 def test_mismatched_env_or_algo_fails_before_writing(ppo_zip, tmp_path):
@@ -84,6 +89,30 @@ def test_rl_zoo3_folder_gives_algo_and_env_kwargs(ppo_zip, tmp_path):
     meta = json.loads((out / "policy.json").read_text())
     assert meta["algo"] == "ppo" and meta["env"]["num_users"] == 6 and meta["source"]["env_kwargs_from"] == "rl-zoo3 config.yml"
     assert not (out / "policy.onnx").exists()
+
+
+def test_a_model_trained_behind_vecnormalize_is_refused(ppo_zip, tmp_path):
+    # the policy acts on normalised observations; the folder would have run it on raw ones, silently
+    model = _fake_zoo_run(tmp_path / "logs", ppo_zip)
+    config = model.parent / envs.ENV_ID / "config.yml"
+    saved = yaml.load(config.read_text(), Loader=yaml.UnsafeLoader)
+    saved["normalize"] = True
+    config.write_text(yaml.dump(saved))
+    with pytest.raises(PolicyImportError, match="normalize: True"):
+        import_sb3(model, tmp_path / "a", onnx=False)
+    (model.parent / envs.ENV_ID / "vecnormalize.pkl").write_bytes(b"stats")
+    with pytest.raises(PolicyImportError, match="trained with VecNormalize"):
+        import_sb3(model, tmp_path / "b", onnx=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_an_rl_zoo3_folder_of_another_algorithm_is_named(ppo_zip, tmp_path):
+    # was: "--algo is needed: ... is not inside an rl-zoo3 log folder", for a model that is
+    model = _fake_zoo_run(tmp_path / "logs", ppo_zip)
+    a2c = model.parent.parent.parent / "a2c"
+    model.parent.parent.rename(a2c)
+    with pytest.raises(PolicyImportError, match="rl-zoo3 folder of algorithm 'a2c'"):
+        import_sb3(a2c / f"{envs.ENV_ID}_1" / "best_model.zip", tmp_path / "c", onnx=False)
 
 
 def test_cli_then_agents_evaluate(ppo_zip, tmp_path):

@@ -130,3 +130,35 @@ def test_sb3_make_vec_env():
     assert len(done_infos) == 2 and all("episode" in info and "served" in info for info in done_infos)
     picture = venv.render(mode="rgb_array")
     assert picture.dtype == np.uint8 and picture.ndim == 3
+
+
+def test_make_vec_env_works_for_v1_too():
+    # SB3's make_vec_env asks for render_mode="rgb_array" and falls back only on a TypeError; v1 has
+    # no rgb_array and refused it with a plain ValueError, so make_vec_env("EdgeSchedule-v1") failed
+    venv = make_vec_env(envs.V1_ENV_ID, n_envs=2, seed=0, env_kwargs={"num_users": 4})
+    assert venv.reset().shape[0] == 2
+    with pytest.raises(ValueError, match="render_mode"):  # still a clear refusal for anyone else
+        gym.make(envs.V1_ENV_ID, render_mode="rgb_array", num_users=4)
+
+
+def test_v1_renders_before_its_first_reset():
+    env = gym.make(envs.V1_ENV_ID, render_mode="ansi", num_users=4).unwrapped
+    assert "reset" in env.render()  # was AttributeError: no attribute '_t'
+
+
+@pytest.mark.parametrize("env_id", [envs.ENV_ID, envs.V1_ENV_ID])
+def test_a_vector_envs_terminated_array_belongs_to_the_caller(env_id):
+    # v0 kept the returned array as its own reset flags: the next step cleared the caller's copy (a
+    # rollout buffer saw no episode end), and a caller editing it in place skipped the autoreset
+    v = gym.make_vec(env_id, num_envs=2, vectorization_mode="vector_entry_point", num_users=3)
+    v.reset(seed=0)
+    kept = []
+    for _ in range(8):
+        _, _, term, _, _ = v.step(np.zeros(2, dtype=np.int64))
+        kept.append(term)
+    assert int(np.sum(kept)) == 4  # two episodes of three users in each of two sub-envs (as the sync mode counts)
+    v.reset(seed=0)
+    for _ in range(3):
+        _, _, term, _, _ = v.step(np.zeros(2, dtype=np.int64))
+    term[:] = False  # the caller's own array
+    v.step(np.zeros(2, dtype=np.int64))  # autoresets as it should (was IndexError)
