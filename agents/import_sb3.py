@@ -48,40 +48,37 @@ _ZooLoader.add_constructor(
 )
 
 
-def _known(algo: str | None) -> bool:
-    try:
-        algo_class(algo)
-    except ValueError:
-        return False
-    return True
-
-
-def zoo_run_info(model_path: Path) -> tuple[str | None, dict[str, Any] | None]:
-    """(algo, env_kwargs) from an rl-zoo3 log folder around ``model_path``, else (None, None)."""
-    run = model_path.parent
-    config = run / ENV_ID / "config.yml"
+def zoo_config(model_path: Path) -> dict[str, Any] | None:
+    """The hyperparameters rl-zoo3 saved beside ``model_path`` (``<run>/<env>/config.yml``), or None
+    when the model is not in an rl-zoo3 log folder."""
+    config = model_path.parent / ENV_ID / "config.yml"
     if not config.is_file():
-        return None, None
+        return None
     saved = yaml.load(config.read_text(), Loader=_ZooLoader) or {}
-    pairs = saved if isinstance(saved, dict) else dict(saved)
-    algo = run.parent.name if _known(run.parent.name) else None
-    return algo, dict(pairs.get("env_kwargs") or {})
+    return saved if isinstance(saved, dict) else dict(saved)
 
 
-def normalisation_problem(model_path: Path) -> str | None:
+def zoo_run_info(model_path: Path, config: dict[str, Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+    """(algo, env_kwargs) from an rl-zoo3 log folder around ``model_path``, else (None, None);
+    ``config``: its :func:`zoo_config`, when the caller has read it already."""
+    config = zoo_config(model_path) if config is None else config
+    if config is None:
+        return None, None
+    folder = model_path.parent.parent.name
+    return (folder if folder in ALGOS else None), dict(config.get("env_kwargs") or {})
+
+
+def normalisation_problem(model_path: Path, config: dict[str, Any] | None) -> str | None:
     """Why ``model_path`` cannot be imported as it is, if it was trained behind ``VecNormalize``: its
     policy acts on normalised observations, and a policy folder carries no normalisation statistics,
-    so the imported scheduler would act on raw ones (silently other actions). None if not."""
+    so the imported scheduler would act on raw ones (silently other actions). ``config``: its
+    :func:`zoo_config`. None if not."""
     run = model_path.parent
     stats = [p for p in (run / "vecnormalize.pkl", run / ENV_ID / "vecnormalize.pkl") if p.is_file()]
     if stats:
         return f"it was trained with VecNormalize ({stats[0]})"
-    config = run / ENV_ID / "config.yml"
-    if config.is_file():
-        saved = yaml.load(config.read_text(), Loader=_ZooLoader) or {}
-        hyper = dict(saved) if not isinstance(saved, dict) else saved
-        if hyper.get("normalize") not in (None, False, "False", "false"):
-            return f"its rl-zoo3 config has normalize: {hyper.get('normalize')!r} ({config})"
+    if config is not None and config.get("normalize") not in (None, False, "False", "false"):
+        return f"its rl-zoo3 config has normalize: {config.get('normalize')!r} ({run / ENV_ID / 'config.yml'})"
     return None
 
 
@@ -113,11 +110,12 @@ def import_sb3(model_path: str | Path, out: str | Path, algo: str | None = None,
     model_path = Path(model_path)
     if not model_path.is_file():
         raise PolicyImportError(f"no model file at {model_path}")
-    problem = normalisation_problem(model_path)
+    config = zoo_config(model_path)
+    problem = normalisation_problem(model_path, config)
     if problem:
         raise PolicyImportError(f"{model_path} cannot be imported: {problem}; policy folders carry no observation "
                                 "normalisation, so it would act on raw observations. Train without normalize (conf/rl_zoo3/ppo.yml does)")
-    zoo_algo, zoo_kwargs = zoo_run_info(model_path)
+    zoo_algo, zoo_kwargs = zoo_run_info(model_path, config)
     algo = algo or zoo_algo
     if algo is None:
         if zoo_kwargs is not None:  # an rl-zoo3 folder, named after an algorithm policy folders do not run

@@ -35,7 +35,7 @@ def algo_class(name: str):
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import DQN, PPO
 
-    algos = {"maskable_ppo": MaskablePPO, "ppo": PPO, "dqn": DQN}
+    algos = dict(zip(ALGOS, (DQN, MaskablePPO, PPO), strict=True))
     if name not in algos:
         raise ValueError(f"unknown algorithm {name!r}; known: {list(ALGOS)}")
     return algos[name]

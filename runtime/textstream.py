@@ -40,18 +40,25 @@ class TextStream:
         if self.stops:
             # only the part that could hold a new match needs searching
             lo = max(0, min(len(self.text), len(text)) - max(len(s) for s in self.stops))
-            if any(text.find(s, lo) >= 0 for s in self.stops):
+            at = self._stop_at(text, lo)
+            if at >= 0:
                 # a speculative chunk can run past the stop: keep the tokens up to the one that
                 # completes the first stop sequence and cut the text where the stops found by then
                 # begin -- what one token at a time would have given (text and usage alike)
                 for m in range(before + 1, len(self.ids)):
                     head = self.decode(self.ids[:m])
-                    if any(head.find(s, lo) >= 0 for s in self.stops):
+                    head_at = self._stop_at(head, lo)
+                    if head_at >= 0:
                         del self.ids[m:]
-                        text = head
+                        text, at = head, head_at
                         break
-                text, self.stopped = text[: min(i for s in self.stops if (i := text.find(s, lo)) >= 0)], True
+                text, self.stopped = text[:at], True
         self.text = text
+
+    def _stop_at(self, text: str, lo: int) -> int:
+        """Where the earliest stop sequence found in ``text[lo:]`` begins (-1: none)."""
+        hits = [i for s in self.stops if (i := text.find(s, lo)) >= 0]
+        return min(hits) if hits else -1
 
     def _settled(self) -> int:
         """How many characters of ``text`` cannot change any more."""
