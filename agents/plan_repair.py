@@ -75,6 +75,14 @@ REFINE_WINDOW = 0.2  #: the line searches cover the caps / floors of this share 
 #: 0.9978x BALANCE at 2.9 ms per round; 8 -> 0.9992x; 12 -> 0.9995x at 5.5 ms, as good as every
 #: (cap, floor) pair on those rounds (the rounds still short need SD users)
 REFINE_CROSS = 12
+#: the refinement square of the ``improve_mixed`` post-step (the mixed re-pack beside it). Chosen on 40
+#: validation rounds at K = 100 and 200 with the shipped policy (``python -m experiments.improve_tuning
+#: ... --mixed-crosses 0,8``): at K = 200 the mixed re-pack at depth 2 with square 8 serves as many as
+#: with 12 (1.000x BALANCE, 2 rounds below and 2 above; the AD-only re-pack at 12: 0.9992x, 3 below)
+#: and is the cheaper of the two (the whole decision, CPU, in ``results/improve_tuning.md``: 106x
+#: faster than BALANCE vs 99.8x, on a loaded host); square 0 serves fewer (0.9986x, 7 below); at
+#: K = 100 every variant serves the same
+MIXED_REFINE_CROSS = 8
 
 
 def _window(sorted_values: np.ndarray, at: float, half: int) -> np.ndarray:
@@ -234,9 +242,13 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
 def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed: bool = False) -> Plan:
     """:func:`improve` on a :class:`~envs.plan.Plan`: the same plan if nothing serves more, else the
     improved modes with valid shares ``(z, lam)`` (``envs.feasibility.shares_for``); ``mixed``: with
-    the mixed re-pack at ``MIXED_DEPTH`` (the plan then carries that depth when the mixed plan wins)."""
+    the mixed re-pack at ``MIXED_DEPTH`` and the refinement square ``MIXED_REFINE_CROSS`` (the plan
+    then carries that depth when the mixed plan wins)."""
     old = np.asarray(plan.modes, dtype=np.int8)
-    modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, mixed_depth=MIXED_DEPTH if mixed else None)
+    if mixed:
+        modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, cross=MIXED_REFINE_CROSS, mixed_depth=MIXED_DEPTH)
+    else:
+        modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma)
     if rep is None or (modes != 0).sum() <= (old != 0).sum():
         return plan
     z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())

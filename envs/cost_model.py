@@ -222,6 +222,15 @@ class CostModel:
     def memory_budget1(self, sd_used: bool) -> float:
         return self.memory_bytes - self.reserve_bytes - self.w_l - float(sd_used) * self.w_s
 
+    def times_version(self) -> object:
+        """A value that changes whenever this model's batch times change (None: they never do).
+
+        The incremental builders (``envs.plan_builder.ScalarPlan``, ``envs.split_builder.SplitScalarPlan``)
+        memoise times by their arguments for the plan's lifetime and forget them at a reset when this
+        value moved: a subclass whose times follow live state (``runtime.calibration.CalibratedCostModel``)
+        must say so here, or a long-lived scheduler would plan with stale times."""
+        return None
+
 
 def sd_iterations1(output_tokens: int, alpha: float, gamma: int) -> int:
     """:func:`sd_iterations` for one user, as a Python int."""

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from envs.actions import action_indices
-from envs.cost_model import CostModel, sd_iterations, sd_iterations1
+from envs.cost_model import CostModel, sd_iterations
 from envs.feasibility import EPS, share_needed, share_needed1, shares_for
 
 
@@ -24,11 +24,24 @@ class ScalarPlan:
 
     Same state, same answers as ``PlanBuilder(cost, 1, G)`` (the vector-vs-scalar env test holds
     them to bit equality), an order of magnitude less overhead per user.
+
+    Speed: the closed-form times are memoised by their exact arguments, as in
+    ``envs.split_builder.SplitScalarPlan`` (``ad_time1``; SD's ``sd_parts1`` / ``sd_parts_all1``,
+    which do not depend on the user's ``J``): once a batch is full, most users leave its aggregates
+    unchanged (a large round's tail of rejects), and the same call with the same arguments gives the
+    same float, so no decision changes. The memos live as long as the plan (its cost model is fixed)
+    and are emptied past ``MEMO_MAX`` entries, and at a reset when the model's
+    :meth:`~envs.cost_model.CostModel.times_version` moved (a live calibration's factors).
     """
+
+    MEMO_MAX = 1 << 14  #: entries per plan's memos before they are emptied (bounds memory on long runs)
 
     def __init__(self, cost: CostModel, max_gamma: int):
         self.cost = cost
         self.g_max = max_gamma
+        self._ad_memo: dict[tuple[int, int, int], float] = {}  # (b, S, N) -> AD seconds
+        self._sd_memo: dict[tuple[int, int, int, int], tuple] = {}  # (b, S, N, g) -> sd_parts1; g = 0: sd_parts_all1
+        self._times_version = cost.times_version()
         self.reset()
 
     def reset(self) -> None:
@@ -44,6 +57,11 @@ class ScalarPlan:
         self.j_max = 0
         self.gamma = 0
         self._prepared = None
+        version = self.cost.times_version()  # a calibrated model's times move between rounds: its memos go with them
+        if len(self._ad_memo) + len(self._sd_memo) > self.MEMO_MAX or version != self._times_version:
+            self._ad_memo.clear()
+            self._sd_memo.clear()
+        self._times_version = version
 
     def prepare(self, inp: int, out: int, alpha: float, up: float, slack: float) -> list[bool]:
         c = self.cost
@@ -52,7 +70,11 @@ class ScalarPlan:
         n_a = max(self.n_max[0], out)
         u_a = max(self.u_max[0], up)
         sl_a = min(self.slack_min[0], slack)
-        share_a = share_needed1(c.ad_time1(b_a, s_a, n_a), b_a, u_a, sl_a)
+        key = (b_a, s_a, n_a)
+        t_a = self._ad_memo.get(key)
+        if t_a is None:
+            t_a = self._ad_memo[key] = c.ad_time1(b_a, s_a, n_a)
+        share_a = share_needed1(t_a, b_a, u_a, sl_a)
         mem_a = c.ad_memory1(b_a, s_a, n_a, self.sum_out[0] + out)
         ok_a = share_a + self.share[1] <= 1 + EPS and mem_a + self.mem[1] <= c.memory_budget1(self.b[1] > 0) * (1 + EPS)
         masks = [True, ok_a] + [False] * self.g_max
@@ -71,19 +93,41 @@ class ScalarPlan:
             prefill, iterations = None, {}
         elif self.gamma > 0:
             depths = [self.gamma]
-            prefill, iteration = c.sd_parts1(b_s, s_s, n_s, self.gamma)
+            key = (b_s, s_s, n_s, self.gamma)
+            parts = self._sd_memo.get(key)
+            if parts is None:
+                parts = self._sd_memo[key] = c.sd_parts1(b_s, s_s, n_s, self.gamma)
+            prefill, iteration = parts
             iterations = {self.gamma: iteration}
         else:
             depths = range(1, self.g_max + 1)
-            prefill, *per_depth = c.sd_parts_all1(b_s, s_s, n_s, self.g_max)
+            key = (b_s, s_s, n_s, 0)
+            parts = self._sd_memo.get(key)
+            if parts is None:
+                parts = self._sd_memo[key] = c.sd_parts_all1(b_s, s_s, n_s, self.g_max)
+            prefill, *per_depth = parts
             iterations = dict(zip(depths, per_depth, strict=True))
+        # sd_iterations1, share_needed1 (b_s >= 1) and the base sd_memory1 inlined, their operations in
+        # their order: a large round's all-AD plans never fix a depth, so every user prices all G
+        j_max, sum_s, share_ad, mem_ad, lim = self.j_max, self.sum_out[1] + out, self.share[0], self.mem[0], 1 + EPS
+        budget_s = sl_s - u_s
+        per_user, fb, fs, kv_sd, sd_user = c.kv_memory == "per_user", float(b_s), float(s_s), c.kv_sd, c.sd_user_bytes
+        own_memory = type(c).sd_memory1 is CostModel.sd_memory1
+        sure = alpha > 1.0 - 1e-9
         for g in depths:
-            j_s = max(self.j_max, sd_iterations1(out, alpha, g))
+            gf = float(g)
+            e = gf + 1.0 if sure else (1.0 - alpha ** (gf + 1.0)) / (1.0 - alpha)
+            j_s = math.ceil(float(out) / e - 1e-9)
+            j_s = j_s if j_s > j_max else j_max
             t_s = c.sd_time1(b_s, s_s, n_s, j_s, g) if prefill is None else prefill + float(j_s) * iterations[g]
-            share_s = share_needed1(t_s, b_s, u_s, sl_s)
-            mem_s = c.sd_memory1(b_s, s_s, n_s, self.sum_out[1] + out, g)
+            share_s = t_s / budget_s if budget_s > 0 else math.inf
+            if own_memory:
+                kv = (fb * (fs + g) + sum_s) * kv_sd if per_user else fb * (fs + n_s + g) * kv_sd
+                mem_s = kv + fb * sd_user if sd_user else kv
+            else:
+                mem_s = c.sd_memory1(b_s, s_s, n_s, sum_s, g)
             sd[g] = (j_s, share_s, mem_s)
-            masks[1 + g] = self.share[0] + share_s <= 1 + EPS and self.mem[0] + mem_s <= budget_sd
+            masks[1 + g] = share_ad + share_s <= lim and mem_ad + mem_s <= budget_sd
         self._prepared = ((inp, out), (b_a, s_a, n_a, u_a, sl_a, share_a, mem_a), (b_s, s_s, n_s, u_s, sl_s), sd, masks)
         return masks
 

@@ -3,8 +3,8 @@
 
     python -m experiments.mixed_plan_study --k 200 --rounds 200 --cache runs/mixed_plan_study --out results
 
-The shipped post-step (``agents.plan_repair.improve``) equals BALANCE on the rounds where BALANCE's
-plan is all-AD, and loses a user on most rounds where BALANCE mixes AD and SD. This study asks why:
+The single-batch re-pack (``agents.plan_repair.improve``) equals BALANCE on (nearly) every round where
+BALANCE's plan is all-AD, and loses a user on most rounds where BALANCE mixes AD and SD. This study asks why:
 
 1. **Shape.** For every round where BALANCE (gamma 4, the paper's) mixes, the mixed family of
    ``agents.mixed_repack`` is evaluated at BALANCE's *own* thresholds -- AD: its largest input,
@@ -14,10 +14,10 @@ plan is all-AD, and loses a user on most rounds where BALANCE mixes AD and SD. T
 2. **Ridge.** At BALANCE's thresholds (six parameters), each parameter is moved alone to the
    neighbouring distinct values either side (``RIDGE_STEPS``); ``ridge_drop_share``: the share of
    those moves that serve fewer users. A local search must hit every threshold at once.
-3. **Searches** (served on every validation round, against BALANCE's): ``improve`` (the shipped
-   post-step on the shipped policy's raw plan), ``improve_mixed`` (the option: plus the five-parameter
-   re-pack at ``MIXED_DEPTH``), and ``family6_gG`` (the shipped post-step or the six-parameter
-   re-pack at depth G, whichever serves more). CPU ms are this process's, one thread, per round (the
+3. **Searches** (served on every validation round, against BALANCE's): ``improve`` (the single-batch
+   re-pack on the shipped policy's raw plan), ``improve_mixed`` (the shipped post-step: the re-pack
+   with square ``MIXED_REFINE_CROSS`` plus the five-parameter re-pack at ``MIXED_DEPTH``), and
+   ``family6_gG`` (``improve`` or the six-parameter re-pack at depth G, whichever serves more). CPU ms are this process's, one thread, per round (the
    re-pack alone for ``family6``).
 
 Writes ``OUT/mixed_plan_study.csv`` (per round) and ``OUT/mixed_plan_study.md``. BALANCE's plans are
@@ -38,7 +38,7 @@ import pandas as pd
 from agents.artefacts import check_writable, write_bytes_atomic, write_csv_atomic, write_text_atomic
 from agents.imitation import ImitationConfig
 from agents.mixed_repack import MIXED_DEPTH, MixedFamily, mixed_repack
-from agents.plan_repair import improve
+from agents.plan_repair import MIXED_REFINE_CROSS, improve
 from agents.policy import PolicyScheduler
 from agents.registry import make_scheduler
 from envs.cost_model import CostModel, sd_iterations
@@ -120,7 +120,7 @@ def run(policy: Path, k: int, rounds: int, cache: Path | None, depths: list[int]
         m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma)
         row["improve_ms"], row["improve"] = 1e3 * (time.process_time() - t0), int((m != 0).sum())
         t0 = time.process_time()
-        m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, mixed_depth=MIXED_DEPTH)
+        m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, cross=MIXED_REFINE_CROSS, mixed_depth=MIXED_DEPTH)  # the improve_mixed post-step
         row["improve_mixed_ms"], row["improve_mixed"] = 1e3 * (time.process_time() - t0), int((m != 0).sum())
         for g in depths:
             t0 = time.process_time()
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
           "## The shape of BALANCE's mixed plans", "",
           "`familyN_serves_balance` / `familyN_same_plan`: mixed rounds where the N-parameter family at BALANCE's own thresholds serves as "
           "many users as BALANCE / rebuilds its exact plan; `ridge_drop_share_mean`: the share of one-threshold moves (up to "
-          f"{RIDGE_STEPS} distinct values either side) that serve fewer users; `improve_below_on_*`: rounds where the shipped post-step "
+          f"{RIDGE_STEPS} distinct values either side) that serve fewer users; `improve_below_on_*`: rounds where the single-batch re-pack (`improve`) "
           "serves fewer than BALANCE.", "",
           shape.to_markdown(index=False, floatfmt=".3g"), "",
           "## Searches against BALANCE", "",

@@ -87,3 +87,8 @@ class CalibratedCostModel(CostModel):
 
     def sd_time1(self, b: int, s_max: int, n_max: int, j_max: int, gamma: int) -> float:
         return super().sd_time1(b, s_max, n_max, j_max, gamma) * self.calibration.factor["sd"]
+
+    def times_version(self) -> object:
+        """The live factors: the builders' memoised times are valid while these stay the same."""
+        factor = self.calibration.factor
+        return tuple(factor[m] for m in MODES)

@@ -39,7 +39,7 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     assert seeds.raw_ratio_to_balance.between(0, 2).all() and (seeds.ratio_to_balance >= seeds.raw_ratio_to_balance - 1e-12).all()
     per_seed = pd.read_csv(res / "general.csv")
     assert {"policy s0", "policy s1", "raw s0", "raw s1"} <= set(per_seed.scheduler)
-    assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve"
+    assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve_mixed"  # the default post-step
     diag = pd.read_csv(res / "general_diagnosis.csv")
     assert len(diag) == 2 * 5 and (diag.groupby("round").served.max() <= 12).all()
     served = diag.pivot(index="round", columns="plan", values="served")

@@ -1,0 +1,69 @@
+"""The incremental builders memoise batch times: they must give what a fresh builder gives.
+
+``envs.plan_builder.ScalarPlan`` (v0) and ``envs.split_builder.SplitScalarPlan`` (v1) keep their
+memos across rounds for speed. A live server's cost model (``runtime.calibration.CalibratedCostModel``)
+changes its times between rounds as the calibration moves; a long-lived scheduler (a learned policy's
+env) must then plan with the new times, not the memoised old ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envs.config import EnvConfig
+from envs.cost_model import CostModel
+from envs.plan_builder import ScalarPlan
+from envs.workload import sample_round
+from runtime.calibration import CalibratedCostModel, StepCalibration
+
+
+def _play(plan, users, actions):
+    """Masks and state after each user (the same actions for every builder compared)."""
+    trace = []
+    plan.reset()
+    for user, a in zip(users, actions, strict=True):
+        masks = plan.prepare(*user)
+        ok = [i for i, m in enumerate(masks) if m]
+        plan.apply(ok[a % len(ok)])
+        trace.append((tuple(masks), tuple(plan.share), tuple(plan.mem), plan.gamma))
+    return trace
+
+
+def _users(rnd):
+    return list(zip(rnd.input_tokens.tolist(), rnd.output_tokens.tolist(), rnd.alpha.tolist(), rnd.uplink_s.tolist(), rnd.slack_s.tolist(), strict=True))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), factors=st.lists(st.tuples(st.floats(0.5, 3.0), st.floats(0.5, 3.0)), min_size=2, max_size=4),
+       kv=st.sampled_from(["per_user", "padded"]))
+def test_v0_builder_follows_a_calibration_that_moves_between_rounds(seed, factors, kv):
+    """One ScalarPlan reused over rounds whose calibration factors change gives, every round, what a
+    fresh ScalarPlan gives (a memo keyed on arguments alone would keep the first round's AD times)."""
+    cfg = EnvConfig(num_users=24, kv_memory=kv)
+    base = CostModel.from_config(cfg)
+    calib = StepCalibration()
+    cost = CalibratedCostModel(base, calib)
+    reused = ScalarPlan(cost, cfg.max_gamma)
+    rng = np.random.default_rng(seed)
+    rnd = sample_round(rng, cfg)  # the same round every time: only the factors differ, so stale times would show
+    actions = rng.integers(0, 1000, size=cfg.num_users).tolist()
+    for ad, sd in factors:
+        calib.factor["ad"], calib.factor["sd"] = ad, sd
+        assert _play(reused, _users(rnd), actions) == _play(ScalarPlan(cost, cfg.max_gamma), _users(rnd), actions)
+
+
+@pytest.mark.parametrize("kv", ["per_user", "padded"])
+def test_v0_builder_memos_keep_every_float(kv):
+    """Memoised or not, the same floats: a plan reused over many rounds (memos warm) against a fresh
+    plan per round (memos cold), on random rounds."""
+    cfg = EnvConfig(num_users=40, kv_memory=kv)
+    cost = CostModel.from_config(cfg)
+    reused = ScalarPlan(cost, cfg.max_gamma)
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        rnd = sample_round(rng, cfg)
+        actions = rng.integers(0, 1000, size=cfg.num_users).tolist()
+        assert _play(reused, _users(rnd), actions) == _play(ScalarPlan(cost, cfg.max_gamma), _users(rnd), actions)
