@@ -23,6 +23,7 @@ job's ``done`` event and reads its stream pieces, which the worker hands over wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -200,6 +201,17 @@ class EdgePool:
                     if not (attempt == 0 and out.outcome == "error" and not out.iterations and not job.cancelled.is_set()):
                         break
                 self._end(job, out)
+            except Exception as exc:  # noqa: BLE001 - e.g. make_edge failing otherwise than ConnectionError ("can't start new thread")
+                # this killed the client thread: the job never got its outcome (its HTTP request
+                # hung) and the pool served on with one client fewer; now the job ends with error
+                # and the client starts over with a new stream
+                if edge is not None:
+                    edge.broken = True
+                    with contextlib.suppress(Exception):
+                        edge.link.close()
+                    edge = None
+                if job.outcome is None:
+                    self._end(job, self._failed(job, "error", f"{type(exc).__name__}: {exc}"))
             finally:
                 with self._lock:
                     self.busy -= 1

@@ -62,7 +62,7 @@ from envs.workload import Round
 from runtime.live_request import OUTCOMES, LiveRequest
 from runtime.rounds import Refused, RoundServer
 from runtime.split.batcher import VerificationBatcher
-from runtime.split.grpc_server import VerifierService
+from runtime.split.grpc_server import KEEPALIVE_S, VerifierService, keepalive_options
 from runtime.split.messages import SERVICE as VERIFY_SERVICE
 from runtime.split.messages import VerdictMsg
 from runtime.split.verifier import BatchVerifier
@@ -341,8 +341,10 @@ class SplitRoundServer(RoundServer):
         )
         from concurrent.futures import ThreadPoolExecutor
 
-        # two streams per edge user (placement + verification)
-        server = grpc.server(ThreadPoolExecutor(max_workers=2 * s.max_clients + 4, thread_name_prefix="split-stream"), maximum_concurrent_rpcs=2 * s.max_clients)
+        # two streams per edge user (placement + verification); keepalive pings drop an edge that froze
+        # or was cut off without a TCP reset (its streams, target KV and slots are freed as on a close)
+        server = grpc.server(ThreadPoolExecutor(max_workers=2 * s.max_clients + 4, thread_name_prefix="split-stream"), maximum_concurrent_rpcs=2 * s.max_clients,
+                             options=keepalive_options(KEEPALIVE_S))
         server.add_generic_rpc_handlers(handlers)
         port = server.add_insecure_port(f"{self.cfg.host}:{s.port}")
         if port == 0:

@@ -10,7 +10,10 @@ everyone together and the server idles while they all draft).
 
 Every submitted request ends with exactly one outcome: its future gets a :class:`Reply`, an
 :class:`InvalidRequest` (its own row was bad) or the batch's exception (a fault in one batch does
-not stop the next); on :meth:`stop` every queued future fails with ``RuntimeError``.
+not stop the next); on :meth:`stop` every queued future fails with ``RuntimeError``. A caller may
+cancel its future while the request is still queued (``Future.cancel``, or an asyncio task awaiting
+it through ``asyncio.wrap_future`` being cancelled): the request is then dropped, never verified
+(its session does not advance); once its batch has started it can no longer be cancelled.
 """
 
 from __future__ import annotations
@@ -41,12 +44,20 @@ class BatcherStats:
     first_at: float | None = None  #: perf_counter of the first batch start
     last_at: float | None = None  #: perf_counter of the last batch end
     tokens: int = 0  #: tokens committed (accepted + bonus)
-    batch_sizes: list[int] = field(default_factory=list)
+    #: batch size -> how many batches had it. Why a count, not a list of every batch's size: the
+    #: list grew by one entry per batch for as long as the server ran (a leak on a long-lived server)
+    batch_sizes: dict[int, int] = field(default_factory=dict)
 
     @property
     def utilisation(self) -> float:
         span = (self.last_at or 0.0) - (self.first_at or 0.0)
         return self.busy_s / span if span > 0 else float("nan")
+
+
+def _fail(fut: Future, exc: BaseException) -> None:
+    """Fail a queued request's future -- unless its caller has cancelled it (then it has its outcome)."""
+    if fut.set_running_or_notify_cancel():
+        fut.set_exception(exc)
 
 
 class VerificationBatcher:
@@ -84,7 +95,7 @@ class VerificationBatcher:
             self._members.pop(client, None)
             for q in [q for q in self._queue if q.req.client == client]:
                 self._queue.remove(q)
-                q.future.set_exception(ConnectionAbortedError(f"client {client} left"))
+                _fail(q.future, ConnectionAbortedError(f"client {client} left"))
             self._releases.append(client)
             self._cond.notify_all()
 
@@ -103,7 +114,7 @@ class VerificationBatcher:
                 raise RuntimeError("the verification server is stopping")
             if req.client not in self._members:
                 raise InvalidRequest(f"client {req.client!r} has not joined")
-            if any(q.req.client == req.client for q in self._queue):
+            if any(q.req.client == req.client and not q.future.cancelled() for q in self._queue):  # a cancelled one is dropped at batch time
                 raise InvalidRequest(f"client {req.client!r} already has a request in flight")
             self._queue.append(_Queued(req, fut, time.perf_counter(), time.time()))
             self._cond.notify_all()
@@ -151,11 +162,17 @@ class VerificationBatcher:
                     continue
                 for q in mine:
                     self._queue.remove(q)
+                # from here on a future cannot be cancelled; one cancelled while queued is dropped
+                # (setting a result on it raised InvalidStateError, which killed this thread and
+                # with it the server: every later request of every client hung)
+                mine = [q for q in mine if q.future.set_running_or_notify_cancel()]
                 self._apply_releases()  # every release was issued before these requests were queued
+                if not mine:
+                    continue
                 self._last_cohort = cohort
                 return mine
             for q in self._queue:
-                q.future.set_exception(RuntimeError("the verification server stopped"))
+                _fail(q.future, RuntimeError("the verification server stopped"))
             self._queue.clear()
             self._apply_releases()
             return []
@@ -178,7 +195,7 @@ class VerificationBatcher:
             st.first_at = start if st.first_at is None else st.first_at
             st.last_at, st.busy_s = end, st.busy_s + (end - start)
             st.batches, st.rows = st.batches + 1, st.rows + len(batch)
-            st.batch_sizes.append(len(batch))
+            st.batch_sizes[len(batch)] = st.batch_sizes.get(len(batch), 0) + 1
             cohort = self._last_cohort
             for q, res in zip(batch, results, strict=True):
                 if isinstance(res, Exception):

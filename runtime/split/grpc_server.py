@@ -5,6 +5,10 @@ when the stream ends -- the edge closed it, crashed or vanished -- the client le
 and its target state is freed. A message that does not parse or fails validation ends that
 stream with INVALID_ARGUMENT; the server keeps serving everyone else. Requests arrive as raw
 bytes and are parsed here, so garbage bytes are INVALID_ARGUMENT too, not an internal error.
+
+An edge that vanishes without closing its connection (frozen, suspended, cut off by the network:
+no TCP reset reaches the server) is found by HTTP/2 keepalive pings: one that does not answer
+within ``keepalive_s`` is dropped like a closed stream, so its state is freed too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ class VerifierService:
                 except DecodeError as exc:
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a VerifyMsg: {exc}")
                 if msg.release:
+                    if msg.prompt or msg.drafts:
+                        # a release gets no verdict: one that also carries a request would leave the
+                        # edge waiting for an answer that never comes (or matching the next one to it)
+                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a release carries no prompt or drafts (send the request on its own)")
                     self.batcher.release(client)
                     continue
                 try:
@@ -50,12 +58,31 @@ class VerifierService:
             self.batcher.leave(client)
 
 
-def start_server(batcher: VerificationBatcher, address: str = "127.0.0.1:0", max_clients: int = 64) -> tuple[grpc.Server, int, VerifierService]:
+KEEPALIVE_S = 20.0  #: seconds between keepalive pings, and to answer one, before a silent edge is dropped
+
+
+def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:
+    """Server options that ping every connection every ``keepalive_s`` (idle or not) and drop one
+    that does not answer a ping within ``keepalive_s``. Why: without them a frozen or cut-off edge
+    kept its stream -- its target KV, its cohort membership (every batch of its cohort waited the
+    window for it) and a ``max_clients`` slot -- for as long as the server ran. ``ping_timeout_ms``
+    is the setting that drops the peer (``keepalive_timeout_ms`` alone did not, gRPC 1.85); without
+    ``max_pings_without_data`` 0 pings stop on a stream that sends nothing."""
+    ms = max(1, int(1e3 * keepalive_s))
+    return [("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms), ("grpc.http2.ping_timeout_ms", ms),
+            ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
+
+
+def start_server(batcher: VerificationBatcher, address: str = "127.0.0.1:0", max_clients: int = 64,
+                 keepalive_s: float = KEEPALIVE_S) -> tuple[grpc.Server, int, VerifierService]:
     """Start serving on ``address``; returns ``(server, bound port, service)``. Stop with ``server.stop(grace)``."""
+    if not keepalive_s > 0:
+        raise ValueError(f"keepalive_s must be > 0, got {keepalive_s}")
     service = VerifierService(batcher)
     handler = grpc.method_handlers_generic_handler(SERVICE, {
         "Verify": grpc.stream_stream_rpc_method_handler(service.verify, request_deserializer=None, response_serializer=VerdictMsg.SerializeToString)})
-    server = grpc.server(ThreadPoolExecutor(max_workers=max_clients + 4, thread_name_prefix="verify-stream"), maximum_concurrent_rpcs=max_clients)
+    server = grpc.server(ThreadPoolExecutor(max_workers=max_clients + 4, thread_name_prefix="verify-stream"), maximum_concurrent_rpcs=max_clients,
+                         options=keepalive_options(keepalive_s))
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port(address)
     if port == 0:
