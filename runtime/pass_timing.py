@@ -16,7 +16,9 @@ import torch
 def sync_device(device) -> None:
     """Wait for the device's queued work (a no-op on CPU), so wall-clock timings cover it."""
     if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
+        # the device itself: without an argument synchronize() waits for the *current* device
+        # (cuda:0), and a pass timed on cuda:1 would stop the clock before its kernels ran
+        torch.cuda.synchronize(device)
 
 
 def model_spec(model, name: str) -> dict:
@@ -37,30 +39,41 @@ def model_spec(model, name: str) -> dict:
     }
 
 
-def device_spec(device: str) -> dict:
-    """Memory, a measured matmul peak and copy bandwidth of the device."""
-    if device.startswith("cuda"):
+def device_spec(device: str, dtype: str = "float32") -> dict:
+    """Memory, a measured matmul peak (in ``dtype``, the profile's: ``DeviceSpec.flops_per_s`` is
+    the peak at the models' dtype) and copy bandwidth of the device.
+
+    Both are timed after one untimed call: the first matmul on a GPU pays cuBLAS's lazy set-up
+    (on an H200 it read 0.14 TFLOP/s), the first copy the destination's allocation. The copy goes
+    into an existing buffer: ``clone()`` allocated fresh memory each time, and on CPU its page
+    faults made the "bandwidth" ~3x too low.
+    """
+    cuda = str(device).startswith("cuda")
+    if cuda:
         props = torch.cuda.get_device_properties(torch.device(device))
         name, memory = props.name, float(props.total_memory)
     else:
         name = f"CPU ({os.cpu_count()} cores)"
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    n = 1024
-    a = torch.randn(n, n, device=device)
+    n = 4096 if cuda else 1024  # a 1024^3 matmul takes microseconds on a GPU: launch overhead, not the peak
+    a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+    a @ a  # warm-up
     sync_device(device)
     start = time.perf_counter()
     for _ in range(5):
         a @ a
     sync_device(device)
     flops = 5 * 2 * n**3 / (time.perf_counter() - start)
-    big = torch.empty(32 * 1024 * 1024 // 4, device=device)
+    big = torch.ones((256 if cuda else 32) * 1024 * 1024 // 4, device=device)  # float32; on a GPU larger than its L2 cache
+    dst = torch.empty_like(big)
+    dst.copy_(big)  # warm-up
     sync_device(device)
     start = time.perf_counter()
     for _ in range(5):
-        big.clone()
+        dst.copy_(big)
     sync_device(device)
-    bandwidth = 5 * 2 * big.numel() * 4 / (time.perf_counter() - start)
-    return {"name": name, "memory_bytes": memory, "bandwidth_bytes_per_s": float(bandwidth), "flops_per_s": float(flops), "reserve_bytes": 0.5e9 if not device.startswith("cuda") else 1.0e9}
+    bandwidth = 5 * 2 * big.numel() * big.element_size() / (time.perf_counter() - start)
+    return {"name": name, "memory_bytes": memory, "bandwidth_bytes_per_s": float(bandwidth), "flops_per_s": float(flops), "reserve_bytes": 0.5e9 if not cuda else 1.0e9}
 
 
 @torch.no_grad()

@@ -37,7 +37,10 @@ use and caches the result per machine:
     python -m runtime.profile --pair PATH --quick --base cpu_specsched-pair --out my_machine.yaml
     python -m runtime.profile --pair PATH --quick --out my_machine.yaml   # re-calibrate in place
 
-The output path is checked (its folder created) before anything is measured, and profiles are
+The output path is checked (its folder created) before anything is measured, and so are
+``--device``, ``--dtype`` and every existing profile the run adds to or keeps sections of (it must
+load, and describe the pair: ``--role edge`` the draft as its ``slm``, ``--engine-only`` and
+``--quick`` both models, a server rewrite that keeps an ``edge`` table the draft); profiles are
 written to a temporary file and renamed: a killed run leaves the previous file intact.
 """
 
@@ -180,6 +183,20 @@ def roofline_fit(profile: dict) -> dict:
     return fits
 
 
+def check_pair_matches(pair: ModelPair, profile, roles=("target", "draft"), hint: str = "measure a profile of this pair") -> None:
+    """``ValueError`` unless the pair's models are the ones ``profile`` (a ``Profile``) describes:
+    the target its ``llm``, the draft its ``slm`` (parameter and layer counts). A table measured on
+    one model and priced as another's is wrong without any error, so every writer that adds to an
+    existing profile (``--quick``, ``--engine-only``, ``--role edge``) checks this first."""
+    for key in roles:
+        model, section = (pair.target, "llm") if key == "target" else (pair.draft, "slm")
+        spec = getattr(profile, section)
+        params = int(sum(p.numel() for p in model.parameters()))
+        if params != int(spec.params) or int(model.config.num_hidden_layers) != spec.layers:
+            raise ValueError(f"the pair's {key} ({params} parameters, {model.config.num_hidden_layers} layers) is not the profile's "
+                             f"{section} ({int(spec.params)} parameters, {spec.layers} layers): {hint}")
+
+
 def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK_C, prefill=QUICK_PREFILL, repeats: int = 3, measured_on: dict | None = None,
                       progress: bool = True, prefill_b=None) -> dict:
     """A ``calibration`` section for profile dict ``base``: measured / predicted pass time on this machine.
@@ -198,11 +215,7 @@ def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK
     from envs.profile import Profile
 
     raw = Profile.from_dict({k: v for k, v in base.items() if k != "calibration"}, name=str(base.get("name", "")))
-    for key, model, spec in (("target", pair.target, raw.llm), ("draft", pair.draft, raw.slm)):
-        params = int(sum(p.numel() for p in model.parameters()))
-        if params != int(spec.params) or int(model.config.num_hidden_layers) != spec.layers:
-            raise ValueError(f"the pair's {key} ({params} parameters, {model.config.num_hidden_layers} layers) is not the profile's "
-                             f"{'llm' if key == 'target' else 'slm'} ({int(spec.params)} parameters, {spec.layers} layers): calibrate a profile of this pair")
+    check_pair_matches(pair, raw, hint="calibrate a profile of this pair")
     start = time.perf_counter()
     section: dict = {"measured_on": dict(measured_on or {})}
     spread = []
@@ -249,6 +262,39 @@ def check_out_path(path: Path) -> None:
         raise SystemExit(f"--out {path}: cannot write a file there ({exc.strerror or exc})") from None
 
 
+#: the dtypes a profile is measured in, by torch's canonical names: the fingerprint records the
+#: string as given, and ``float`` / ``half`` would differ from ``float32`` / ``float16`` there
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_device(device: str) -> None:
+    """Fail now, not after loading the weights (minutes for a real pair): cpu, cuda or cuda:N, present here."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device {device}: CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise SystemExit(f"--device {device}: this machine has CUDA devices cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+
+
+def read_profile(path: Path, flag: str) -> dict:
+    """The profile dict at ``path``, validated -- before the pair is loaded and anything measured
+    (it used to be read after the measurement: a broken file cost the whole run)."""
+    from envs.profile import Profile
+
+    try:
+        data = yaml.safe_load(path.read_text())
+        Profile.from_dict(data, name=path.stem)
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        raise SystemExit(f"{flag} {path} is not a valid profile: {exc}") from None
+    return data
+
+
 def write_profile(profile: dict, out: Path) -> None:
     """Write atomically: a temporary file beside ``out``, flushed to disk, renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
@@ -275,8 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pair", type=Path, help="a built pair folder (target/ + draft/)")
     ap.add_argument("--target", type=Path)
     ap.add_argument("--draft", type=Path)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--b", default="1,2,4,8,16")
     ap.add_argument("--q", default="1,2,3,5,9,32,128")
     ap.add_argument("--c", default="16,64,256,512,1024")
@@ -317,13 +363,39 @@ def main(argv: list[str] | None = None) -> None:
         if args.threads < 1:
             raise SystemExit("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    check_device(args.device)
     check_out_path(args.out)
     base_path = _profile_path(args.base) if args.base is not None else args.out
     if (args.quick or args.engine_only) and not base_path.is_file():
         raise SystemExit(f"--{'quick' if args.quick else 'engine-only'} needs an existing profile at {'--base' if args.base else '--out'}, {base_path} is missing")
-    pair = load_pair(args.pair, device=args.device, dtype=args.dtype) if args.pair else load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    # every existing profile this run adds to or keeps sections of, validated before the pair is loaded
+    existing = None
+    if args.quick or args.engine_only or args.role == "edge" or args.out.is_file():
+        existing = read_profile(base_path, "--base" if args.base is not None else "--out")
+    try:
+        pair = load_pair(args.pair, device=args.device, dtype=args.dtype) if args.pair else load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    except (FileNotFoundError, ValueError) as exc:  # not a pair folder, a missing model folder, tokenizers that differ
+        raise SystemExit(f"--{'pair' if args.pair else 'target/--draft'}: {exc}") from None
     name = args.name or args.out.stem
     fingerprint = machine_fingerprint(args.device, args.dtype, torch.get_num_threads(), pair)
+    if existing is not None:  # a table measured on one model and priced as another's is wrong without any error
+        from envs.profile import Profile
+
+        old = Profile.from_dict(existing, name=name)
+        hint = "measure a profile of this pair (--role server) first"
+        if args.role == "edge":  # the edge table is the draft's, priced as the profile's slm
+            roles = ("draft",)
+        elif args.engine_only:  # the engine residual is engine time minus the profile's tables
+            roles = ("target", "draft")
+        elif not args.quick and old.edge is not None and old.edge.latency_source == "table":
+            # a server rewrite keeps the edge table, measured for the old slm (--quick checks its own base)
+            roles, hint = ("draft",), f"its edge section times that model; remove the edge section from {args.out} (or the file) to measure this pair"
+        else:
+            roles = ()
+        try:
+            check_pair_matches(pair, old, roles, hint=hint)
+        except ValueError as exc:
+            raise SystemExit(f"--out {args.out}: {exc}") from None
     if args.role == "edge":
         from runtime.split.role_profile import edge_section, merge_edge_section
 
@@ -332,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote the edge section of {args.out}")
         return
     if args.quick:
-        profile = yaml.safe_load(base_path.read_text())
+        profile = existing
         try:
             profile["calibration"] = quick_calibration(pair, profile, repeats=args.repeats, measured_on=fingerprint, prefill_b=QUICK_PREFILL_B)
         except ValueError as exc:
@@ -344,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
         engine_measured, args.engine = args.engine is not False, False
     elif args.engine_only:
         engine_measured = False
-        profile = yaml.safe_load(args.out.read_text())
+        profile = existing
         if profile.get("latency", {}).get("source") != "table":
             raise SystemExit(f"--engine-only needs a measured (table) profile; {args.out} has latency.source {profile.get('latency', {}).get('source')!r}")
     else:
@@ -353,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
             "name": name,
             "notes": f"measured by runtime.profile on {time.strftime('%Y-%m-%d')}, device {args.device}, dtype {args.dtype}, {torch.get_num_threads()} torch thread(s), {args.repeats} repeats (median)",
             "measured_on": fingerprint,
-            "device": device_spec(args.device),
+            "device": device_spec(args.device, args.dtype),  # the matmul peak in the profile's dtype
             "llm": model_spec(pair.target, "target"),
             "slm": model_spec(pair.draft, "draft"),
             "latency": {"source": "table", **measure(pair, *grids, args.repeats)},

@@ -32,7 +32,7 @@ def edge_section(pair, device: str, dtype: str, b_grid, q_grid, c_grid, repeats:
     for i, j, k in tqdm(points, desc="profiling the draft on the edge", disable=not progress):
         q = q_grid[j]
         tau[i, j, k] = time_pass(pair.draft, b_grid[i], q, max(c_grid[k], q), repeats)
-    return {"device": device_spec(device), "measured_on": dict(measured_on),
+    return {"device": device_spec(device, dtype), "measured_on": dict(measured_on),  # the matmul peak in the models' dtype, as the server role
             "notes": f"runtime.profile --role edge on {time.strftime('%Y-%m-%d')}, device {device}, dtype {dtype}, {torch.get_num_threads()} torch thread(s), {repeats} repeats (median)",
             "latency": {"source": "table", "slm": {"b": list(map(int, b_grid)), "q": list(map(int, q_grid)), "c": list(map(int, c_grid)), "tau_s": tau.tolist()}}}
 
