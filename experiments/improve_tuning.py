@@ -98,11 +98,12 @@ def summarise(df: pd.DataFrame, crosses: list[int], mixed_depths: list[int] = ()
     mixed = [mixed_name(d, c) for d in mixed_depths for c in dict.fromkeys([REFINE_CROSS, *mixed_crosses])]
     for k, g in df.groupby("K"):
         for name in ["raw", *(f"cross{c}" for c in crosses), *mixed, "every_pair_ad"]:
-            post_ms = g[f"{name}_ms"] if f"{name}_ms" in g else (0.0 if name == "raw" else None)
+            # raw has no post-step: its own column raw_ms is the policy's plan, counted once in the decision
+            post_ms = 0.0 if name == "raw" else g[f"{name}_ms"] if f"{name}_ms" in g else None
             decision = None if post_ms is None else float((g.raw_ms + post_ms).median()) if "raw_ms" in g else None
             out.append({"K": k, "plan": name, "rounds": len(g), "ratio_to_balance": g[name].sum() / g.balance.sum(),
                         "rounds_below_balance": int((g[name] < g.balance).sum()), "rounds_above_balance": int((g[name] > g.balance).sum()),
-                        "cpu_ms_median": float(g[f"{name}_ms"].median()) if f"{name}_ms" in g else float("nan"),
+                        "cpu_ms_median": float(g[f"{name}_ms"].median()) if name != "raw" and f"{name}_ms" in g else float("nan"),
                         "decision_cpu_ms_median": float("nan") if decision is None else decision,
                         "balance_over_decision": float(g.balance_decision_ms.median()) / decision if decision and "balance_decision_ms" in g else float("nan")})
     return pd.DataFrame(out)

@@ -43,6 +43,9 @@ class StepCalibration:
         self.mean = dict.fromkeys(MODES, 1.0)
         self.var = dict.fromkeys(MODES, 0.0)
         self.samples = dict.fromkeys(MODES, 0)
+        #: bumped by every factor update: a factor that moves and comes back to the same float (e.g. held
+        #: at a bound) is still a change for whoever memoised times in between (CalibratedCostModel.times_version)
+        self.updates = 0
         self._lock = threading.Lock()  # two devices: two engine threads may report at once
 
     def update(self, mode: str, real_s: float, predicted_s: float) -> float | None:
@@ -65,6 +68,7 @@ class StepCalibration:
             f = self.mean[mode] + self.margin_sd * math.sqrt(var)
             self.factor[mode] = min(max(f, self.lo), self.hi)
             self.samples[mode] += 1
+            self.updates += 1
             return self.factor[mode]
 
 
@@ -73,7 +77,7 @@ class CalibratedCostModel(CostModel):
     of their mode. Memory is not scaled (it does not depend on speed)."""
 
     def __init__(self, base: CostModel, calibration: StepCalibration):
-        super().__init__(base.profile, base.kv_memory)  # same profile and memory model; only the times are scaled
+        super().__init__(base.profile, base.kv_memory, base.choices)  # same profile, memory model and modelling choices; only the times are scaled
         self.calibration = calibration
 
     def ad_time(self, b, s_max, n_max):
@@ -89,6 +93,9 @@ class CalibratedCostModel(CostModel):
         return super().sd_time1(b, s_max, n_max, j_max, gamma) * self.calibration.factor["sd"]
 
     def times_version(self) -> object:
-        """The live factors: the builders' memoised times are valid while these stay the same."""
+        """The live factors and the calibration's update count: the builders' memoised times are valid
+        while these stay the same. The count too, because an update may land while a round is planned
+        (the engine threads calibrate as batches end) and the factor may return to the same float
+        before the next reset (one held at a bound): times memoised in between would pass for current."""
         factor = self.calibration.factor
-        return tuple(factor[m] for m in MODES)
+        return (getattr(self.calibration, "updates", 0), *(factor[m] for m in MODES))

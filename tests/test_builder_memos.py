@@ -67,3 +67,43 @@ def test_v0_builder_memos_keep_every_float(kv):
         rnd = sample_round(rng, cfg)
         actions = rng.integers(0, 1000, size=cfg.num_users).tolist()
         assert _play(reused, _users(rnd), actions) == _play(ScalarPlan(cost, cfg.max_gamma), _users(rnd), actions)
+
+
+def test_v0_builder_forgets_times_memoised_while_a_calibration_moved_and_came_back():
+    """An update can land while a round is planned (the engine threads calibrate as batches end) and
+    the factor return to the same float before the next reset (one held at a bound): the times
+    memoised in between were keyed as current by the factors alone."""
+    cfg = EnvConfig(num_users=24)
+    calib = StepCalibration(weight=1.0, bounds=(0.5, 2.0), margin_sd=0.0)
+    cost = CalibratedCostModel(CostModel.from_config(cfg), calib)
+    calib.update("ad", 10.0, 1.0)  # held at the upper bound: 2.0
+    reused = ScalarPlan(cost, cfg.max_gamma)
+    rng = np.random.default_rng(3)
+    rnd = sample_round(rng, cfg)
+    actions = rng.integers(0, 1000, size=cfg.num_users).tolist()
+    reused.reset()
+    calib.update("ad", 1.0, 1.0)  # mid-round: 1.0 ...
+    _play_no_reset(reused, _users(rnd))  # ... the round's AD times memoised at 1.0
+    calib.update("ad", 10.0, 1.0)  # back at the bound before the next reset: 2.0 again
+    assert calib.factor["ad"] == 2.0
+    assert _play(reused, _users(rnd), actions) == _play(ScalarPlan(cost, cfg.max_gamma), _users(rnd), actions)
+
+
+def _play_no_reset(plan, users):
+    for user in users:
+        plan.prepare(*user)
+        plan.apply(0)
+
+
+def test_calibrated_cost_model_keeps_the_base_models_choices():
+    """CalibratedCostModel rebuilt its CostModel from the profile and kv_memory alone: every modelling
+    choice of the base (draft_kv, verify_flops_efficiency, the SD workspace and overhead) was dropped,
+    so a factor of 1 priced other times and memory than the model it wraps."""
+    cfg = EnvConfig(num_users=8, draft_kv="target", verify_flops_efficiency=0.5, sd_user_workspace_bytes=1e8, sd_overhead_bytes=2e8, kv_memory="padded")
+    base = CostModel.from_config(cfg)
+    cost = CalibratedCostModel(base, StepCalibration())  # factors 1.0
+    assert cost.choices == base.choices and cost.kv_memory == base.kv_memory
+    assert cost.sd_time1(8, 100, 120, 20, 4) == base.sd_time1(8, 100, 120, 20, 4)
+    assert cost.ad_time1(8, 100, 120) == base.ad_time1(8, 100, 120)
+    assert cost.sd_memory1(8, 100, 120, 500, 4) == base.sd_memory1(8, 100, 120, 500, 4)
+    assert cost.memory_budget1(True) == base.memory_budget1(True)

@@ -163,6 +163,21 @@ def test_improve_tuning_entry_point_writes_its_table(tmp_path):
         main(["--rounds", "0", "--out", str(tmp_path)])
 
 
+def test_improve_tuning_counts_the_raw_plan_once_in_a_decision():
+    """``raw`` has no post-step: its decision is the policy's plan alone (raw_ms once, not twice as
+    when its own column ``raw_ms`` was read as a post-step's), and a post-step row's decision is
+    raw_ms + its own ms."""
+    from experiments.improve_tuning import summarise
+
+    df = pd.DataFrame({"K": [200, 200], "round": [0, 1], "balance": [10, 10], "balance_decision_ms": [1000.0, 1000.0],
+                       "raw": [9, 9], "raw_ms": [10.0, 10.0], "cross0": [10, 10], "cross0_ms": [5.0, 5.0], "every_pair_ad": [10, 10]})
+    rows = summarise(df, [0]).set_index("plan")
+    assert rows.loc["raw", "decision_cpu_ms_median"] == 10.0 and rows.loc["raw", "balance_over_decision"] == 100.0
+    assert np.isnan(rows.loc["raw", "cpu_ms_median"])  # the post-step alone: raw has none
+    assert rows.loc["cross0", "cpu_ms_median"] == 5.0 and rows.loc["cross0", "decision_cpu_ms_median"] == 15.0
+    assert np.isnan(rows.loc["every_pair_ad", "decision_cpu_ms_median"])
+
+
 # --- agents.mixed_repack: the post-step's AD + SD re-pack (post_step improve_mixed) --------------
 
 
