@@ -96,9 +96,15 @@ from envs.cost_model import CostModel, expected_tokens_per_iteration
 from envs.edge_schedule import UPLINK_SCALE_S, check_render_mode, reset_options
 from envs.observation_rows import batch_features, observation_rows
 from envs.plan import AD, ED, REJECT, SD, Plan
-from envs.split_builder import SplitScalarPlan
+from envs.split_builder import SplitScalarPlan, ed_rows
 from envs.split_cost import SplitCostModel, SplitOptions
-from envs.split_plan import EdUsers, ed_users, evaluate_split_plan, shares_split
+from envs.split_plan import (
+    EdUsers,
+    ed_users,
+    evaluate_split_plan,
+    served_from_aggregates,
+    shares_split,
+)
 from envs.workload import Round, sample_round
 
 V1_DEFAULTS = {"profile": "split_a100-40gb_llama2-7b_tinyllama-1.1b", "edge_fraction": 0.5}
@@ -159,19 +165,27 @@ def user_feature_table(inp: np.ndarray, out: np.ndarray, dl: np.ndarray, alpha: 
     v0[3] = alpha
     v0[4] = slack / cfg.deadline_s[1]  # slack_s
     v0[5] = up / UPLINK_SCALE_S
-    v0[6] = expected_tokens_per_iteration(alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
+    if (alpha > 1.0 - 1e-9).any():
+        v0[6] = expected_tokens_per_iteration(alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
+    else:  # its formula with the same operands, without the np.where that would take it everywhere
+        a, gamma = np.asarray(alpha, dtype=float), np.asarray(cfg.max_gamma, dtype=float)
+        v0[6] = (1.0 - a ** (gamma + 1.0)) / (1.0 - a) / (cfg.max_gamma + 1)
     v0[7] = 1.0
-    np.clip(v0, 0.0, 1.0, out=v0)
+    v0.clip(0.0, 1.0, out=v0)
     f = np.empty((k, USER_FEATURES), dtype=np.float32)  # filled column block by block (float32 casts as astype does)
     f[:, :8] = v0.T
     f[:, 8] = 0.0 if has is None else has
-    f[:, 9] = 0.0 if rtt is None else np.clip(rtt / RTT_SCALE_S, 0.0, 1.0)
+    f[:, 9] = 0.0 if rtt is None else (rtt / RTT_SCALE_S).clip(0.0, 1.0)
     return f
 
 
 def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rnd: Round, order: np.ndarray, modes_presented: np.ndarray,
-               depth_presented: np.ndarray, gamma: int, shares: tuple[float, float, float], rng: np.random.Generator, users: EdUsers | None = None) -> dict[str, Any]:
-    """The last step's ``info`` (modes and depths in the round's original order)."""
+               depth_presented: np.ndarray, gamma: int, shares: tuple[float, float, float], rng: np.random.Generator, users: EdUsers | None = None,
+               built: SplitScalarPlan | None = None) -> dict[str, Any]:
+    """The last step's ``info`` (modes and depths in the round's original order). ``built``: the
+    scalar plan that built it (the scalar env's), whose aggregates give the served count where they
+    are the numbers ``evaluate_split_plan`` would take (``split_plan.served_from_aggregates``: the
+    terminal step's hot path); otherwise the plan is evaluated."""
     modes = np.zeros(rnd.num_users, dtype=np.int8)
     depth = np.zeros(rnd.num_users, dtype=np.int64)
     modes[order], depth[order] = modes_presented, depth_presented
@@ -180,12 +194,16 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
     counts = np.bincount(modes, minlength=4).tolist()  # modes are REJECT, AD, SD, ED = 0..3
     n_ad, n_sd, n_ed = counts[AD], counts[SD], counts[ED]
     admitted = n_ad + n_sd + n_ed
-    plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if n_ed else None, ed_share=ed_share)
-    outcome = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion, sharing=cfg.sharing,
-                                  users=users)
+    served = None
+    if built is not None and not cfg.simulate_acceptance:  # simulated acceptance draws from rng: evaluated
+        served = served_from_aggregates(cost, rnd, modes, gamma, z, ed_share, built.b, built.s_max, built.n_max, built.u_max, built.ed)
+    if served is None:
+        plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if n_ed else None, ed_share=ed_share)
+        served = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion,
+                                     sharing=cfg.sharing, users=users).served_count
     return {
-        "served": outcome.served_count, "admitted_ad": n_ad, "admitted_sd": n_sd, "admitted_ed": n_ed,
-        "rejected": rnd.num_users - admitted, "late": admitted - outcome.served_count, "gamma": gamma, "z": z,
+        "served": served, "admitted_ad": n_ad, "admitted_sd": n_sd, "admitted_ed": n_ed,
+        "rejected": rnd.num_users - admitted, "late": admitted - served, "gamma": gamma, "z": z,
         "ed_share": ed_share, "lam": lam, "modes": modes, "ed_depth": depth,
     }
 
@@ -194,13 +212,17 @@ class EdgeScheduleV1Env(gym.Env):
     """One round per episode, users decided one at a time (see the module docstring).
 
     Speed (issue #13: a step <= 3x a CartPole step): ``reset`` turns the round into what the steps
-    read -- each user's :meth:`SplitScalarPlan.prepare` arguments as Python scalars, and
-    :func:`observation_rows` (the user-dependent part of every observation, progress included) -- so
-    a step is one ``prepare`` (memoised pass times), a row copy and two slice assignments (the head, a
-    float32 array, and the mask, converted once per distinct pattern: :meth:`_set_masks`); each mode's
-    six batch features are recomputed only when that mode admits, the SD depth feature only when SD
-    does. Every value is computed by the same operations as before (``tests/test_env_v1_golden.py``
-    pins 300 trajectories bit for bit).
+    read -- each user's :meth:`SplitScalarPlan.prepare` arguments as Python scalars (the ED constants
+    of the edge users only: :func:`~envs.split_builder.ed_rows`), and :func:`observation_rows` (the
+    user-dependent part of every observation, progress included) -- so a step is one ``prepare``
+    (memoised pass times), a row copy and two slice assignments (the head, a float32 array, and the
+    mask, converted once per distinct pattern: :meth:`_set_masks`); each mode's six batch features
+    are recomputed only when that mode admits, the SD depth feature only when SD does (a reset writes
+    the empty batches' features, computed once). The last step counts the served users from the
+    builder's aggregates (``split_plan.served_from_aggregates``) where they are the numbers the plan's
+    evaluation would take. Every value is computed by the same operations as before
+    (``tests/test_env_v1_golden.py`` pins 300 trajectories bit for bit,
+    ``tests/test_env_v1_speed_paths.py`` the pieces).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -226,6 +248,11 @@ class EdgeScheduleV1Env(gym.Env):
         self._g, self._k, self._k_max = g, self.cfg.num_users, self.cfg.k_max
         self._admission_reward = self.cfg.reward_timing == "admission"
         self._scales = (float(self.cfg.input_tokens[1]), float(self.cfg.output_tokens[1]), float(self.cfg.deadline_s[1]))
+        # what every reset writes, computed once: progress t / K per row (numpy's division of exact integers
+        # is Python's; float32 cast on assignment), and the head's batch rows (every batch empty: their
+        # features do not depend on the cost model) and SD depth (none), cast to float32 as on assignment
+        self._progress = np.arange(self._k + 1) / self._k
+        self._empty_head = np.array([v for m in range(3) for v in self._batch_row(m)] + [0.0], dtype=np.float32)
 
     @property
     def round(self) -> Round | None:
@@ -262,30 +289,24 @@ class EdgeScheduleV1Env(gym.Env):
         self._feats = round_features(rnd, order, cfg)
         # the user-dependent parts of every step's observation, built once per round (one row copy a step)
         self._rows = observation_rows(self._feats, self._k_max, self._obs_size, HEAD + self._n)
-        # progress t / K (in [0, 1]: no clip), per row; numpy's division of exact integers is Python's, float32 cast as on assignment
-        self._rows[:, HEAD - 1] = np.arange(k + 1) / k
+        self._rows[:, HEAD - 1] = self._progress  # in [0, 1]: no clip
         r = rnd if cfg.user_order == "arrival" else rnd.subset(order)
         has_ed = self.split is not None and rnd.has_edge is not None and bool(rnd.has_edge.any())
-        self._ed = users = ed_users(self.split, rnd, cfg.max_gamma) if has_ed else None  # the round's original order
-        if users is None:
-            ed_rows: list = [None] * k
-        else:  # per user: (J row, X row, allowed row, prefill) over depths 1..G, or None without an edge
-            # whole arrays to lists and zipped in C (gathering the edge users' rows first cost more than it saved)
-            per_user = zip(users.iterations.tolist(), users.edge_s.tolist(), users.allowed.tolist(), users.prefill_s.tolist(), strict=True)
-            rows = [row if any_ok else None for row, any_ok in zip(per_user, users.allowed.any(axis=1).tolist(), strict=True)]
-            ed_rows = rows if r is rnd else [rows[i] for i in order.tolist()]  # the round's order -> presentation order
+        # every user's ED constants only where the last step's evaluation reuses them (simulated acceptance: otherwise the
+        # plan's aggregates give the outcome), else only the edge users' (each row is its user's alone: ed_users_arrays)
+        self._ed = ed_users(self.split, rnd, cfg.max_gamma) if has_ed and cfg.simulate_acceptance else None
+        rows = ed_rows(self.split, rnd, cfg.max_gamma, self._ed) if has_ed else [None] * k
+        ed_rows_presented = rows if r is rnd else [rows[i] for i in order.tolist()]  # the round's order -> presentation order
         # one tuple per user, in presentation order, of SplitScalarPlan.prepare's arguments as Python scalars
         self._users = list(zip(r.input_tokens.tolist(), r.output_tokens.tolist(), r.alpha.tolist(), r.uplink_s.tolist(), r.slack_s.tolist(),
-                               r.deadline_s.tolist(), ed_rows, strict=True))
+                               r.deadline_s.tolist(), ed_rows_presented, strict=True))
         self._plan.reset()
         self._t = 0
         self._modes = np.zeros(k, dtype=np.int8)
         self._depth = np.zeros(k, dtype=np.int64)
         self._done = False
         self._set_masks(self._plan.prepare(*self._users[0]))
-        for m in range(3):
-            self._head[6 * m : 6 * m + 6] = self._batch_row(m)
-        self._head[18] = 0.0  # SD depth (none yet)
+        self._head[:19] = self._empty_head
         return self._encode(), {}
 
     def action_masks(self) -> np.ndarray:
@@ -321,7 +342,7 @@ class EdgeScheduleV1Env(gym.Env):
             self._done = True
             p = self._plan
             shares = shares_split(*p.share, *p.mem, *p.b)
-            info.update(final_info(self.cfg, self.cost, self.split, self._round, self._order, self._modes, self._depth, p.gamma, shares, self.np_random, self._ed))
+            info.update(final_info(self.cfg, self.cost, self.split, self._round, self._order, self._modes, self._depth, p.gamma, shares, self.np_random, self._ed, p))
             reward += -float(info["late"]) if self.cfg.reward_timing == "admission" else float(info["served"])
             self._set_masks([True] + [False] * (self._n - 1))
             return self._encode(), reward, terminated, False, info

@@ -39,5 +39,8 @@ def batch_features(plan, m: int, num_users: int, scales: tuple[float, float, flo
     ``plan`` is either scalar plan (``envs.plan_builder.ScalarPlan`` or ``envs.split_builder.SplitScalarPlan``)."""
     i_hi, o_hi, t_hi = scales
     sl = plan.slack_min[m]
-    row = (plan.b[m] / num_users, plan.s_max[m] / i_hi, plan.n_max[m] / o_hi, plan.share[m], plan.mem[m] / budget_bytes, (sl if sl != math.inf else t_hi) / t_hi)
-    return [0.0 if v < 0.0 else (1.0 if v > 1.0 else v) for v in row]
+    a, b, c, d = plan.b[m] / num_users, plan.s_max[m] / i_hi, plan.n_max[m] / o_hi, plan.share[m]
+    e, f = plan.mem[m] / budget_bytes, (sl if sl != math.inf else t_hi) / t_hi
+    # each clipped to [0, 1], written out (a comprehension's frame showed in the step's profile)
+    return [0.0 if a < 0.0 else (1.0 if a > 1.0 else a), 0.0 if b < 0.0 else (1.0 if b > 1.0 else b), 0.0 if c < 0.0 else (1.0 if c > 1.0 else c),
+            0.0 if d < 0.0 else (1.0 if d > 1.0 else d), 0.0 if e < 0.0 else (1.0 if e > 1.0 else e), 0.0 if f < 0.0 else (1.0 if f > 1.0 else f)]

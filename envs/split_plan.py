@@ -76,10 +76,9 @@ def _depth_grid(g_max: int, overhead_bytes: float, draft_bytes: float, reply_byt
     g1 = g + 1.0
     network = (2.0 * overhead_bytes + g1 * (draft_bytes + reply_bytes)) / bandwidth_bytes_per_s  # message bytes / bandwidth
     depth_idx = np.arange(g_max)
-    prefix = (depth_idx[None, :] <= depth_idx[:, None])[None]  # (1, G, G): depth j's passes are 0..j
-    for a in (g, g1, network, depth_idx, prefix):
+    for a in (g, g1, network, depth_idx):
         a.setflags(write=False)
-    return g, g1, network, depth_idx, prefix
+    return g, g1, network, depth_idx
 
 
 def ed_users(split: SplitCostModel, rnd: Round, max_gamma: int, realised: bool = False) -> EdUsers:
@@ -107,23 +106,28 @@ def ed_users_arrays(split: SplitCostModel, input_tokens: np.ndarray, output_toke
     net = split.net
     # a reset's hot spot (one call per round): the same operations as written out per user, with the
     # depth-only rows computed once (_depth_grid)
-    g, g1, net_row, depth_idx, prefix = _depth_grid(g_max, float(net.request_overhead_bytes), float(net.bytes_per_draft_token),
-                                                    float(net.bytes_per_reply_token), float(net.bandwidth_bytes_per_s))
+    g, g1, net_row, depth_idx = _depth_grid(g_max, float(net.request_overhead_bytes), float(net.bytes_per_draft_token),
+                                            float(net.bytes_per_reply_token), float(net.bandwidth_bytes_per_s))
     c = inp + out / 2.0
     first = np.maximum(inp, 1.0)
     # edge passes: the i-th (0-based) at context c + i + 1 (split_cost.edge_pass_s for a chain), and
     # the edge's prompt prefill tau_E(1, I, I), priced in one element-wise tau_E call (K * G + K points)
     kg = k * g_max
-    q_all, c_all = np.ones(kg + k), np.empty(kg + k)  # [chain passes (K * G, row-major), prefills (K)]: filled in place, no concatenate
+    q_all, c_all = np.empty(kg + k), np.empty(kg + k)  # [chain passes (K * G, row-major), prefills (K)]: filled in place, no concatenate
+    q_all[:kg] = 1.0
     q_all[kg:] = first
     np.add(c[:, None], g, out=c_all[:kg].reshape(k, g_max))
     c_all[kg:] = first
     both = split.tau_e.tau(1.0, q_all, c_all)
     step, prefill = both[:kg].reshape(k, g_max), both[kg:]
-    cum = np.cumsum(step, axis=1)
+    cum = step.cumsum(axis=1)  # nondecreasing along a row: every pass takes time
     near = alpha > 1.0 - 1e-9
-    safe = np.where(near, 0.5, alpha)[:, None]
-    tokens = np.where(near[:, None], g1, (1.0 - safe ** g1) / (1.0 - safe))
+    if near.any():
+        safe = np.where(near, 0.5, alpha)[:, None]
+        tokens = np.where(near[:, None], g1, (1.0 - safe ** g1) / (1.0 - safe))
+    else:  # the usual round: no acceptance near 1, so both np.where would take the formula everywhere
+        a = alpha[:, None]
+        tokens = (1.0 - a ** g1) / (1.0 - a)
     iterations = np.ceil(out[:, None] / tokens - 1e-9).astype(np.int64)
     network = rtt[:, None] + net_row
     wait = network + split.tau_l.tau(1.0, g1, c[:, None] + g1)
@@ -131,20 +135,21 @@ def ed_users_arrays(split: SplitCostModel, input_tokens: np.ndarray, output_toke
     if opts.proactive and opts.interrupt == "step":
         # the proactive block's pass in flight when the verdict arrives delays the next block (no
         # saving is priced: see the module docstring); depth j (0-based) has passes 0..j, those
-        # finished within the wait form a prefix of length h
-        fits = (cum[:, None, :] <= wait[:, :, None]) & prefix
+        # finished within the wait form a prefix of length min(m, j + 1), m = how many of the chain's
+        # passes finish within it (cum is nondecreasing): if m <= j, pass m is in flight
+        fits = cum[:, None, :] <= wait[:, :, None]
         if g_max % 8 == 0:  # 8 bools (bytes 0 or 1) are one uint64 word: its popcount is their count (a reset's hot spot; a short-axis sum is slower)
             words = np.bitwise_count(fits.view(np.uint64))
-            h = words[:, :, 0].astype(np.int64) if g_max == 8 else words.sum(axis=2, dtype=np.int64)
+            m = words[:, :, 0] if g_max == 8 else words.sum(axis=2, dtype=np.int64)
         else:  # counted over uint8: numpy's bool sum is slower
-            h = fits.view(np.uint8).sum(axis=2, dtype=np.int64)
-        delay = np.where(h <= depth_idx[None, :], cum[np.arange(k)[:, None], np.minimum(h, g_max - 1)] - wait, 0.0)
+            m = fits.view(np.uint8).sum(axis=2, dtype=np.int64)
+        delay = np.where(m <= depth_idx[None, :], cum[np.arange(k)[:, None], np.minimum(m, g_max - 1)] - wait, 0.0)
         edge = cum + delay + network
     else:
         edge = cum + network
     prof = split.profile
     room = prof.edge.device.memory_bytes - prof.edge.device.reserve_bytes - prof.slm.weight_bytes
-    fits_edge = (inp + out)[:, None] + g + 1.0 <= room / split.kv_s
+    fits_edge = (inp + out)[:, None] + g1 <= room / split.kv_s  # whole numbers of tokens: (I + O + g) + 1 is I + O + (g + 1) exactly
     return EdUsers(tokens, iterations, edge, has[:, None] & fits_edge, prefill)
 
 
@@ -332,6 +337,40 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
         latency[ed_idx] = _max(rnd.uplink_s, ed_idx) + end + _max(users.prefill_s, ed_idx) + j_max * max(users.edge_s[ed_idx, col].tolist())
     served = np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))
     return Outcome(latency, served, ad_batch_s, sd_batch_s)
+
+
+def served_from_aggregates(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, z: float, ed_share: float, b: list[int], s_max: list[int],
+                           n_max: list[int], u_max: list[float], ed: list) -> int | None:
+    """``evaluate_split_plan(...).served_count`` (expected acceptance) of a plan from its batches'
+    aggregates, as ``envs.split_builder.SplitScalarPlan`` built them from the round's predictions and
+    its ED rows (``ed_users``): ``b``, ``s_max``, ``n_max``, ``u_max`` per mode AD, SD, ED, and ``ed`` =
+    ED's ``[J, q, P, X]`` maxima -- the scalar env's last step (issue #13). ``modes`` (K,) over
+    ``rnd``'s users; ``gamma``, ``z``, ``ed_share`` the plan's.
+
+    None unless the plan has ED users (without, ``evaluate_plan`` decides) and the round's realised
+    outputs and acceptance are the predictions: then every maximum ``evaluate_split_plan`` takes is
+    an aggregate (the same numbers), and the times, ends and latencies below are its operations in
+    their order; only SD's ``J`` is recomputed, by its numpy ``sd_iterations``.
+    """
+    if not b[2] or not (_same(rnd.realized_output_tokens, rnd.output_tokens) and _same(rnd.realized_alpha, rnd.alpha)):
+        return None
+    # per mode, its users' latency before their own downlink (REJECT: inf); AD, SD: U + end (+ downlink below)
+    lat = [np.inf, np.inf, np.inf, np.inf]
+    if b[0]:
+        total = cost.ad_time1(b[0], s_max[0], n_max[0])
+        lat[AD] = u_max[0] + (total / z if z > 0 else np.inf)
+    if b[1]:
+        sd_idx = np.flatnonzero(modes == SD)  # the same arrays sd_iterations gets there
+        j = sd_iterations(rnd.realized_output_tokens[sd_idx], rnd.realized_alpha[sd_idx], gamma)
+        total = cost.sd_time1(b[1], s_max[1], n_max[1], max(j.tolist()), gamma)
+        share = 1.0 - float(z + ed_share)
+        lat[SD] = u_max[1] + (total / share if share > 0 else np.inf)
+    j_max, q_max, p_max, x_max = ed  # ED: U_E + C_E / zeta_E + P_E + J X_E, no downlink
+    c_e = ed_time1(cost, b[2], s_max[2], n_max[2], j_max, q_max)
+    lat[ED] = u_max[2] + (c_e / ed_share if ed_share > 0 else np.inf) + p_max + j_max * x_max
+    # adding 0.0 to an ED user's latency leaves it as it is
+    latency = np.array(lat)[modes] + np.where(modes == ED, 0.0, rnd.realized_downlink_s)
+    return int(np.count_nonzero(np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))))
 
 
 def _fixed_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, total_s: float, share: float) -> float:

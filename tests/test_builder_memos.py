@@ -107,3 +107,21 @@ def test_calibrated_cost_model_keeps_the_base_models_choices():
     assert cost.ad_time1(8, 100, 120) == base.ad_time1(8, 100, 120)
     assert cost.sd_memory1(8, 100, 120, 500, 4) == base.sd_memory1(8, 100, 120, 500, 4)
     assert cost.memory_budget1(True) == base.memory_budget1(True)
+
+
+def test_v1_builder_follows_a_calibration_that_moves_between_rounds():
+    """The v1 builder (``envs.split_builder.SplitScalarPlan``, a learned v1 policy's env on the live
+    split server) reused while the calibration's factors change gives what a fresh one gives."""
+    from envs.split_builder import SplitScalarPlan
+
+    cfg = EnvConfig(num_users=24)
+    calib = StepCalibration()
+    cost = CalibratedCostModel(CostModel.from_config(cfg), calib)
+    reused = SplitScalarPlan(cost, cfg.max_gamma)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        rnd = sample_round(rng, cfg)
+        actions = rng.integers(0, 1000, size=cfg.num_users).tolist()
+        for ad, sd in ((1.0, 1.0), (2.5, 2.5), (0.6, 0.6)):
+            calib.factor["ad"], calib.factor["sd"] = ad, sd
+            assert _play(reused, _users(rnd), actions) == _play(SplitScalarPlan(cost, cfg.max_gamma), _users(rnd), actions)
