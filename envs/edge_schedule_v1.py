@@ -195,7 +195,9 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
     n_ad, n_sd, n_ed = counts[AD], counts[SD], counts[ED]
     admitted = n_ad + n_sd + n_ed
     served = None
-    if built is not None and not cfg.simulate_acceptance:  # simulated acceptance draws from rng: evaluated
+    # simulated acceptance draws from rng, and the aggregates' formula is the paper's outcome model
+    # (batch completion, fixed shares) only: any other setting is evaluated
+    if built is not None and not cfg.simulate_acceptance and cfg.completion == "batch" and cfg.sharing == "fixed":
         served = served_from_aggregates(cost, rnd, modes, gamma, z, ed_share, built.b, built.s_max, built.n_max, built.u_max, built.ed)
     if served is None:
         plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if n_ed else None, ed_share=ed_share)
