@@ -245,10 +245,8 @@ def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed:
     the mixed re-pack at ``MIXED_DEPTH`` and the refinement square ``MIXED_REFINE_CROSS`` (the plan
     then carries that depth when the mixed plan wins)."""
     old = np.asarray(plan.modes, dtype=np.int8)
-    if mixed:
-        modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, cross=MIXED_REFINE_CROSS, mixed_depth=MIXED_DEPTH)
-    else:
-        modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma)
+    cross, depth = (MIXED_REFINE_CROSS, MIXED_DEPTH) if mixed else (REFINE_CROSS, None)
+    modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, cross=cross, mixed_depth=depth)
     if rep is None or (modes != 0).sum() <= (old != 0).sum():
         return plan
     z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())

@@ -92,12 +92,13 @@ from gymnasium import spaces
 
 from envs.actions import action_index
 from envs.config import ConfigError, EnvConfig
-from envs.cost_model import CostModel, expected_tokens_per_iteration
-from envs.edge_schedule import UPLINK_SCALE_S, check_render_mode, reset_options
+from envs.cost_model import CostModel
+from envs.edge_schedule import check_render_mode, reset_options
 from envs.observation_rows import batch_features, observation_rows
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan, ed_rows
 from envs.split_cost import SplitCostModel, SplitOptions
+from envs.split_final_batch import batchable
 from envs.split_plan import (
     EdUsers,
     ed_users,
@@ -105,13 +106,12 @@ from envs.split_plan import (
     served_from_aggregates,
     shares_split,
 )
+from envs.v1_user_features import USER_FEATURES, round_features
 from envs.workload import Round, sample_round
 
 V1_DEFAULTS = {"profile": "split_a100-40gb_llama2-7b_tinyllama-1.1b", "edge_fraction": 0.5}
 SPLIT_SWITCHES = ("proactive", "bonus_match", "interrupt")
-USER_FEATURES = 10
 HEAD = USER_FEATURES + 3 * 6 + 3
-RTT_SCALE_S = 0.1
 
 
 def make_models(kwargs: dict[str, Any]) -> tuple[EnvConfig, CostModel, SplitCostModel | None, SplitOptions]:
@@ -136,49 +136,6 @@ def observation_size(cfg: EnvConfig) -> int:
     return HEAD + (2 + 2 * cfg.max_gamma) + USER_FEATURES * cfg.k_max
 
 
-def round_features(rnd: Round, order: np.ndarray, cfg: EnvConfig) -> np.ndarray:
-    """(K, 10) user features in presentation order ``order = rnd.order(cfg.user_order)``: v0's eight, has-an-edge, RTT / 0.1 s.
-
-    The first eight are ``envs.edge_schedule.user_features`` (a reset's hot path: its operations
-    element by element, written into one (8, K) block instead of stacked, clipped in place; float32
-    casts as astype does). ``tests/test_env_v1_fast_paths.py`` compares the two.
-    """
-    if cfg.user_order == "arrival":  # order is the identity: the round's arrays as they are (the gathers only copied them)
-        inp, out, dl, alpha, slack, up, has, rtt = rnd.input_tokens, rnd.output_tokens, rnd.deadline_s, rnd.alpha, rnd.deadline_s - rnd.downlink_s, rnd.uplink_s, rnd.has_edge, rnd.rtt_s
-    else:
-        inp, out, dl, alpha, slack, up = (a[order] for a in (rnd.input_tokens, rnd.output_tokens, rnd.deadline_s, rnd.alpha, rnd.deadline_s - rnd.downlink_s, rnd.uplink_s))
-        has = None if rnd.has_edge is None else rnd.has_edge[order]
-        rtt = None if rnd.rtt_s is None else rnd.rtt_s[order]
-    return user_feature_table(inp, out, dl, alpha, slack, up, has, rtt, cfg)
-
-
-def user_feature_table(inp: np.ndarray, out: np.ndarray, dl: np.ndarray, alpha: np.ndarray, slack: np.ndarray, up: np.ndarray,
-                       has: np.ndarray | None, rtt: np.ndarray | None, cfg: EnvConfig) -> np.ndarray:
-    """(K, 10) float32 features of users given as (K,) arrays (:func:`round_features`' arithmetic, element
-    by element, so the users of several rounds concatenated get their rounds' rows: the vector env's
-    batched reset, ``envs.split_reset_batch``). ``has`` / ``rtt`` None: no edge (features 0)."""
-    k = len(inp)
-    v0 = np.empty((8, k))
-    v0[0] = inp / cfg.input_tokens[1]
-    v0[1] = out / cfg.output_tokens[1]
-    v0[2] = dl / cfg.deadline_s[1]
-    v0[3] = alpha
-    v0[4] = slack / cfg.deadline_s[1]  # slack_s
-    v0[5] = up / UPLINK_SCALE_S
-    if (alpha > 1.0 - 1e-9).any():
-        v0[6] = expected_tokens_per_iteration(alpha, cfg.max_gamma) / (cfg.max_gamma + 1)
-    else:  # its formula with the same operands, without the np.where that would take it everywhere
-        a, gamma = np.asarray(alpha, dtype=float), np.asarray(cfg.max_gamma, dtype=float)
-        v0[6] = (1.0 - a ** (gamma + 1.0)) / (1.0 - a) / (cfg.max_gamma + 1)
-    v0[7] = 1.0
-    v0.clip(0.0, 1.0, out=v0)
-    f = np.empty((k, USER_FEATURES), dtype=np.float32)  # filled column block by block (float32 casts as astype does)
-    f[:, :8] = v0.T
-    f[:, 8] = 0.0 if has is None else has
-    f[:, 9] = 0.0 if rtt is None else (rtt / RTT_SCALE_S).clip(0.0, 1.0)
-    return f
-
-
 def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rnd: Round, order: np.ndarray, modes_presented: np.ndarray,
                depth_presented: np.ndarray, gamma: int, shares: tuple[float, float, float], rng: np.random.Generator, users: EdUsers | None = None,
                built: SplitScalarPlan | None = None) -> dict[str, Any]:
@@ -196,8 +153,8 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
     admitted = n_ad + n_sd + n_ed
     served = None
     # simulated acceptance draws from rng, and the aggregates' formula is the paper's outcome model
-    # (batch completion, fixed shares) only: any other setting is evaluated
-    if built is not None and not cfg.simulate_acceptance and cfg.completion == "batch" and cfg.sharing == "fixed":
+    # (batch completion, fixed shares) only: any other setting is evaluated (split_final_batch.batchable)
+    if built is not None and batchable(cfg):
         served = served_from_aggregates(cost, rnd, modes, gamma, z, ed_share, built.b, built.s_max, built.n_max, built.u_max, built.ed)
     if served is None:
         plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if n_ed else None, ed_share=ed_share)
@@ -294,9 +251,9 @@ class EdgeScheduleV1Env(gym.Env):
         self._rows[:, HEAD - 1] = self._progress  # in [0, 1]: no clip
         r = rnd if cfg.user_order == "arrival" else rnd.subset(order)
         has_ed = self.split is not None and rnd.has_edge is not None and bool(rnd.has_edge.any())
-        # every user's ED constants only where the last step's evaluation reuses them (simulated acceptance: otherwise the
-        # plan's aggregates give the outcome), else only the edge users' (each row is its user's alone: ed_users_arrays)
-        self._ed = ed_users(self.split, rnd, cfg.max_gamma) if has_ed and cfg.simulate_acceptance else None
+        # every user's ED constants only where the last step's evaluation reuses them (outside the paper's outcome
+        # model: within it the plan's aggregates give the outcome, final_info), else only the edge users'
+        self._ed = ed_users(self.split, rnd, cfg.max_gamma) if has_ed and not batchable(cfg) else None
         rows = ed_rows(self.split, rnd, cfg.max_gamma, self._ed) if has_ed else [None] * k
         ed_rows_presented = rows if r is rnd else [rows[i] for i in order.tolist()]  # the round's order -> presentation order
         # one tuple per user, in presentation order, of SplitScalarPlan.prepare's arguments as Python scalars

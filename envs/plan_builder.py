@@ -42,6 +42,7 @@ class ScalarPlan:
         self._ad_memo: dict[tuple[int, int, int], float] = {}  # (b, S, N) -> AD seconds
         self._sd_memo: dict[tuple[int, int, int, int], tuple] = {}  # (b, S, N, g) -> sd_parts1; g = 0: sd_parts_all1
         self._times_version = cost.times_version()
+        self._own_sd_memory = type(cost).sd_memory1 is CostModel.sd_memory1  # prepare inlines the base formula only
         self.reset()
 
     def reset(self) -> None:
@@ -112,7 +113,7 @@ class ScalarPlan:
         j_max, sum_s, share_ad, mem_ad, lim = self.j_max, self.sum_out[1] + out, self.share[0], self.mem[0], 1 + EPS
         budget_s = sl_s - u_s
         per_user, fb, fs, kv_sd, sd_user = c.kv_memory == "per_user", float(b_s), float(s_s), c.kv_sd, c.sd_user_bytes
-        own_memory = type(c).sd_memory1 is CostModel.sd_memory1
+        own_memory = self._own_sd_memory
         sure = alpha > 1.0 - 1e-9
         for g in depths:
             gf = float(g)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from envs.actions import action_indices
-from envs.cost_model import CostModel
-from envs.feasibility import EPS
+from envs.cost_model import CostModel, expected_tokens_per_iteration
+from envs.feasibility import EPS, share_needed
 from envs.split_plan import ed_budget, ed_memory, ed_share, ed_time
 
 
@@ -62,14 +62,14 @@ class SplitPlanBuilder:
         n_a = np.maximum(self.n_max[0], out)
         u_a = np.maximum(self.u_max[0], up)
         sl_a = np.minimum(self.slack_min[0], slack)
-        share_a = _share(c.ad_time(b_a, s_a, n_a), b_a, sl_a - u_a)
+        share_a = share_needed(c.ad_time(b_a, s_a, n_a), b_a, u_a, sl_a)
         mem_a = c.ad_memory(b_a, s_a, n_a, self.sum_out[0] + out)
         sh, mm = self.share, self.mem
         ok_a = (share_a + sh[1] + sh[2] <= 1 + EPS) & (mem_a + mm[1] + mm[2] <= c.memory_budget(self.b[1] > 0) * (1 + EPS))
         # SD@g (the round's depth once fixed), exactly v0's PlanBuilder
         fixed = self.gamma[:, None]
         depth = np.where(fixed > 0, fixed, g)
-        e = _expected(alpha[:, None], depth)
+        e = expected_tokens_per_iteration(alpha[:, None], depth)
         j_user = np.ceil(np.asarray(out, dtype=float)[:, None] / e - 1e-9).astype(np.int64)
         b_s = (self.b[1] + 1)[:, None]
         s_s = np.maximum(self.s_max[1], inp)[:, None]
@@ -77,7 +77,7 @@ class SplitPlanBuilder:
         j_s = np.maximum(self.j_max[:, None], j_user)
         u_s = np.maximum(self.u_max[1], up)[:, None]
         sl_s = np.minimum(self.slack_min[1], slack)[:, None]
-        share_s = _share(c.sd_time(b_s, s_s, n_s, j_s, depth), b_s, sl_s - u_s)
+        share_s = share_needed(c.sd_time(b_s, s_s, n_s, j_s, depth), b_s, u_s, sl_s)
         mem_s = c.sd_memory(b_s, s_s, n_s, (self.sum_out[1] + out)[:, None], depth)
         ok_s = (sh[0][:, None] + share_s + sh[2][:, None] <= 1 + EPS) & (mm[0][:, None] + mem_s + mm[2][:, None] <= c.memory_budget(True) * (1 + EPS))
         ok_s &= (fixed == 0) | (g == fixed)
@@ -141,17 +141,3 @@ class SplitPlanBuilder:
         if self._prepared is None:
             raise RuntimeError("SplitPlanBuilder.candidate_ad_share called before prepare()")
         return self._prepared[1][5]
-
-
-def _share(time_s, b, budget):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(budget > 0, time_s / np.where(budget > 0, budget, 1.0), np.inf)
-    return np.where(b > 0, r, 0.0)
-
-
-def _expected(alpha, gamma):
-    a = np.asarray(alpha, dtype=float)
-    g = np.asarray(gamma, dtype=float)
-    near = a > 1.0 - 1e-9
-    safe = np.where(near, 0.5, a)
-    return np.where(near, g + 1.0, (1.0 - safe ** (g + 1.0)) / (1.0 - safe))

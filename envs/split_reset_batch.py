@@ -7,7 +7,7 @@ numpy operations. Here each sub-env still draws its round from its **own** gener
 (:func:`envs.workload.draw_round`, the same draws in the same order as ``sample_round``), and then
 everything that is arithmetic runs once on the users of all resetting rounds concatenated:
 :func:`envs.workload.round_from_draws`, :func:`envs.split_plan.ed_users_arrays` and
-:func:`envs.edge_schedule_v1.user_feature_table` are element-wise per user (row-wise per user over
+:func:`envs.v1_user_features.user_feature_table` are element-wise per user (row-wise per user over
 depths), so every user gets the values it got alone. ``tests/test_v1_reset_batch.py`` checks that
 bit for bit against ``sample_round``, the per-round load and the scalar env.
 """
@@ -20,9 +20,9 @@ from dataclasses import fields
 import numpy as np
 
 from envs.config import EnvConfig
-from envs.edge_schedule_v1 import USER_FEATURES, user_feature_table
 from envs.split_cost import SplitCostModel
 from envs.split_plan import EdUsers, ed_users_arrays
+from envs.v1_user_features import USER_FEATURES, user_feature_table
 from envs.workload import Round, draw_round, round_from_draws
 
 _FIELDS = tuple(f.name for f in fields(Round))

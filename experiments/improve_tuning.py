@@ -99,8 +99,8 @@ def summarise(df: pd.DataFrame, crosses: list[int], mixed_depths: list[int] = ()
     for k, g in df.groupby("K"):
         for name in ["raw", *(f"cross{c}" for c in crosses), *mixed, "every_pair_ad"]:
             # raw has no post-step: its own column raw_ms is the policy's plan, counted once in the decision
-            post_ms = 0.0 if name == "raw" else g[f"{name}_ms"] if f"{name}_ms" in g else None
-            decision = None if post_ms is None else float((g.raw_ms + post_ms).median()) if "raw_ms" in g else None
+            post_ms = 0.0 if name == "raw" else g.get(f"{name}_ms")  # None: a row without a post-step timing (every_pair_ad)
+            decision = float((g.raw_ms + post_ms).median()) if post_ms is not None and "raw_ms" in g else None
             out.append({"K": k, "plan": name, "rounds": len(g), "ratio_to_balance": g[name].sum() / g.balance.sum(),
                         "rounds_below_balance": int((g[name] < g.balance).sum()), "rounds_above_balance": int((g[name] > g.balance).sum()),
                         "cpu_ms_median": float(g[f"{name}_ms"].median()) if name != "raw" and f"{name}_ms" in g else float("nan"),

@@ -65,6 +65,14 @@ from runtime.pass_timing import (
     time_pass,
     time_prefill,
 )
+from runtime.profile_inputs import (
+    DTYPES,
+    check_device,
+    check_existing_profile,
+    check_out_path,
+    check_pair_matches,
+    read_profile,
+)
 
 #: the quick calibration's points (see the module docstring)
 QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5), (128, 512)
@@ -183,20 +191,6 @@ def roofline_fit(profile: dict) -> dict:
     return fits
 
 
-def check_pair_matches(pair: ModelPair, profile, roles=("target", "draft"), hint: str = "measure a profile of this pair") -> None:
-    """``ValueError`` unless the pair's models are the ones ``profile`` (a ``Profile``) describes:
-    the target its ``llm``, the draft its ``slm`` (parameter and layer counts). A table measured on
-    one model and priced as another's is wrong without any error, so every writer that adds to an
-    existing profile (``--quick``, ``--engine-only``, ``--role edge``) checks this first."""
-    for key in roles:
-        model, section = (pair.target, "llm") if key == "target" else (pair.draft, "slm")
-        spec = getattr(profile, section)
-        params = int(sum(p.numel() for p in model.parameters()))
-        if params != int(spec.params) or int(model.config.num_hidden_layers) != spec.layers:
-            raise ValueError(f"the pair's {key} ({params} parameters, {model.config.num_hidden_layers} layers) is not the profile's "
-                             f"{section} ({int(spec.params)} parameters, {spec.layers} layers): {hint}")
-
-
 def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK_C, prefill=QUICK_PREFILL, repeats: int = 3, measured_on: dict | None = None,
                       progress: bool = True, prefill_b=None) -> dict:
     """A ``calibration`` section for profile dict ``base``: measured / predicted pass time on this machine.
@@ -245,54 +239,6 @@ def quick_engine(pair: ModelPair, calibrated: dict, repeats: int = 1, progress: 
     """
     return measure_engine(pair, calibrated, QUICK_ENGINE_B, repeats, trials=QUICK_ENGINE_TRIALS, progress=progress,
                           prompt_tokens=QUICK_ENGINE_PROMPTS, output_tokens=QUICK_ENGINE_OUTPUTS)
-
-
-def check_out_path(path: Path) -> None:
-    """Fail now, not after minutes of measuring: the folder is created and proven writable."""
-    if path.suffix not in (".yaml", ".yml"):
-        raise SystemExit(f"--out must be a .yaml file path (profiles are loaded by that suffix), got {path}")
-    if path.is_dir():
-        raise SystemExit(f"--out {path} is a folder; give a .yaml file path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".probe")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise SystemExit(f"--out {path}: cannot write a file there ({exc.strerror or exc})") from None
-
-
-#: the dtypes a profile is measured in, by torch's canonical names: the fingerprint records the
-#: string as given, and ``float`` / ``half`` would differ from ``float32`` / ``float16`` there
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-def check_device(device: str) -> None:
-    """Fail now, not after loading the weights (minutes for a real pair): cpu, cuda or cuda:N, present here."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device must be cpu, cuda or cuda:N, got {device!r}")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit(f"--device {device}: CUDA is not available on this machine")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise SystemExit(f"--device {device}: this machine has CUDA devices cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-
-
-def read_profile(path: Path, flag: str) -> dict:
-    """The profile dict at ``path``, validated -- before the pair is loaded and anything measured
-    (it used to be read after the measurement: a broken file cost the whole run)."""
-    from envs.profile import Profile
-
-    try:
-        data = yaml.safe_load(path.read_text())
-        Profile.from_dict(data, name=path.stem)
-    except (OSError, yaml.YAMLError, ValueError) as exc:
-        raise SystemExit(f"{flag} {path} is not a valid profile: {exc}") from None
-    return data
 
 
 def write_profile(profile: dict, out: Path) -> None:
@@ -369,33 +315,17 @@ def main(argv: list[str] | None = None) -> None:
     if (args.quick or args.engine_only) and not base_path.is_file():
         raise SystemExit(f"--{'quick' if args.quick else 'engine-only'} needs an existing profile at {'--base' if args.base else '--out'}, {base_path} is missing")
     # every existing profile this run adds to or keeps sections of, validated before the pair is loaded
-    existing = None
+    existing = old = None
     if args.quick or args.engine_only or args.role == "edge" or args.out.is_file():
-        existing = read_profile(base_path, "--base" if args.base is not None else "--out")
+        existing, old = read_profile(base_path, "--base" if args.base is not None else "--out")
     try:
         pair = load_pair(args.pair, device=args.device, dtype=args.dtype) if args.pair else load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as exc:  # not a pair folder, a missing model folder, tokenizers that differ
         raise SystemExit(f"--{'pair' if args.pair else 'target/--draft'}: {exc}") from None
     name = args.name or args.out.stem
     fingerprint = machine_fingerprint(args.device, args.dtype, torch.get_num_threads(), pair)
-    if existing is not None:  # a table measured on one model and priced as another's is wrong without any error
-        from envs.profile import Profile
-
-        old = Profile.from_dict(existing, name=name)
-        hint = "measure a profile of this pair (--role server) first"
-        if args.role == "edge":  # the edge table is the draft's, priced as the profile's slm
-            roles = ("draft",)
-        elif args.engine_only:  # the engine residual is engine time minus the profile's tables
-            roles = ("target", "draft")
-        elif not args.quick and old.edge is not None and old.edge.latency_source == "table":
-            # a server rewrite keeps the edge table, measured for the old slm (--quick checks its own base)
-            roles, hint = ("draft",), f"its edge section times that model; remove the edge section from {args.out} (or the file) to measure this pair"
-        else:
-            roles = ()
-        try:
-            check_pair_matches(pair, old, roles, hint=hint)
-        except ValueError as exc:
-            raise SystemExit(f"--out {args.out}: {exc}") from None
+    if old is not None:  # a table measured on one model and priced as another's is wrong without any error
+        check_existing_profile(pair, old, args.out, args.role, args.engine_only, args.quick)
     if args.role == "edge":
         from runtime.split.role_profile import edge_section, merge_edge_section
 

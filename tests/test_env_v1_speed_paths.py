@@ -1,8 +1,10 @@
 """EdgeSchedule-v1's speed paths (issue #13) change no value: each equals, bit for bit, what it replaced.
 
 * ``envs.scalar_times.ad_time_of`` / ``sd_parts_of`` / ``sd_parts_all_of`` (the memo misses' pricing)
-  equal ``CostModel.ad_time1`` / ``sd_parts1`` / ``sd_parts_all1``, and hand back the method for a
-  model they do not cover;
+  equal ``CostModel.ad_time1`` / ``sd_parts1`` / ``sd_parts_all1`` (also while the latency model's
+  decode-sum table grows), and hand back the method for a model they do not cover;
+* ``SplitScalarPlan``'s memos (times by their exact arguments, passes by what they depend on) keep
+  every float: a plan reused over many rounds answers as a fresh one;
 * ``envs.split_plan.ed_users_arrays`` equals its previous form (kept below as the reference: the
   proactive prefix masked, both ``np.where`` always taken);
 * ``envs.split_builder.ed_rows`` from the edge users' constants alone equals the rows from every
@@ -10,7 +12,7 @@
 * ``envs.split_plan.served_from_aggregates`` (the terminal step) equals
   ``evaluate_split_plan(...).served_count`` on plans built by ``SplitScalarPlan``, and declines (None)
   where it does not apply;
-* ``envs.edge_schedule_v1.user_feature_table`` with acceptance at 1 equals v0's user features.
+* ``envs.v1_user_features.user_feature_table`` with acceptance at 1 equals v0's user features.
 
 ``tests/test_env_v1_golden.py`` pins whole trajectories; these pin the pieces on wider inputs.
 """

@@ -20,12 +20,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
 import pytest
 from test_split_runtime import tiny
+from test_split_transport import wait_until
 
 from runtime.engines import generate_ad
 from runtime.split.batcher import VerificationBatcher
@@ -41,15 +41,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 @pytest.fixture(scope="module")
 def target():
     return tiny(2, 32, seed=0)
-
-
-def wait_until(cond, seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def expected_verdict(target, prompt: list[int], drafts: list[int]) -> tuple[int, int]:
