@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agents.ad_prefix_search import best_ad_prefix
 from agents.mixed_repack import MIXED_DEPTH, mixed_repack
 from agents.prefix_fill import TIE_WEIGHT, longest_prefixes
 from envs.cost_model import CostModel, sd_iterations
@@ -83,6 +84,20 @@ REFINE_CROSS = 12
 #: faster than BALANCE vs 99.8x, on a loaded host); square 0 serves fewer (0.9986x, 7 below); at
 #: K = 100 every variant serves the same
 MIXED_REFINE_CROSS = 8
+#: ``improve_mixed_all_pairs`` is ``improve_mixed`` (square ``MIXED_REFINE_CROSS``) plus the AD-only
+#: re-pack over every pair, so it never serves fewer than ``improve_mixed`` on any round. On the 40
+#: validation rounds at K = 200 with the shipped policy (``python -m experiments.improve_tuning ...
+#: --all-pairs-crosses 0,4,8``) squares 0, 4 and 8 beside the all-pairs search all serve 1.0003x
+#: BALANCE (1 round below, 2 above; ``improve_mixed``: 1.000x, 2 below) and 0 is ~3 ms cheaper (the
+#: whole decision 108x faster than BALANCE vs 99x with 8, in the published table's run; 125x vs 116x
+#: in an earlier run on a less loaded host), but a smaller square can serve fewer than
+#: ``improve_mixed`` where a one-batch re-pack needs it (a K = 80 round of ``tests/test_general.py``):
+#: the square stays ``MIXED_REFINE_CROSS``, so the post-step dominates ``improve_mixed`` round by round
+#: on rounds larger than this the ``improve_mixed_all_pairs`` post-step runs as ``improve_mixed``: the
+#: search over every pair costs ~K^3 (K^2 pairs, each priced in O(K) where the bounds do not prune it;
+#: 2-3 ms a validation round at K = 200, 24-35 ms at K = 500 on this host -- a third of the 0.1 s a
+#: K = 500 decision is allowed; no reported figure needs it there: BALANCE is timed, not compared, at 500)
+ALL_PAIRS_MAX_USERS = 300
 
 
 def _window(sorted_values: np.ndarray, at: float, half: int) -> np.ndarray:
@@ -104,15 +119,16 @@ def _batch_use(cost: CostModel, rnd: Round, members: np.ndarray, mode: int, gamm
 
 
 def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS,
-            mixed_depth: int | None = None, passes: int = REFINE_PASSES) -> np.ndarray:
+            mixed_depth: int | None = None, passes: int = REFINE_PASSES, all_pairs_ad: bool = False) -> np.ndarray:
     """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``):
     :func:`_improve`'s modes (``cross``: the refinement's square, ``REFINE_CROSS``; 0 = lines only;
-    ``mixed_depth``: also the mixed re-pack, SD at that depth; ``passes``: refinement passes)."""
-    return _improve(cost, rnd, modes, gamma, max_gamma, cross, mixed_depth, passes)[0]
+    ``mixed_depth``: also the mixed re-pack, SD at that depth; ``passes``: refinement passes;
+    ``all_pairs_ad``: the AD-only re-pack over every (cap, floor) pair instead of its grid)."""
+    return _improve(cost, rnd, modes, gamma, max_gamma, cross, mixed_depth, passes, all_pairs_ad)[0]
 
 
 def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS,
-             mixed_depth: int | None = None, passes: int = REFINE_PASSES):
+             mixed_depth: int | None = None, passes: int = REFINE_PASSES, all_pairs_ad: bool = False):
     """``(modes, report, depth)``: a feasible plan serving at least as many users as the feasible plan
     ``modes`` (SD at ``gamma``), its exact check (None when ``modes`` is returned unchanged), and the
     SD depth that check used (``gamma`` clipped to ``1..max_gamma``, or the mixed re-pack's; None when unchanged).
@@ -138,6 +154,11 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     AD batch and an SD batch both rebuilt from scratch (:func:`agents.mixed_repack.mixed_repack`, SD at
     ``mixed_depth``, clipped to ``max_gamma``); its plan is taken when it serves more than both
     ``modes`` and the re-pack's winner.
+
+    **Every pair** (``all_pairs_ad``; the ``improve_mixed_all_pairs`` post-step): besides, the AD-only
+    re-pack over every (input cap, slack floor) pair of the round
+    (:func:`agents.ad_prefix_search.best_ad_prefix`, pruned by exact bounds against the best count
+    found above -- a high one prunes the most); its plan is taken when it serves more than all above.
     """
     modes = np.asarray(modes, dtype=np.int8)
     k = len(modes)
@@ -149,7 +170,7 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     best_count = int((modes != 0).sum())
     # (mode re-packed, its batch's members, the users kept as they are)
     jobs = [(AD, np.flatnonzero(modes == AD), np.where(modes == SD, SD, 0).astype(np.int8)), (SD, np.flatnonzero(modes == SD), np.where(modes == AD, AD, 0).astype(np.int8))]
-    if (modes == SD).any():
+    if (modes == SD).any():  # with all_pairs_ad too: its grid point is the incumbent that lets the bounds prune
         jobs.append((AD, np.flatnonzero(modes), np.zeros(k, dtype=np.int8)))
     kept_mask = np.stack([keep[by_output] != 0 for _, _, keep in jobs])  # (jobs, K)
     n_kept = kept_mask.sum(axis=1)
@@ -220,13 +241,23 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
             if best_point is None or key > best_point[0]:
                 best_point = (key, job, cap, floor)
         count = int(np.ceil(best_point[0]))  # key = count - TIE_WEIGHT * fullness, fullness in [0, 1]
+    found = None  # (modes, report, depth) of a from-scratch plan serving more than the re-pack's winner
     if mixed_depth is not None:
         g_mixed = int(min(max(mixed_depth, 1), max_gamma))
         two, two_key = mixed_repack(cost, rnd, g_mixed)
         if int(np.ceil(two_key)) > max(count, best_count):
             rep = check_plans(cost, rnd, two[None], g_mixed)
             if rep.feasible[0]:
-                return two, rep, g_mixed
+                found = (two, rep, g_mixed)
+    if all_pairs_ad:
+        most = max(count, best_count, 0 if found is None else int((found[0] != 0).sum()))
+        ad_only = best_ad_prefix(cost, rnd, most)
+        if ad_only is not None:
+            rep = check_plans(cost, rnd, ad_only[None], g)
+            if rep.feasible[0]:
+                found = (ad_only, rep, g)
+    if found is not None:
+        return found
     if best_point is None or count <= best_count:
         return modes.copy(), None, None
     key, job, cap, floor = best_point
@@ -239,14 +270,19 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     return (out, rep, g) if rep.feasible[0] else (modes.copy(), None, None)
 
 
-def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed: bool = False) -> Plan:
+def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed: bool = False, all_pairs_ad: bool = False) -> Plan:
     """:func:`improve` on a :class:`~envs.plan.Plan`: the same plan if nothing serves more, else the
     improved modes with valid shares ``(z, lam)`` (``envs.feasibility.shares_for``); ``mixed``: with
     the mixed re-pack at ``MIXED_DEPTH`` and the refinement square ``MIXED_REFINE_CROSS`` (the plan
-    then carries that depth when the mixed plan wins)."""
+    then carries that depth when the mixed plan wins); ``all_pairs_ad`` (with ``mixed``): besides, the
+    AD-only re-pack over every (cap, floor) pair -- on rounds of at most ``ALL_PAIRS_MAX_USERS`` users;
+    larger ones get ``mixed`` alone."""
+    if all_pairs_ad and not mixed:
+        raise ValueError("all_pairs_ad is the improve_mixed_all_pairs post-step: it needs mixed=True")
     old = np.asarray(plan.modes, dtype=np.int8)
+    all_pairs_ad = all_pairs_ad and len(old) <= ALL_PAIRS_MAX_USERS
     cross, depth = (MIXED_REFINE_CROSS, MIXED_DEPTH) if mixed else (REFINE_CROSS, None)
-    modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, cross=cross, mixed_depth=depth)
+    modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, cross=cross, mixed_depth=depth, all_pairs_ad=all_pairs_ad)
     if rep is None or (modes != 0).sum() <= (old != 0).sum():
         return plan
     z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())

@@ -24,8 +24,9 @@ from envs.workload import Round
 
 #: fields of the env config that shape the observation: taken from the policy, not the caller
 OBSERVATION_FIELDS = ("max_users", "max_gamma", "user_order", "input_tokens", "output_tokens", "deadline_s")
-#: what policy.json's "post_step" may name (None: absent): agents.plan_repair.improve_plan without / with the mixed re-pack
-POST_STEPS = (None, "improve", "improve_mixed")
+#: what policy.json's "post_step" may name (None: absent): agents.plan_repair.improve_plan without / with the
+#: mixed re-pack, and with it the AD-only re-pack over every (cap, floor) pair (agents.ad_prefix_search)
+POST_STEPS = (None, "improve", "improve_mixed", "improve_mixed_all_pairs")
 
 
 ALGOS = ("dqn", "maskable_ppo", "ppo")  #: the SB3 algorithms a policy folder may hold
@@ -99,7 +100,7 @@ class PolicyScheduler(Scheduler):
         #: (agents.mixed_repack); absent = the policy's plan as it is
         self.post_step = meta.get("post_step")
         if self.post_step not in POST_STEPS:
-            raise ValueError(f"policy.json post_step must be absent, 'improve' or 'improve_mixed', got {self.post_step!r}")
+            raise ValueError(f"policy.json post_step must be absent or one of {POST_STEPS[1:]}, got {self.post_step!r}")
 
     def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
         """The deterministic action; unmasked algorithms (PPO, DQN) act without the mask."""
@@ -126,5 +127,6 @@ class PolicyScheduler(Scheduler):
         if self.post_step is not None:
             from agents.plan_repair import improve_plan
 
-            plan = improve_plan(self.cost, rnd, plan, self.max_gamma, mixed=self.post_step == "improve_mixed")
+            plan = improve_plan(self.cost, rnd, plan, self.max_gamma, mixed=self.post_step != "improve",
+                                all_pairs_ad=self.post_step == "improve_mixed_all_pairs")
         return plan

@@ -20,10 +20,11 @@ The policies are cloned from BALANCE (``agents.imitation``) and are each one net
 4. diagnoses, on **validation** rounds at ``--diagnose-k``, why the policy alone falls short there
    (its plans vs BALANCE's: modes, memory / compute used, thresholds).
 
-Every seed runs the post-step ``agents.plan_repair.improve`` (``--post-step improve_mixed``, the
-default: with the mixed re-pack of ``agents.mixed_repack``; or ``improve``, without it; written into copies of the seed
-folders under ``runs/<post-step>/`` and into the shipped ``policy.json``), and is reported without it
-too (``raw``).
+Every seed runs the post-step ``agents.plan_repair.improve`` (``--post-step improve_mixed_all_pairs``,
+the default: with the mixed re-pack of ``agents.mixed_repack`` and the AD-only re-pack over every
+(cap, floor) pair of ``agents.ad_prefix_search``; ``improve_mixed`` without the latter; ``improve``
+without either; written into copies of the seed folders under ``runs/<post-step>/`` and into the
+shipped ``policy.json``), and is reported without it too (``raw``).
 
 Writes ``results/general.md``, ``general.csv`` (per seed), ``general_seeds.csv`` (across seeds),
 ``general_timing.csv``, ``general_diagnosis.csv`` and ``general.png`` (served / BALANCE vs K with
@@ -45,7 +46,7 @@ from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.evaluate import evaluate_schedulers, summarize
 from agents.imitation import ImitationConfig
 from agents.paired_stats import t_interval
-from agents.plan_repair import MIXED_REFINE_CROSS, REFINE_CROSS
+from agents.plan_repair import ALL_PAIRS_MAX_USERS, MIXED_REFINE_CROSS, REFINE_CROSS
 from agents.policy import PolicyScheduler, resolve_policy_path
 from agents.registry import make_scheduler
 from agents.threads import limit_threads
@@ -192,8 +193,10 @@ def diagnose(raw_policy: Path, k: int, rounds: int) -> pd.DataFrame:
         p = pol.plan(rnd)
         b = bal.plan(rnd)
         mixed = improve_plan(cost, rnd, p, cfg.max_gamma, mixed=True)
+        every = improve_plan(cost, rnd, p, cfg.max_gamma, mixed=True, all_pairs_ad=True)
         plans = {"policy (raw)": (p.modes, p.gamma), "policy + improve": (improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma), p.gamma),
-                 "policy + improve_mixed": (mixed.modes, mixed.gamma), "balance (gamma 4)": (b.modes, b.gamma),
+                 "policy + improve_mixed": (mixed.modes, mixed.gamma), "policy + improve_mixed_all_pairs": (every.modes, every.gamma),
+                 "balance (gamma 4)": (b.modes, b.gamma),
                  "balance (gamma 2)": (split_search(cost, rnd, 2, g, g).modes, 2)}
         for name, (modes, gamma) in plans.items():
             modes = np.asarray(modes)
@@ -248,22 +251,26 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
                   "KV leave room for fewer users), and among AD users keeps a higher slack floor and longer outputs than BALANCE. The "
                   "expert is not the problem (BALANCE at gamma 2, the expert's depth, serves as many as at 4). The post-step re-packs "
                   "the policy's batches around its own thresholds (below).", ""]
+    mixed = post in ("improve_mixed", "improve_mixed_all_pairs")
+    square = MIXED_REFINE_CROSS if mixed else REFINE_CROSS
     post_text = (f"Every policy runs a post-step on its plan (`policy.json` `post_step: {post}`, `agents.plan_repair.improve_plan`, inside the "
              "timed decision): the policy's batches are re-packed -- one batch emptied and refilled in ascending predicted output under "
              "a small grid of input caps x slack floors (BALANCE's per-threshold step, vectorised), then refinement passes around "
-             f"the best point (the lines of every nearby cap and floor, and the square of the {MIXED_REFINE_CROSS if post == 'improve_mixed' else REFINE_CROSS} "
+             f"the best point (the lines of every nearby cap and floor, and the square of the {square} "
              "distinct caps x floors either side) -- "
              + ("and, besides, an AD batch and an SD batch are both rebuilt from scratch (`agents.mixed_repack`: AD = the shortest outputs "
                 "under an input cap and a slack floor, SD = as many as fit of the rest above a slack floor and under an iteration cap, "
-                "at draft depth 2; a grid and a line search over those five thresholds) -- " if post == "improve_mixed" else "")
+                "at draft depth 2; a grid and a line search over those five thresholds) -- " if mixed else "")
+             + ("and the AD-only re-pack (all admitted users in one AD batch) is searched over every (input cap, slack floor) pair of the "
+                "round, besides its grid (`agents.ad_prefix_search`: bounds that hold for every pair prune all but a few; the same count as "
+                f"pricing every pair, `tests/test_ad_prefix_search.py`; rounds of up to {ALL_PAIRS_MAX_USERS} users) -- " if post == "improve_mixed_all_pairs" else "")
              + "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The post-step "
-             "was chosen on validation rounds (`results/improve_tuning.md`, with the shipped policy: the AD-only refinement matches the best "
-             "AD-only re-pack over every cap and floor at K = 200; the rounds it leaves short of BALANCE are those where BALANCE mixes AD "
-             "and SD, which the mixed re-pack targets; with it, square 8 serves as many as 12 and is the cheaper, and the whole decision "
-             "stays >= 100x faster than BALANCE on those rounds). "
-             + ("`post_step: improve` is the same without the mixed re-pack (`--post-step improve` reports its figures). " if post == "improve_mixed" else
-                "`post_step: improve_mixed` adds the mixed re-pack (`agents.mixed_repack`: an AD and an SD batch rebuilt from scratch; "
-                "`--post-step improve_mixed`, the default, reports its figures). " if post == "improve" else ""))
+             "was chosen on validation rounds (`results/improve_tuning.md`, with the shipped policy, before any test round ran). "
+             + {"improve_mixed_all_pairs": "`post_step: improve_mixed` is the same without the all-pairs search (`--post-step improve_mixed` "
+                                           "reports its figures), `improve` has neither the mixed re-pack nor the all-pairs search. ",
+                "improve_mixed": "`post_step: improve` is the same without the mixed re-pack (`--post-step improve` reports its figures). ",
+                "improve": "`post_step: improve_mixed` adds the mixed re-pack (`agents.mixed_repack`: an AD and an SD batch rebuilt from scratch; "
+                           "`--post-step improve_mixed` reports its figures). "}.get(post, ""))
     if post is None:
         post_text = "The policies run without a post-step (`--post-step none`): the plans are the policies' own. "
     lines += [
@@ -325,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--balance-only", action="store_true", help="only fill --cache with BALANCE's rows (needs one trained seed for the env config)")
     p.add_argument("--diagnose-k", type=int, default=200, help="K of the validation-round diagnosis (policy vs BALANCE plans)")
     p.add_argument("--diagnose-rounds", type=int, default=10, help="validation rounds of the diagnosis (0 = skip)")
-    p.add_argument("--post-step", default="improve_mixed", choices=["improve", "improve_mixed", "none"],
+    p.add_argument("--post-step", default="improve_mixed_all_pairs", choices=["improve", "improve_mixed", "improve_mixed_all_pairs", "none"],
                    help="post-step every policy runs on its plan (agents.plan_repair.improve, timed with it); the seeds without it are reported beside ('raw')")
     args = p.parse_args(argv)
     # every argument is checked before anything is read, trained or written (a bad --ks once failed

@@ -39,11 +39,12 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     assert seeds.raw_ratio_to_balance.between(0, 2).all() and (seeds.ratio_to_balance >= seeds.raw_ratio_to_balance - 1e-12).all()
     per_seed = pd.read_csv(res / "general.csv")
     assert {"policy s0", "policy s1", "raw s0", "raw s1"} <= set(per_seed.scheduler)
-    assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve_mixed"  # the default post-step
+    assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve_mixed_all_pairs"  # the default post-step
     diag = pd.read_csv(res / "general_diagnosis.csv")
-    assert len(diag) == 2 * 5 and (diag.groupby("round").served.max() <= 12).all()
+    assert len(diag) == 2 * 6 and (diag.groupby("round").served.max() <= 12).all()
     served = diag.pivot(index="round", columns="plan", values="served")
     assert (served["policy + improve"] >= served["policy (raw)"]).all() and (served["policy + improve_mixed"] >= served["policy + improve"]).all()
+    assert (served["policy + improve_mixed_all_pairs"] >= served["policy + improve_mixed"]).all()
     assert "post_step" not in json.loads((tmp_path / "runs" / "seed0" / "policy.json").read_text())
     times = pd.read_csv(res / "general_timing.csv")
     assert list(times.K) == [12, 20] and times.balance_rounds.tolist() == [1, 0] and (times.policy_s_median > 0).all()
@@ -141,6 +142,9 @@ def test_policy_scheduler_runs_the_post_step_from_policy_json(tmp_path: Path):
     (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "improve_mixed"}))
     both = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
     assert check_plan(cost, rnd, both).feasible and (both.modes != 0).sum() >= (post.modes != 0).sum()
+    (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "improve_mixed_all_pairs"}))
+    every = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
+    assert check_plan(cost, rnd, every).feasible and (every.modes != 0).sum() >= (both.modes != 0).sum()
     (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "polish"}))
     with pytest.raises(ValueError, match="post_step"):
         PolicyScheduler(cost, 8, path=tmp_path)
@@ -150,11 +154,13 @@ def test_improve_tuning_entry_point_writes_its_table(tmp_path):
     """experiments.improve_tuning end to end on a tiny validation set: CSV + markdown, every variant."""
     from experiments.improve_tuning import main
 
-    main(["--ks", "20", "--rounds", "2", "--crosses", "0,4", "--out", str(tmp_path)])
+    main(["--ks", "20", "--rounds", "2", "--crosses", "0,4", "--mixed-depths", "2", "--all-pairs-crosses", "0", "--out", str(tmp_path)])
     import pandas as pd
 
     df = pd.read_csv(tmp_path / "improve_tuning.csv")
-    assert len(df) == 2 and {"balance", "raw", "cross0", "cross4", "every_pair_ad", "cross4_ms"} <= set(df.columns)
+    assert len(df) == 2 and {"balance", "raw", "cross0", "cross4", "every_pair_ad", "cross4_ms", "mixed2", "mixed2_cross0_allpairs"} <= set(df.columns)
+    # the all-pairs search covers every pair the exhaustive AD-only column prices
+    assert (df.mixed2_cross0_allpairs >= df.every_pair_ad).all()
     # the post-step never serves fewer than the raw plan; the exhaustive AD-only re-pack is at least the raw plan too
     assert (df.cross0 >= df.raw).all() and (df.cross4 >= df.raw).all() and (df.every_pair_ad >= df.raw).all()
     md = (tmp_path / "improve_tuning.md").read_text()
