@@ -84,19 +84,20 @@ REFINE_CROSS = 12
 #: faster than BALANCE vs 99.8x, on a loaded host); square 0 serves fewer (0.9986x, 7 below); at
 #: K = 100 every variant serves the same
 MIXED_REFINE_CROSS = 8
-#: ``improve_mixed_all_pairs`` is ``improve_mixed`` (square ``MIXED_REFINE_CROSS``) plus the AD-only
-#: re-pack over every pair, so it never serves fewer than ``improve_mixed`` on any round. On the 40
-#: validation rounds at K = 200 with the shipped policy (``python -m experiments.improve_tuning ...
-#: --all-pairs-crosses 0,4,8``) squares 0, 4 and 8 beside the all-pairs search all serve 1.0003x
-#: BALANCE (1 round below, 2 above; ``improve_mixed``: 1.000x, 2 below) and 0 is ~3 ms cheaper (the
-#: whole decision 108x faster than BALANCE vs 99x with 8, in the published table's run; 125x vs 116x
-#: in an earlier run on a less loaded host), but a smaller square can serve fewer than
-#: ``improve_mixed`` where a one-batch re-pack needs it (a K = 80 round of ``tests/test_general.py``):
-#: the square stays ``MIXED_REFINE_CROSS``, so the post-step dominates ``improve_mixed`` round by round
+# ``improve_mixed_all_pairs`` is ``improve_mixed`` (square ``MIXED_REFINE_CROSS``) plus the AD-only
+# re-pack over every pair, taken only when it serves more: it never serves fewer than ``improve_mixed``
+# on any round. On the 40 validation rounds at K = 200 with the shipped policy (``python -m
+# experiments.improve_tuning ... --all-pairs-crosses 0,4,8``) squares 0, 4 and 8 beside the all-pairs
+# search all serve 1.0003x BALANCE (1 round below, 2 above; ``improve_mixed``: 1.000x, 2 below) and 0
+# is ~3 ms cheaper (the whole decision 114x faster than BALANCE vs 105x with 8 in the published table's
+# run; 125x vs 116x, and 108x vs 99x, in earlier runs on this host), but a smaller square can serve fewer than
+# ``improve_mixed`` where a one-batch re-pack needs it (a K = 80 round of ``tests/test_general.py``),
+# so the square stays ``MIXED_REFINE_CROSS`` and the dominance holds.
+
 #: on rounds larger than this the ``improve_mixed_all_pairs`` post-step runs as ``improve_mixed``: the
-#: search over every pair costs ~K^3 (K^2 pairs, each priced in O(K) where the bounds do not prune it;
-#: 2-3 ms a validation round at K = 200, 24-35 ms at K = 500 on this host -- a third of the 0.1 s a
-#: K = 500 decision is allowed; no reported figure needs it there: BALANCE is timed, not compared, at 500)
+#: search over every pair grows towards K^3 (``agents.ad_prefix_search``, "Cost"); had it run at
+#: K = 500 it would have taken 24-35 ms a validation round on this host, a third of the 0.1 s a K = 500
+#: decision is allowed, and no reported figure needs it there (BALANCE is timed, not compared, at 500)
 ALL_PAIRS_MAX_USERS = 300
 
 
@@ -251,7 +252,7 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
                 found = (two, rep, g_mixed)
     if all_pairs_ad:
         most = max(count, best_count, 0 if found is None else int((found[0] != 0).sum()))
-        ad_only = best_ad_prefix(cost, rnd, most)
+        ad_only = best_ad_prefix(cost, rnd, more_than=most)
         if ad_only is not None:
             rep = check_plans(cost, rnd, ad_only[None], g)
             if rep.feasible[0]:

@@ -15,7 +15,7 @@ BALANCE's plan is all-AD, and loses a user on most rounds where BALANCE mixes AD
    neighbouring distinct values either side (``RIDGE_STEPS``); ``ridge_drop_share``: the share of
    those moves that serve fewer users. A local search must hit every threshold at once.
 3. **Searches** (served on every validation round, against BALANCE's): ``improve`` (the single-batch
-   re-pack on the shipped policy's raw plan), ``improve_mixed`` (the shipped post-step: the re-pack
+   re-pack on the shipped policy's raw plan), ``improve_mixed`` (the post-step shipped until ``improve_mixed_all_pairs`` added the AD-only re-pack over every pair: the re-pack
    with square ``MIXED_REFINE_CROSS`` plus the five-parameter re-pack at ``MIXED_DEPTH``), and
    ``family6_gG`` (``improve`` or the six-parameter re-pack at depth G, whichever serves more). CPU ms are this process's, one thread, per round (the
    re-pack alone for ``family6``).
