@@ -99,6 +99,8 @@ MIXED_REFINE_CROSS = 8
 #: K = 500 it would have taken 24-35 ms a validation round on this host, a third of the 0.1 s a K = 500
 #: decision is allowed, and no reported figure needs it there (BALANCE is timed, not compared, at 500)
 ALL_PAIRS_MAX_USERS = 300
+#: the post-steps a policy may name (policy.json "post_step") -> improve_plan's (mixed, all_pairs_ad)
+POST_STEP_OPTIONS = {"improve": (False, False), "improve_mixed": (True, False), "improve_mixed_all_pairs": (True, True)}
 
 
 def _window(sorted_values: np.ndarray, at: float, half: int) -> np.ndarray:
@@ -124,7 +126,7 @@ def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamm
     """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``):
     :func:`_improve`'s modes (``cross``: the refinement's square, ``REFINE_CROSS``; 0 = lines only;
     ``mixed_depth``: also the mixed re-pack, SD at that depth; ``passes``: refinement passes;
-    ``all_pairs_ad``: the AD-only re-pack over every (cap, floor) pair instead of its grid)."""
+    ``all_pairs_ad``: besides, the AD-only re-pack over every (cap, floor) pair)."""
     return _improve(cost, rnd, modes, gamma, max_gamma, cross, mixed_depth, passes, all_pairs_ad)[0]
 
 

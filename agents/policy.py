@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from agents.plan_repair import POST_STEP_OPTIONS, improve_plan
 from agents.scheduler import Scheduler
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
@@ -24,9 +25,8 @@ from envs.workload import Round
 
 #: fields of the env config that shape the observation: taken from the policy, not the caller
 OBSERVATION_FIELDS = ("max_users", "max_gamma", "user_order", "input_tokens", "output_tokens", "deadline_s")
-#: what policy.json's "post_step" may name (None: absent): agents.plan_repair.improve_plan without / with the
-#: mixed re-pack, and with it the AD-only re-pack over every (cap, floor) pair (agents.ad_prefix_search)
-POST_STEPS = (None, "improve", "improve_mixed", "improve_mixed_all_pairs")
+#: what policy.json's "post_step" may name (None: absent): agents.plan_repair.POST_STEP_OPTIONS
+POST_STEPS = (None, *POST_STEP_OPTIONS)
 
 
 ALGOS = ("dqn", "maskable_ppo", "ppo")  #: the SB3 algorithms a policy folder may hold
@@ -125,8 +125,6 @@ class PolicyScheduler(Scheduler):
                 break
         plan = Plan(info["modes"], gamma=max(int(info["gamma"]), 1), z=float(info["z"]), lam=float(info["lam"]))
         if self.post_step is not None:
-            from agents.plan_repair import improve_plan
-
-            plan = improve_plan(self.cost, rnd, plan, self.max_gamma, mixed=self.post_step != "improve",
-                                all_pairs_ad=self.post_step == "improve_mixed_all_pairs")
+            mixed, all_pairs_ad = POST_STEP_OPTIONS[self.post_step]
+            plan = improve_plan(self.cost, rnd, plan, self.max_gamma, mixed=mixed, all_pairs_ad=all_pairs_ad)
         return plan

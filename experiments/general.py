@@ -46,13 +46,14 @@ from agents.artefacts import write_csv_atomic, write_text_atomic
 from agents.evaluate import evaluate_schedulers, summarize
 from agents.imitation import ImitationConfig
 from agents.paired_stats import t_interval
-from agents.plan_repair import ALL_PAIRS_MAX_USERS, MIXED_REFINE_CROSS, REFINE_CROSS
+from agents.plan_repair import POST_STEP_OPTIONS
 from agents.policy import PolicyScheduler, resolve_policy_path
 from agents.registry import make_scheduler
 from agents.threads import limit_threads
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.workload import make_rounds
+from experiments.general_report import COLS, plot, report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -179,7 +180,7 @@ def diagnose(raw_policy: Path, k: int, rounds: int) -> pd.DataFrame:
     served, AD / SD, memory and compute used, and the thresholds that shape a batch (largest input,
     least slack among the admitted)."""
     from agents.balance import grid, split_search
-    from agents.plan_repair import improve, improve_plan
+    from agents.plan_repair import improve_plan
     from envs.feasibility import check_plans
     from envs.plan import AD, SD
 
@@ -192,12 +193,11 @@ def diagnose(raw_policy: Path, k: int, rounds: int) -> pd.DataFrame:
     for i, rnd in enumerate(make_rounds(cfg, rounds, ImitationConfig().val_seed, split="validation")):
         p = pol.plan(rnd)
         b = bal.plan(rnd)
-        mixed = improve_plan(cost, rnd, p, cfg.max_gamma, mixed=True)
-        every = improve_plan(cost, rnd, p, cfg.max_gamma, mixed=True, all_pairs_ad=True)
-        plans = {"policy (raw)": (p.modes, p.gamma), "policy + improve": (improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma), p.gamma),
-                 "policy + improve_mixed": (mixed.modes, mixed.gamma), "policy + improve_mixed_all_pairs": (every.modes, every.gamma),
-                 "balance (gamma 4)": (b.modes, b.gamma),
-                 "balance (gamma 2)": (split_search(cost, rnd, 2, g, g).modes, 2)}
+        plans = {"policy (raw)": (p.modes, p.gamma)}
+        for post, (mixed, all_pairs_ad) in POST_STEP_OPTIONS.items():
+            q = improve_plan(cost, rnd, p, cfg.max_gamma, mixed=mixed, all_pairs_ad=all_pairs_ad)
+            plans[f"policy + {post}"] = (q.modes, q.gamma)
+        plans |= {"balance (gamma 4)": (b.modes, b.gamma), "balance (gamma 2)": (split_search(cost, rnd, 2, g, g).modes, 2)}
         for name, (modes, gamma) in plans.items():
             modes = np.asarray(modes)
             rep = check_plans(cost, rnd, modes[None], gamma)
@@ -207,94 +207,6 @@ def diagnose(raw_policy: Path, k: int, rounds: int) -> pd.DataFrame:
                          "compute_used": float(rep.ad_share_min[0] + rep.sd_share_min[0]),
                          "max_input": int(rnd.input_tokens[adm].max()) if adm.any() else 0, "min_slack_s": float(rnd.slack_s[adm].min()) if adm.any() else float("nan")})
     return pd.DataFrame(rows)
-
-
-def plot(seeds: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for setting, g in seeds.groupby("setting", sort=False):
-        g = g.sort_values("K")
-        ax.errorbar(g.K, g.ratio_to_balance, yerr=g.ratio_ci95.fillna(0), marker="o", capsize=3, label=f"{setting} (mean of {int(g.seeds.max())} seeds, 95 % CI)")
-    ax.axhline(1.0, color="grey", lw=1, ls="--", label="BALANCE")
-    ax.set_xscale("log")
-    ax.set_xticks(sorted(seeds.K.unique()))
-    ax.set_xticklabels([str(k) for k in sorted(seeds.K.unique())])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("users per round K")
-    ax.set_ylabel("users served / BALANCE's")
-    ax.set_title("One set policy (cloned from BALANCE) for every K, test rounds")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-
-
-COLS = ["setting", "K", "scheduler", "rounds", "served_frac", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "decision_ms_median"]
-
-
-def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shipped: int, command: str, load: str, diag: pd.DataFrame | None = None, diag_k: int = 0,
-           post: str | None = "improve") -> str:
-    lines = ["# One policy for every K: the set policy vs BALANCE (issue 15 §1)", ""]
-    if diag is not None and len(diag):
-        mean = diag.groupby("plan", sort=False)[["served", "ad", "sd", "memory_used", "compute_used", "max_input", "min_slack_s"]].mean()
-        lines += ["## Why the policy alone fell short at large K", "",
-                  f"Validation rounds (never test) at K = {diag_k}, the shipped seed's plans (`general_diagnosis.csv`, per round), means:", "",
-                  mean.reset_index().to_markdown(index=False, floatfmt=".4g"), "",
-                  "Memory binds and BALANCE's plans are (almost) all-AD; the cloned policy admits SD users (the SLM weights and SD's larger "
-                  "KV leave room for fewer users), and among AD users keeps a higher slack floor and longer outputs than BALANCE. The "
-                  "expert is not the problem (BALANCE at gamma 2, the expert's depth, serves as many as at 4). The post-step re-packs "
-                  "the policy's batches around its own thresholds (below).", ""]
-    mixed = post in ("improve_mixed", "improve_mixed_all_pairs")
-    square = MIXED_REFINE_CROSS if mixed else REFINE_CROSS
-    post_text = (f"Every policy runs a post-step on its plan (`policy.json` `post_step: {post}`, `agents.plan_repair.improve_plan`, inside the "
-             "timed decision): the policy's batches are re-packed -- one batch emptied and refilled in ascending predicted output under "
-             "a small grid of input caps x slack floors (BALANCE's per-threshold step, vectorised), then refinement passes around "
-             f"the best point (the lines of every nearby cap and floor, and the square of the {square} "
-             "distinct caps x floors either side) -- "
-             + ("and, besides, an AD batch and an SD batch are both rebuilt from scratch (`agents.mixed_repack`: AD = the shortest outputs "
-                "under an input cap and a slack floor, SD = as many as fit of the rest above a slack floor and under an iteration cap, "
-                "at draft depth 2; a grid and a line search over those five thresholds) -- " if mixed else "")
-             + ("and the AD-only re-pack (all admitted users in one AD batch) is searched over every (input cap, slack floor) pair of the "
-                "round, besides its grid (`agents.ad_prefix_search`: bounds that hold for every pair prune all but a few; the same count as "
-                f"pricing every pair, `tests/test_ad_prefix_search.py`; rounds of up to {ALL_PAIRS_MAX_USERS} users) -- " if post == "improve_mixed_all_pairs" else "")
-             + "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The post-step "
-             "was chosen on validation rounds (`results/improve_tuning.md`, with the shipped policy, before any test round ran). "
-             + {"improve_mixed_all_pairs": "`post_step: improve_mixed` is the same without the all-pairs search (`--post-step improve_mixed` "
-                                           "reports its figures), `improve` has neither the mixed re-pack nor the all-pairs search. ",
-                "improve_mixed": "`post_step: improve` is the same without the mixed re-pack (`--post-step improve` reports its figures). ",
-                "improve": "`post_step: improve_mixed` adds the mixed re-pack (`agents.mixed_repack`: an AD and an SD batch rebuilt from scratch; "
-                           "`--post-step improve_mixed` reports its figures). "}.get(post, ""))
-    if post is None:
-        post_text = "The policies run without a post-step (`--post-step none`): the plans are the policies' own. "
-    lines += [
-             f"Policies: `agents.set_policy` cloned by `agents.imitation` (no PPO) from an expert that is, per training round, the best of "
-             f"BALANCE at draft depth 2 and two greedy admissions; {int(seeds.seeds.max())} training seeds (seeds change the initialisation, "
-             f"batch order and the DART perturbations; the expert plans are one set, train stream seed 0); shipped: seed {shipped} "
-             f"(best validation score) in `policies/general/`. Test stream, seed {SEED}; BALANCE at the paper's fixed gamma = 4.", "",
-             post_text,
-             "Decisions the mask forces (one action allowed) skip the network. "
-             "`raw_ratio_to_balance` / `raw s<seed>` are the same seeds without the post-step (as trained).", "",
-             "Caveat: part of any gain comes from the draft depth -- the policies admit SD users at gamma = 2, BALANCE at 4 -- most of all "
-             "under prediction error, where BALANCE with the best gamma per round (`balance_gamma`) is itself 1.20x BALANCE at K = 50 "
-             "(`results/learned.md`).", "",
-             "## Across seeds", "",
-             "`ratio_to_balance`: users served / BALANCE's on the same rounds, mean over seeds with its Student-t 95 % CI half-width; "
-             "`seeds_above/below_balance`: seeds whose paired bootstrap 95 % CI of the per-round difference lies above / below 0.", "",
-             seeds.to_markdown(index=False, floatfmt=".4g"), "", "![served / BALANCE vs K](general.png)", "",
-             "## Per seed", "", per_seed[COLS].to_markdown(index=False, floatfmt=".4g"), "",
-             "## Decision time per round (one process, one thread)", "",
-             "Policy: the shipped policy through `PolicyScheduler` (cached user encodings, numpy; env stepping, masks and the post-step "
-             "included). `*_s_median`: wall clock (the plan's `decision_s`); `*_cpu_s_median`: CPU seconds of the process around the same "
-             "call (one thread), which a loaded host inflates far less -- on a shared host read `balance_over_policy_cpu`.", "",
-             times.to_markdown(index=False, floatfmt=".4g"), "", f"{load}.", "", f"Reproduce: `{command}`", ""]
-    return "\n".join(lines)
 
 
 def int_list(p: argparse.ArgumentParser, name: str, text: str, low: int) -> list[int]:
@@ -332,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--balance-only", action="store_true", help="only fill --cache with BALANCE's rows (needs one trained seed for the env config)")
     p.add_argument("--diagnose-k", type=int, default=200, help="K of the validation-round diagnosis (policy vs BALANCE plans)")
     p.add_argument("--diagnose-rounds", type=int, default=10, help="validation rounds of the diagnosis (0 = skip)")
-    p.add_argument("--post-step", default="improve_mixed_all_pairs", choices=["improve", "improve_mixed", "improve_mixed_all_pairs", "none"],
+    p.add_argument("--post-step", default="improve_mixed_all_pairs", choices=[*POST_STEP_OPTIONS, "none"],
                    help="post-step every policy runs on its plan (agents.plan_repair.improve, timed with it); the seeds without it are reported beside ('raw')")
     args = p.parse_args(argv)
     # every argument is checked before anything is read, trained or written (a bad --ks once failed
@@ -396,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.diagnose_rounds > 0:
         diag = diagnose(dict(raw or runs)[shipped], args.diagnose_k, args.diagnose_rounds)
         write_csv_atomic(diag, out / "general_diagnosis.csv")
-    write_text_atomic(out / "general.md", report(per_seed_df, seeds_df, times, shipped, command.strip(), load, diag, args.diagnose_k, post))
+    write_text_atomic(out / "general.md", report(per_seed_df, seeds_df, times, shipped, command.strip(), load, SEED, diag, args.diagnose_k, post))
     print(f"[general] wrote {out / 'general.md'}", flush=True)
 
 
