@@ -22,6 +22,12 @@ the longest AD prefix that fits on its own (with the SLM's weights loaded); the 
 beside the AD batch's exact share and KV (``agents.prefix_fill.longest_prefixes``), so every point's
 score is its plan's, and the caller checks the winner with the exact check.
 
+The ``improve_mixed6_all_pairs`` post-step searches the six-parameter family with up to
+``SIX_PASSES`` passes: on BALANCE's mixed validation rounds one pass stops on the ridge a few users
+short, and a few more passes climb it (``experiments.mixed_plan_study``, "Six-parameter variants").
+The passes cost most of the search, so they run only when the start grid's best plan comes within
+``SIX_SEARCH_MARGIN`` users of the best plan the post-step has found so far (``search_from``).
+
 Cost: O(K) numpy per grid point, in a handful of calls; the search is local (the family's optimum
 is not guaranteed), and it is only ever used to *add* a plan the caller compares with its own.
 """
@@ -50,6 +56,16 @@ SD_ITERATION_QUANTILES = (0.8, 0.9)
 SD_INPUT_QUANTILES = (0.9, 1.0)
 WINDOW = 6  #: line searches cover the distinct values this many positions either side of the point
 PASSES = 1  #: rounds of line searches (stops early when a pass finds nothing better)
+#: the six-parameter search of the ``improve_mixed6_all_pairs`` post-step (``agents.plan_repair``):
+#: line searches SIX_WINDOW values either side, up to SIX_PASSES passes (each stops early when it
+#: moves nothing), and only on rounds whose start grid serves at least the best plan found so far less
+#: SIX_SEARCH_MARGIN users. Chosen on the 200 validation rounds at K = 200 (``python -m
+#: experiments.mixed_plan_study``, "Six-parameter variants"): one pass served fewer (it stops on the
+#: ridge); 6 passes served as many as 10-40 on the rounds BALANCE mixes; windows 6 and 8 and margins
+#: 2-4 served the same at depth 2, and margin 3 runs the searches on about a third of the rounds
+SIX_WINDOW = 6
+SIX_PASSES = 6
+SIX_SEARCH_MARGIN = 3
 #: the SD batch's draft depth in the ``improve_mixed`` post-step (``agents.plan_repair.improve_plan``):
 #: one fixed depth (the policy's own is often 1 at K = 200, where SD pays little), chosen on the
 #: validation rounds (``results/improve_tuning.md``, rows ``mixed1`` .. ``mixed4``)
@@ -132,11 +148,13 @@ class MixedFamily:
 
 
 def mixed_repack(cost: CostModel, rnd: Round, gamma: int, window: int = WINDOW, passes: int = PASSES,
-                 sd_input_cap: bool = False) -> tuple[np.ndarray, float]:
+                 sd_input_cap: bool = False, search_from: int | None = None) -> tuple[np.ndarray, float]:
     """``(modes, key)``: the best plan of the mixed family found (SD at draft depth ``gamma``), and its
     key (users served less ``TIE_WEIGHT`` x fullness; ``ceil(key)`` users). The plan fits by the
     formulas the exact check uses; the caller should still check it (``envs.feasibility.check_plans``).
-    ``sd_input_cap``: the six-parameter family (an input cap on the SD batch too, ``SD_INPUT_QUANTILES``)."""
+    ``sd_input_cap``: the six-parameter family (an input cap on the SD batch too, ``SD_INPUT_QUANTILES``);
+    ``search_from``: the line searches run only when the start grid's best plan serves at least this
+    many users (None: always) -- the grid's best is then returned as it is."""
     if rnd.num_users == 0:
         return np.zeros(0, dtype=np.int8), 0.0
     fam = MixedFamily(cost, rnd, gamma, sd_input_cap)
@@ -147,6 +165,8 @@ def mixed_repack(cost: CostModel, rnd: Round, gamma: int, window: int = WINDOW, 
     # points scored before score <= key (a move needs a strictly higher key), and a repeat within a
     # pass scores as its first: each pass scores only the points not seen yet, in their order
     seen = set(map(tuple, grid.tolist()))
+    if search_from is not None and np.ceil(key) < search_from:
+        passes = 0
     for _ in range(passes):
         rows = []
         for d, values in enumerate(fam.values):

@@ -7,10 +7,12 @@ plans at once), so the result is always feasible.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from agents.ad_prefix_search import best_ad_prefix
-from agents.mixed_repack import MIXED_DEPTH, mixed_repack
+from agents.mixed_repack import MIXED_DEPTH, SIX_PASSES, SIX_SEARCH_MARGIN, SIX_WINDOW, mixed_repack
 from agents.prefix_fill import TIE_WEIGHT, longest_prefixes
 from envs.cost_model import CostModel, sd_iterations
 from envs.feasibility import check_plans, share_needed, shares_for
@@ -99,8 +101,24 @@ MIXED_REFINE_CROSS = 8
 #: K = 500 it would have taken 24-35 ms a validation round on this host, a third of the 0.1 s a K = 500
 #: decision is allowed, and no reported figure needs it there (BALANCE is timed, not compared, at 500)
 ALL_PAIRS_MAX_USERS = 300
-#: the post-steps a policy may name (policy.json "post_step") -> improve_plan's (mixed, all_pairs_ad)
-POST_STEP_OPTIONS = {"improve": (False, False), "improve_mixed": (True, False), "improve_mixed_all_pairs": (True, True)}
+
+
+class PostStepOptions(NamedTuple):
+    """What a named post-step runs: :func:`improve_plan`'s keyword arguments."""
+
+    mixed: bool
+    all_pairs_ad: bool
+    mixed_six: bool
+
+
+#: the post-steps a policy may name (policy.json "post_step"), oldest first; ``improve_mixed6_all_pairs``
+#: is ``improve_mixed_all_pairs`` with the six-parameter mixed re-pack in place of the five-parameter one
+POST_STEP_OPTIONS = {
+    "improve": PostStepOptions(False, False, False),
+    "improve_mixed": PostStepOptions(True, False, False),
+    "improve_mixed_all_pairs": PostStepOptions(True, True, False),
+    "improve_mixed6_all_pairs": PostStepOptions(True, True, True),
+}
 
 
 def _window(sorted_values: np.ndarray, at: float, half: int) -> np.ndarray:
@@ -122,16 +140,17 @@ def _batch_use(cost: CostModel, rnd: Round, members: np.ndarray, mode: int, gamm
 
 
 def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS,
-            mixed_depth: int | None = None, passes: int = REFINE_PASSES, all_pairs_ad: bool = False) -> np.ndarray:
+            mixed_depth: int | None = None, passes: int = REFINE_PASSES, all_pairs_ad: bool = False, mixed_six: bool = False) -> np.ndarray:
     """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``):
     :func:`_improve`'s modes (``cross``: the refinement's square, ``REFINE_CROSS``; 0 = lines only;
     ``mixed_depth``: also the mixed re-pack, SD at that depth; ``passes``: refinement passes;
-    ``all_pairs_ad``: besides, the AD-only re-pack over every (cap, floor) pair)."""
-    return _improve(cost, rnd, modes, gamma, max_gamma, cross, mixed_depth, passes, all_pairs_ad)[0]
+    ``all_pairs_ad``: besides, the AD-only re-pack over every (cap, floor) pair; ``mixed_six``: the
+    mixed re-pack in its six-parameter family with gated line searches, run last)."""
+    return _improve(cost, rnd, modes, gamma, max_gamma, cross, mixed_depth, passes, all_pairs_ad, mixed_six)[0]
 
 
 def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS,
-             mixed_depth: int | None = None, passes: int = REFINE_PASSES, all_pairs_ad: bool = False):
+             mixed_depth: int | None = None, passes: int = REFINE_PASSES, all_pairs_ad: bool = False, mixed_six: bool = False):
     """``(modes, report, depth)``: a feasible plan serving at least as many users as the feasible plan
     ``modes`` (SD at ``gamma``), its exact check (None when ``modes`` is returned unchanged), and the
     SD depth that check used (``gamma`` clipped to ``1..max_gamma``, or the mixed re-pack's; None when unchanged).
@@ -162,6 +181,13 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     re-pack over every (input cap, slack floor) pair of the round
     (:func:`agents.ad_prefix_search.best_ad_prefix`, pruned by exact bounds against the best count
     found above -- a high one prunes the most); its plan is taken when it serves more than all above.
+
+    **Six-parameter mixed** (``mixed_six`` with ``mixed_depth``; the ``improve_mixed6_all_pairs``
+    post-step): the mixed re-pack searches the six-parameter family instead (an input cap on the SD
+    batch too) with up to ``SIX_PASSES`` passes of line searches ``SIX_WINDOW`` values wide, and runs
+    after the every-pair search: its line searches run only when its start grid's best plan is within
+    ``SIX_SEARCH_MARGIN`` users of the best found so far (``mixed_repack(search_from=...)``). Its plan
+    is taken when it serves more than every plan above.
     """
     modes = np.asarray(modes, dtype=np.int8)
     k = len(modes)
@@ -245,20 +271,32 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
                 best_point = (key, job, cap, floor)
         count = int(np.ceil(best_point[0]))  # key = count - TIE_WEIGHT * fullness, fullness in [0, 1]
     found = None  # (modes, report, depth) of a from-scratch plan serving more than the re-pack's winner
-    if mixed_depth is not None:
-        g_mixed = int(min(max(mixed_depth, 1), max_gamma))
+
+    def most() -> int:
+        """The most users any plan found so far serves."""
+        return max(count, best_count, 0 if found is None else int((found[0] != 0).sum()))
+
+    g_mixed = None if mixed_depth is None else int(min(max(mixed_depth, 1), max_gamma))
+    if g_mixed is not None and not mixed_six:
         two, two_key = mixed_repack(cost, rnd, g_mixed)
-        if int(np.ceil(two_key)) > max(count, best_count):
+        if int(np.ceil(two_key)) > most():
             rep = check_plans(cost, rnd, two[None], g_mixed)
             if rep.feasible[0]:
                 found = (two, rep, g_mixed)
     if all_pairs_ad:
-        most = max(count, best_count, 0 if found is None else int((found[0] != 0).sum()))
-        ad_only = best_ad_prefix(cost, rnd, more_than=most)
+        ad_only = best_ad_prefix(cost, rnd, more_than=most())
         if ad_only is not None:
             rep = check_plans(cost, rnd, ad_only[None], g)
             if rep.feasible[0]:
                 found = (ad_only, rep, g)
+    if g_mixed is not None and mixed_six:
+        # last, so that its line searches can be skipped on rounds where its grid is far behind
+        two, two_key = mixed_repack(cost, rnd, g_mixed, window=SIX_WINDOW, passes=SIX_PASSES, sd_input_cap=True,
+                                    search_from=most() - SIX_SEARCH_MARGIN)
+        if int(np.ceil(two_key)) > most():
+            rep = check_plans(cost, rnd, two[None], g_mixed)
+            if rep.feasible[0]:
+                found = (two, rep, g_mixed)
     if found is not None:
         return found
     if best_point is None or count <= best_count:
@@ -273,19 +311,22 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     return (out, rep, g) if rep.feasible[0] else (modes.copy(), None, None)
 
 
-def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed: bool = False, all_pairs_ad: bool = False) -> Plan:
+def improve_plan(cost: CostModel, rnd: Round, plan: Plan, max_gamma: int, mixed: bool = False, all_pairs_ad: bool = False,
+                 mixed_six: bool = False) -> Plan:
     """:func:`improve` on a :class:`~envs.plan.Plan`: the same plan if nothing serves more, else the
     improved modes with valid shares ``(z, lam)`` (``envs.feasibility.shares_for``); ``mixed``: with
     the mixed re-pack at ``MIXED_DEPTH`` and the refinement square ``MIXED_REFINE_CROSS`` (the plan
     then carries that depth when the mixed plan wins); ``all_pairs_ad`` (with ``mixed``): besides, the
     AD-only re-pack over every (cap, floor) pair -- on rounds of at most ``ALL_PAIRS_MAX_USERS`` users;
-    larger ones get ``mixed`` alone."""
-    if all_pairs_ad and not mixed:
-        raise ValueError("all_pairs_ad is the improve_mixed_all_pairs post-step: it needs mixed=True")
+    larger ones get ``mixed`` alone; ``mixed_six`` (with ``mixed``): the mixed re-pack in its
+    six-parameter family (:func:`_improve`). ``POST_STEP_OPTIONS`` names the combinations policies use."""
+    if (all_pairs_ad or mixed_six) and not mixed:
+        raise ValueError("all_pairs_ad and mixed_six extend the mixed post-step: they need mixed=True")
     old = np.asarray(plan.modes, dtype=np.int8)
     all_pairs_ad = all_pairs_ad and len(old) <= ALL_PAIRS_MAX_USERS
     cross, depth = (MIXED_REFINE_CROSS, MIXED_DEPTH) if mixed else (REFINE_CROSS, None)
-    modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, cross=cross, mixed_depth=depth, all_pairs_ad=all_pairs_ad)
+    modes, rep, gamma = _improve(cost, rnd, old, plan.gamma, max_gamma, cross=cross, mixed_depth=depth, all_pairs_ad=all_pairs_ad,
+                                 mixed_six=mixed_six)
     if rep is None or (modes != 0).sum() <= (old != 0).sum():
         return plan
     z, lam = shares_for(rep.ad_share_min, rep.sd_share_min, rep.ad_memory_bytes, rep.sd_memory_bytes, (modes == AD).sum(), (modes == SD).sum())

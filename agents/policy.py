@@ -125,6 +125,5 @@ class PolicyScheduler(Scheduler):
                 break
         plan = Plan(info["modes"], gamma=max(int(info["gamma"]), 1), z=float(info["z"]), lam=float(info["lam"]))
         if self.post_step is not None:
-            mixed, all_pairs_ad = POST_STEP_OPTIONS[self.post_step]
-            plan = improve_plan(self.cost, rnd, plan, self.max_gamma, mixed=mixed, all_pairs_ad=all_pairs_ad)
+            plan = improve_plan(self.cost, rnd, plan, self.max_gamma, **POST_STEP_OPTIONS[self.post_step]._asdict())
         return plan

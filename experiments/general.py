@@ -20,10 +20,11 @@ The policies are cloned from BALANCE (``agents.imitation``) and are each one net
 4. diagnoses, on **validation** rounds at ``--diagnose-k``, why the policy alone falls short there
    (its plans vs BALANCE's: modes, memory / compute used, thresholds).
 
-Every seed runs the post-step ``agents.plan_repair.improve`` (``--post-step improve_mixed_all_pairs``,
-the default: with the mixed re-pack of ``agents.mixed_repack`` and the AD-only re-pack over every
-(cap, floor) pair of ``agents.ad_prefix_search``; ``improve_mixed`` without the latter; ``improve``
-without either; written into copies of the seed folders under ``runs/<post-step>/`` and into the
+Every seed runs the post-step ``agents.plan_repair.improve`` (``--post-step improve_mixed6_all_pairs``,
+the default: with the AD-only re-pack over every (cap, floor) pair of ``agents.ad_prefix_search`` and
+the six-threshold mixed re-pack of ``agents.mixed_repack``; ``improve_mixed_all_pairs`` with the
+five-threshold mixed re-pack instead; ``improve_mixed`` with that and without the every-pair search;
+``improve`` with neither; written into copies of the seed folders under ``runs/<post-step>/`` and into the
 shipped ``policy.json``), and is reported without it too (``raw``).
 
 Writes ``results/general.md``, ``general.csv`` (per seed), ``general_seeds.csv`` (across seeds),
@@ -194,8 +195,8 @@ def diagnose(raw_policy: Path, k: int, rounds: int) -> pd.DataFrame:
         p = pol.plan(rnd)
         b = bal.plan(rnd)
         plans = {"policy (raw)": (p.modes, p.gamma)}
-        for post, (mixed, all_pairs_ad) in POST_STEP_OPTIONS.items():
-            q = improve_plan(cost, rnd, p, cfg.max_gamma, mixed=mixed, all_pairs_ad=all_pairs_ad)
+        for post, options in POST_STEP_OPTIONS.items():
+            q = improve_plan(cost, rnd, p, cfg.max_gamma, **options._asdict())
             plans[f"policy + {post}"] = (q.modes, q.gamma)
         plans |= {"balance (gamma 4)": (b.modes, b.gamma), "balance (gamma 2)": (split_search(cost, rnd, 2, g, g).modes, 2)}
         for name, (modes, gamma) in plans.items():
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--balance-only", action="store_true", help="only fill --cache with BALANCE's rows (needs one trained seed for the env config)")
     p.add_argument("--diagnose-k", type=int, default=200, help="K of the validation-round diagnosis (policy vs BALANCE plans)")
     p.add_argument("--diagnose-rounds", type=int, default=10, help="validation rounds of the diagnosis (0 = skip)")
-    p.add_argument("--post-step", default="improve_mixed_all_pairs", choices=[*POST_STEP_OPTIONS, "none"],
+    p.add_argument("--post-step", default="improve_mixed6_all_pairs", choices=[*POST_STEP_OPTIONS, "none"],
                    help="post-step every policy runs on its plan (agents.plan_repair.improve, timed with it); the seeds without it are reported beside ('raw')")
     args = p.parse_args(argv)
     # every argument is checked before anything is read, trained or written (a bad --ks once failed

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from agents.mixed_repack import SIX_PASSES, SIX_SEARCH_MARGIN, SIX_WINDOW
 from agents.plan_repair import (
     ALL_PAIRS_MAX_USERS,
     MIXED_REFINE_CROSS,
@@ -58,7 +59,8 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
                   "KV leave room for fewer users), and among AD users keeps a higher slack floor and longer outputs than BALANCE. The "
                   "expert is not the problem (BALANCE at gamma 2, the expert's depth, serves as many as at 4). The post-step re-packs "
                   "the policy's batches around its own thresholds (below).", ""]
-    mixed = post is not None and POST_STEP_OPTIONS[post][0]
+    options = POST_STEP_OPTIONS[post] if post is not None else None
+    mixed, all_pairs, six = (False, False, False) if options is None else (options.mixed, options.all_pairs_ad, options.mixed_six)
     square = MIXED_REFINE_CROSS if mixed else REFINE_CROSS
     post_text = (f"Every policy runs a post-step on its plan (`policy.json` `post_step: {post}`, `agents.plan_repair.improve_plan`, inside the "
              "timed decision): the policy's batches are re-packed -- one batch emptied and refilled in ascending predicted output under "
@@ -67,13 +69,21 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
              "distinct caps x floors either side) -- "
              + ("and, besides, an AD batch and an SD batch are both rebuilt from scratch (`agents.mixed_repack`: AD = the shortest outputs "
                 "under an input cap and a slack floor, SD = as many as fit of the rest above a slack floor and under an iteration cap, "
-                "at draft depth 2; a grid and a line search over those five thresholds) -- " if mixed else "")
+                "at draft depth 2; a grid and a line search over those five thresholds) -- " if mixed and not six else "")
              + ("and the AD-only re-pack (all admitted users in one AD batch) is searched over every (input cap, slack floor) pair of the "
                 "round, besides its grid (`agents.ad_prefix_search`: bounds that hold for every pair prune all but a few; the same count as "
-                f"pricing every pair, `tests/test_ad_prefix_search.py`; rounds of up to {ALL_PAIRS_MAX_USERS} users) -- " if post == "improve_mixed_all_pairs" else "")
+                f"pricing every pair, `tests/test_ad_prefix_search.py`; rounds of up to {ALL_PAIRS_MAX_USERS} users) -- " if all_pairs else "")
+             + ("and, last, an AD batch and an SD batch are both rebuilt from scratch (`agents.mixed_repack`: AD = the shortest outputs "
+                "under an input cap and a slack floor, SD = as many as fit of the rest above a slack floor, under an iteration cap and "
+                f"under an input cap, at draft depth 2; a grid over those six thresholds, then up to {SIX_PASSES} passes of line searches "
+                f"{SIX_WINDOW} values either side, run only when the grid's best is within {SIX_SEARCH_MARGIN} users of the best plan "
+                "found so far) -- " if six else "")
              + "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The post-step "
              "was chosen on validation rounds (`results/improve_tuning.md`, with the shipped policy, before any test round ran). "
-             + {"improve_mixed_all_pairs": "`post_step: improve_mixed` is the same without the all-pairs search (`--post-step improve_mixed` "
+             + {"improve_mixed6_all_pairs": "`post_step: improve_mixed_all_pairs` is the same with the five-threshold mixed re-pack (one "
+                                            "pass, always run, before the all-pairs search; `--post-step improve_mixed_all_pairs` reports its figures; "
+                                            "the choice between them on validation rounds: `results/mixed_plan_study.md`). ",
+                "improve_mixed_all_pairs": "`post_step: improve_mixed` is the same without the all-pairs search (`--post-step improve_mixed` "
                                            "reports its figures), `improve` has neither the mixed re-pack nor the all-pairs search. ",
                 "improve_mixed": "`post_step: improve` is the same without the mixed re-pack (`--post-step improve` reports its figures). ",
                 "improve": "`post_step: improve_mixed` adds the mixed re-pack (`agents.mixed_repack`: an AD and an SD batch rebuilt from scratch; "

@@ -14,11 +14,15 @@ BALANCE's plan is all-AD, and loses a user on most rounds where BALANCE mixes AD
 2. **Ridge.** At BALANCE's thresholds (six parameters), each parameter is moved alone to the
    neighbouring distinct values either side (``RIDGE_STEPS``); ``ridge_drop_share``: the share of
    those moves that serve fewer users. A local search must hit every threshold at once.
-3. **Searches** (served on every validation round, against BALANCE's): ``improve`` (the single-batch
-   re-pack on the shipped policy's raw plan), ``improve_mixed`` (the post-step shipped until ``improve_mixed_all_pairs`` added the AD-only re-pack over every pair: the re-pack
-   with square ``MIXED_REFINE_CROSS`` plus the five-parameter re-pack at ``MIXED_DEPTH``), and
-   ``family6_gG`` (``improve`` or the six-parameter re-pack at depth G, whichever serves more). CPU ms are this process's, one thread, per round (the
-   re-pack alone for ``family6``).
+3. **Searches** (served on every validation round, against BALANCE's): every post-step a policy can
+   name (``agents.plan_repair.POST_STEP_OPTIONS``: ``improve``, ``improve_mixed``,
+   ``improve_mixed_all_pairs``, ``improve_mixed6_all_pairs``) on the shipped policy's raw plan, and
+   the **six-parameter variants** ``six_gG_wW_pP_mM``: the re-pack with square ``MIXED_REFINE_CROSS``
+   and the every-pair AD search (column ``repack_all_pairs``), then the six-parameter mixed re-pack at
+   depth G with windows W, up to P passes and its line searches gated at margin M (``none``: always
+   run), as ``improve_mixed6_all_pairs`` runs it -- the grid that chose ``SIX_WINDOW``, ``SIX_PASSES``
+   and ``SIX_SEARCH_MARGIN``. CPU ms are this process's, one thread, per round (a variant's: the base's
+   plus its re-pack's; ``searched``: whether its line searches ran).
 
 Writes ``OUT/mixed_plan_study.csv`` (per round) and ``OUT/mixed_plan_study.md``. BALANCE's plans are
 cached in ``--cache`` (BALANCE takes seconds per round at K = 200).
@@ -37,11 +41,19 @@ import pandas as pd
 
 from agents.artefacts import check_writable, write_bytes_atomic, write_csv_atomic, write_text_atomic
 from agents.imitation import ImitationConfig
-from agents.mixed_repack import MIXED_DEPTH, MixedFamily, mixed_repack
-from agents.plan_repair import MIXED_REFINE_CROSS, improve
+from agents.mixed_repack import (
+    MIXED_DEPTH,
+    SIX_PASSES,
+    SIX_SEARCH_MARGIN,
+    SIX_WINDOW,
+    MixedFamily,
+    mixed_repack,
+)
+from agents.plan_repair import MIXED_REFINE_CROSS, POST_STEP_OPTIONS, improve, improve_plan
 from agents.policy import PolicyScheduler
 from agents.registry import make_scheduler
 from envs.cost_model import CostModel, sd_iterations
+from envs.feasibility import check_plans
 from envs.plan import AD, SD
 from envs.workload import make_rounds
 from experiments.general import env_for
@@ -101,7 +113,12 @@ def shape_row(cost: CostModel, rnd, modes: np.ndarray) -> dict:
     return row
 
 
-def run(policy: Path, k: int, rounds: int, cache: Path | None, depths: list[int]) -> pd.DataFrame:
+def variant_name(depth: int, window: int, passes: int, margin: int | None) -> str:
+    """A six-parameter variant's column: ``six_gG_wW_pP_mM`` (``mnone``: line searches always run)."""
+    return f"six_g{depth}_w{window}_p{passes}_m{'none' if margin is None else margin}"
+
+
+def run(policy: Path, k: int, rounds: int, cache: Path | None, variants: list[tuple[int, int, int, int | None]]) -> pd.DataFrame:
     cfg = env_for(policy, k, "paper")
     cost = CostModel.from_config(cfg)
     rnds = make_rounds(cfg, rounds, ImitationConfig().val_seed, split="validation")
@@ -116,28 +133,38 @@ def run(policy: Path, k: int, rounds: int, cache: Path | None, depths: list[int]
         if row["balance_mixed"]:
             row.update(shape_row(cost, rnd, modes))
         p = raw.plan(rnd)
-        t0 = time.process_time()
-        m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma)
-        row["improve_ms"], row["improve"] = 1e3 * (time.process_time() - t0), int((m != 0).sum())
-        t0 = time.process_time()
-        m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, cross=MIXED_REFINE_CROSS, mixed_depth=MIXED_DEPTH)  # the improve_mixed post-step
-        row["improve_mixed_ms"], row["improve_mixed"] = 1e3 * (time.process_time() - t0), int((m != 0).sum())
-        for g in depths:
+        row["raw"] = int((np.asarray(p.modes) != 0).sum())
+        for post, options in POST_STEP_OPTIONS.items():
             t0 = time.process_time()
-            _, key = mixed_repack(cost, rnd, g, sd_input_cap=True)
-            row[f"family6_g{g}_ms"] = 1e3 * (time.process_time() - t0)
-            row[f"family6_g{g}"] = max(row["improve"], int(np.ceil(key)))
+            q = improve_plan(cost, rnd, p, cfg.max_gamma, **options._asdict())
+            row[f"{post}_ms"], row[post] = 1e3 * (time.process_time() - t0), int((np.asarray(q.modes) != 0).sum())
+        t0 = time.process_time()
+        m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, cross=MIXED_REFINE_CROSS, all_pairs_ad=True)
+        row["repack_all_pairs_ms"], row["repack_all_pairs"] = 1e3 * (time.process_time() - t0), int((m != 0).sum())
+        base = row["repack_all_pairs"]
+        for depth, window, passes, margin in variants:
+            name = variant_name(depth, window, passes, margin)
+            t0 = time.process_time()
+            two, key = mixed_repack(cost, rnd, depth, window=window, passes=passes, sd_input_cap=True,
+                                    search_from=None if margin is None else base - margin)
+            served = base
+            if int(np.ceil(key)) > base and check_plans(cost, rnd, two[None], depth).feasible[0]:
+                served = int((two != 0).sum())
+            row[f"{name}_ms"], row[name] = row["repack_all_pairs_ms"] + 1e3 * (time.process_time() - t0), served
+        if (i + 1) % 20 == 0:
+            print(f"[mixed_plan_study] searches {i + 1}/{len(rnds)} rounds", flush=True)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def summarise(df: pd.DataFrame, depths: list[int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def summarise(df: pd.DataFrame, variants: list[tuple[int, int, int, int | None]]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the searches against BALANCE, the shape of BALANCE's mixed rounds)."""
     searches = []
-    for name in ["improve", "improve_mixed", *(f"family6_g{g}" for g in depths)]:
+    for name in [*POST_STEP_OPTIONS, "repack_all_pairs", *(variant_name(*v) for v in variants)]:
         searches.append({"plan": name, "rounds": len(df), "served": int(df[name].sum()), "balance": int(df.balance.sum()),
                          "ratio_to_balance": df[name].sum() / df.balance.sum(), "rounds_below_balance": int((df[name] < df.balance).sum()),
-                         "rounds_above_balance": int((df[name] > df.balance).sum()), "cpu_ms_median": float(df[f"{name}_ms"].median())})
+                         "rounds_above_balance": int((df[name] > df.balance).sum()), "cpu_ms_median": float(df[f"{name}_ms"].median()),
+                         "cpu_ms_mean": float(df[f"{name}_ms"].mean())})
     mixed = df[df.balance_mixed]
     shape = pd.DataFrame([{
         "mixed_rounds": len(mixed), "of_rounds": len(df),
@@ -152,21 +179,38 @@ def summarise(df: pd.DataFrame, depths: list[int]) -> tuple[pd.DataFrame, pd.Dat
     return pd.DataFrame(searches), shape
 
 
+def _ints(text: str, flag: str, none_ok: bool = False) -> list:
+    out = []
+    for x in text.split(","):
+        x = x.strip()
+        if none_ok and x == "none":
+            out.append(None)
+        elif x:
+            try:
+                out.append(int(x))
+            except ValueError:
+                raise SystemExit(f"{flag} must be comma-separated integers{' or none' if none_ok else ''}, got {text!r}") from None
+    if not out:
+        raise SystemExit(f"{flag} must name at least one value, got {text!r}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", type=Path, default=Path("policies/general"))
     ap.add_argument("--k", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=200, help="validation rounds")
-    ap.add_argument("--depths", default="2,4", help="draft depths of the six-parameter re-pack")
+    ap.add_argument("--depths", default="2,3", help="draft depths of the six-parameter variants")
+    ap.add_argument("--windows", default="6,8", help="line-search windows of the six-parameter variants")
+    ap.add_argument("--passes", default="1,6,10", help="most line-search passes of the six-parameter variants")
+    ap.add_argument("--margins", default="2,3,4,none", help="search margins of the six-parameter variants (none: always search)")
     ap.add_argument("--cache", type=Path, default=None, help="folder for BALANCE's plans (reused when present)")
     ap.add_argument("--out", type=Path, default=Path("results"))
     args = ap.parse_args(argv)
-    try:
-        depths = [int(x) for x in args.depths.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"--depths must be comma-separated integers, got {args.depths!r}") from None
-    if args.k < 1 or args.rounds < 1 or not depths or any(d < 1 for d in depths):
-        raise SystemExit("--k and --rounds must be >= 1, --depths a list of draft depths >= 1")
+    depths, windows = _ints(args.depths, "--depths"), _ints(args.windows, "--windows")
+    passes, margins = _ints(args.passes, "--passes"), _ints(args.margins, "--margins", none_ok=True)
+    if args.k < 1 or args.rounds < 1 or min(depths) < 1 or min(windows) < 1 or min(passes) < 1 or any(m is not None and m < 0 for m in margins):
+        raise SystemExit("--k, --rounds, --depths, --windows and --passes must be >= 1, --margins >= 0 or none")
     try:
         check_writable(args.out, "--out", directory=True)
         max_gamma = env_for(args.policy, args.k, "paper").max_gamma
@@ -177,8 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    df = run(args.policy, args.k, args.rounds, args.cache, depths)
-    searches, shape = summarise(df, depths)
+    variants = [(d, w, p, m) for d in depths for w in windows for p in passes for m in margins]
+    df = run(args.policy, args.k, args.rounds, args.cache, variants)
+    searches, shape = summarise(df, variants)
     write_csv_atomic(df, args.out / "mixed_plan_study.csv")
     md = ["# BALANCE's mixed plans and the post-step (issue 15 §1)", "",
           f"Validation stream (seed {ImitationConfig().val_seed}), never test; K = {args.k}, {args.rounds} rounds; BALANCE at gamma "
@@ -189,10 +234,19 @@ def main(argv: list[str] | None = None) -> None:
           f"{RIDGE_STEPS} distinct values either side) that serve fewer users; `improve_below_on_*`: rounds where the single-batch re-pack (`improve`) "
           "serves fewer than BALANCE.", "",
           shape.to_markdown(index=False, floatfmt=".3g"), "",
-          "## Searches against BALANCE", "",
-          searches.to_markdown(index=False, floatfmt=".5g"), "",
+          "## Post-steps against BALANCE", "",
+          "Each post-step a policy can name, on the shipped policy's raw plans (`agents.plan_repair.POST_STEP_OPTIONS`); "
+          "`repack_all_pairs`: the re-pack and the every-pair AD search alone (the base of the variants below).", "",
+          searches[~searches.plan.str.startswith("six_")].to_markdown(index=False, floatfmt=".5g"), "",
+          "## Six-parameter variants", "",
+          "`six_gG_wW_pP_mM`: `repack_all_pairs`, then the six-parameter mixed re-pack at draft depth G, line searches W distinct values "
+          "either side, at most P passes, run only when its start grid is within M users of the base (`mnone`: always); CPU ms "
+          "include the base's. The shipped `improve_mixed6_all_pairs` is "
+          f"`{variant_name(MIXED_DEPTH, SIX_WINDOW, SIX_PASSES, SIX_SEARCH_MARGIN)}`.", "",
+          searches[searches.plan.str.startswith("six_")].to_markdown(index=False, floatfmt=".5g"), "",
           f"1-minute load average {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs).", "",
-          f"Reproduce: `python -m experiments.mixed_plan_study --k {args.k} --rounds {args.rounds} --depths {args.depths}"
+          f"Reproduce: `python -m experiments.mixed_plan_study --k {args.k} --rounds {args.rounds} --depths {args.depths} --windows {args.windows} "
+          f"--passes {args.passes} --margins {args.margins}"
           + (f" --cache {args.cache}" if args.cache else "") + f" --out {args.out}`", ""]
     write_text_atomic(args.out / "mixed_plan_study.md", "\n".join(md))
     print(shape.to_string(index=False))

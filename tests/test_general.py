@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from agents.imitation import ImitationConfig, collect, train_bc
-from agents.plan_repair import improve, improve_plan
+from agents.plan_repair import MIXED_REFINE_CROSS, improve, improve_plan
 from agents.prefix_fill import longest_prefixes
 from envs import CostModel, EnvConfig, check_plan, sample_round
 from envs.feasibility import check_plans
@@ -39,12 +39,13 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     assert seeds.raw_ratio_to_balance.between(0, 2).all() and (seeds.ratio_to_balance >= seeds.raw_ratio_to_balance - 1e-12).all()
     per_seed = pd.read_csv(res / "general.csv")
     assert {"policy s0", "policy s1", "raw s0", "raw s1"} <= set(per_seed.scheduler)
-    assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve_mixed_all_pairs"  # the default post-step
+    assert json.loads((pol / "policy.json").read_text())["post_step"] == "improve_mixed6_all_pairs"  # the default post-step
     diag = pd.read_csv(res / "general_diagnosis.csv")
-    assert len(diag) == 2 * 6 and (diag.groupby("round").served.max() <= 12).all()
+    assert len(diag) == 2 * 7 and (diag.groupby("round").served.max() <= 12).all()
     served = diag.pivot(index="round", columns="plan", values="served")
     assert (served["policy + improve"] >= served["policy (raw)"]).all() and (served["policy + improve_mixed"] >= served["policy + improve"]).all()
     assert (served["policy + improve_mixed_all_pairs"] >= served["policy + improve_mixed"]).all()
+    assert (served["policy + improve_mixed6_all_pairs"] >= served["policy (raw)"]).all()
     assert "post_step" not in json.loads((tmp_path / "runs" / "seed0" / "policy.json").read_text())
     times = pd.read_csv(res / "general_timing.csv")
     assert list(times.K) == [12, 20] and times.balance_rounds.tolist() == [1, 0] and (times.policy_s_median > 0).all()
@@ -145,6 +146,10 @@ def test_policy_scheduler_runs_the_post_step_from_policy_json(tmp_path: Path):
     (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "improve_mixed_all_pairs"}))
     every = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
     assert check_plan(cost, rnd, every).feasible and (every.modes != 0).sum() >= (both.modes != 0).sum()
+    (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "improve_mixed6_all_pairs"}))
+    six = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
+    base = improve(cost, rnd, raw.modes, raw.gamma, 8, cross=MIXED_REFINE_CROSS, all_pairs_ad=True)
+    assert check_plan(cost, rnd, six).feasible and (six.modes != 0).sum() >= (base != 0).sum()
     (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "polish"}))
     with pytest.raises(ValueError, match="post_step"):
         PolicyScheduler(cost, 8, path=tmp_path)
@@ -253,6 +258,48 @@ def test_improve_mixed_finds_a_mixed_plan_the_single_batch_repack_cannot():
     assert (improve_plan(cost, rnds[17], empty, 8, mixed=True).modes != 0).sum() > 0
 
 
+def test_mixed_repack_search_gate_skips_only_the_line_searches():
+    """``search_from``: above the start grid's best the grid's best plan is returned (as with no
+    passes); at or below it the search is the ungated one, pass for pass."""
+    from agents.mixed_repack import MixedFamily, mixed_repack
+
+    cost, rnd = _round(120, 11)
+    fam = MixedFamily(cost, rnd, 2, sd_input_cap=True)
+    grid_best = int(np.ceil(fam.score(fam.start_grid())[0].max()))
+    free, free_key = mixed_repack(cost, rnd, 2, passes=6, sd_input_cap=True)
+    assert int(np.ceil(free_key)) > grid_best  # on this round the line searches move (63 -> 70 users)
+    for at in (0, grid_best):
+        modes, key = mixed_repack(cost, rnd, 2, passes=6, sd_input_cap=True, search_from=at)
+        assert key == free_key and np.array_equal(modes, free)
+    grid_only, grid_key = mixed_repack(cost, rnd, 2, passes=0, sd_input_cap=True)
+    modes, key = mixed_repack(cost, rnd, 2, passes=6, sd_input_cap=True, search_from=grid_best + 1)
+    assert key == grid_key and np.array_equal(modes, grid_only)
+
+
+def test_improve_mixed6_all_pairs_finds_the_mixed_plans_and_never_serves_below_its_base():
+    """Validation rounds at K = 200: the six-parameter post-step serves at least what the re-pack
+    and the every-pair AD search serve without it (its plan is taken only when it serves more), its
+    plans pass the exact check, and on round 17 (BALANCE mixes AD and SD) it finds a mixed plan
+    at MIXED_DEPTH serving more than every other post-step."""
+    from agents.mixed_repack import MIXED_DEPTH
+    from envs.workload import make_rounds
+
+    cfg = EnvConfig(num_users=200, max_users=500, user_order="slack_desc")
+    cost = CostModel.from_config(cfg)
+    rnds = make_rounds(cfg, 18, ImitationConfig().val_seed, split="validation")
+    for i in (3, 16, 17):
+        start = Plan(_greedy(cost, rnds[i], np.argsort(rnds[i].output_tokens), AD), gamma=2)
+        base = improve(cost, rnds[i], start.modes, 2, 8, cross=MIXED_REFINE_CROSS, all_pairs_ad=True)
+        six = improve_plan(cost, rnds[i], start, 8, mixed=True, all_pairs_ad=True, mixed_six=True)
+        assert check_plan(cost, rnds[i], six).feasible and (six.modes != 0).sum() >= (base != 0).sum()
+        if i == 17:
+            five = improve_plan(cost, rnds[i], start, 8, mixed=True, all_pairs_ad=True)
+            assert (six.modes != 0).sum() > max((base != 0).sum(), (five.modes != 0).sum())
+            assert six.gamma == MIXED_DEPTH and (six.modes == AD).any() and (six.modes == SD).any()
+    with pytest.raises(ValueError, match="mixed=True"):
+        improve_plan(cost, rnds[0], Plan(np.zeros(200, dtype=np.int8), gamma=2), 8, mixed_six=True)
+
+
 def test_improve_handles_a_one_user_round():
     """K = 1 (blocks of one column in the prefix search): the admitted user is kept, nothing breaks."""
     cost, rnd = _round(1, 0)
@@ -295,11 +342,18 @@ def test_mixed_plan_study_entry_point(tmp_path):
     CSV + markdown; the family at BALANCE's own thresholds with the SD input cap rebuilds its plan."""
     from experiments.mixed_plan_study import main
 
-    args = ["--k", "30", "--rounds", "6", "--depths", "2", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path)]
+    args = ["--k", "30", "--rounds", "6", "--depths", "2", "--windows", "6", "--passes", "1,6", "--margins", "0,none",
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path)]
     main(args)
     df = pd.read_csv(tmp_path / "mixed_plan_study.csv")
-    assert len(df) == 6 and {"balance", "improve", "improve_mixed", "family6_g2", "family6_g2_ms"} <= set(df.columns)
-    assert (df.family6_g2 >= df.improve).all()
+    variants = [f"six_g2_w6_p{p}_m{m}" for p in (1, 6) for m in (0, "none")]
+    assert len(df) == 6 and {"balance", "raw", "improve", "improve_mixed", "improve_mixed_all_pairs", "improve_mixed6_all_pairs",
+                             "repack_all_pairs", *variants, *(f"{v}_ms" for v in variants)} <= set(df.columns)
+    for v in variants:  # a variant takes its mixed plan only when it serves more than its base
+        assert (df[v] >= df.repack_all_pairs).all()
+    # more passes only move to better points; a gate only skips searches
+    assert (df.six_g2_w6_p6_mnone >= df.six_g2_w6_p1_mnone).all() and (df.six_g2_w6_p6_mnone >= df.six_g2_w6_p6_m0).all()
+    assert "## Six-parameter variants" in (tmp_path / "mixed_plan_study.md").read_text()
     mixed = df[df.balance_mixed]
     assert len(mixed) >= 1  # rounds 0-5 at K = 30 hold two where BALANCE mixes
     assert (mixed.same6.astype(bool)).all() and (mixed.family6 == mixed.balance).all()
@@ -310,3 +364,5 @@ def test_mixed_plan_study_entry_point(tmp_path):
     assert "Reproduce" in (tmp_path / "mixed_plan_study.md").read_text()
     with pytest.raises(SystemExit):
         main(["--rounds", "0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--margins"):
+        main(["--margins", "x", "--out", str(tmp_path)])
