@@ -62,7 +62,10 @@ PASSES = 1  #: rounds of line searches (stops early when a pass finds nothing be
 #: SIX_SEARCH_MARGIN users. Chosen on the 200 validation rounds at K = 200 (``python -m
 #: experiments.mixed_plan_study``, "Six-parameter variants"): one pass served fewer (it stops on the
 #: ridge); 6 passes served as many as 10-40 on the rounds BALANCE mixes; windows 6 and 8 and margins
-#: 2-4 served the same at depth 2, and margin 3 runs the searches on about a third of the rounds
+#: 2-4 served the same at depth 2 (3 kept: one user more room for rounds whose grid starts further
+#: behind, at ~1 ms more median CPU). It replaces the five-parameter search, and a local search from
+#: another start can end lower: against ``improve_mixed_all_pairs`` it serves more on 10 of those
+#: rounds and one user fewer on one (round 32: 91 vs 92; BALANCE 91)
 SIX_WINDOW = 6
 SIX_PASSES = 6
 SIX_SEARCH_MARGIN = 3

@@ -189,6 +189,8 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     ``SIX_SEARCH_MARGIN`` users of the best found so far (``mixed_repack(search_from=...)``). Its plan
     is taken when it serves more than every plan above.
     """
+    if mixed_six and mixed_depth is None:
+        raise ValueError("mixed_six is a variant of the mixed re-pack: it needs mixed_depth")
     modes = np.asarray(modes, dtype=np.int8)
     k = len(modes)
     if k == 0:

@@ -18,11 +18,13 @@ BALANCE's plan is all-AD, and loses a user on most rounds where BALANCE mixes AD
    name (``agents.plan_repair.POST_STEP_OPTIONS``: ``improve``, ``improve_mixed``,
    ``improve_mixed_all_pairs``, ``improve_mixed6_all_pairs``) on the shipped policy's raw plan, and
    the **six-parameter variants** ``six_gG_wW_pP_mM``: the re-pack with square ``MIXED_REFINE_CROSS``
-   and the every-pair AD search (column ``repack_all_pairs``), then the six-parameter mixed re-pack at
+   and the every-pair AD search (column ``repack_all_pairs``; on rounds of up to
+   ``ALL_PAIRS_MAX_USERS`` users, as ``improve_plan`` runs it), then the six-parameter mixed re-pack at
    depth G with windows W, up to P passes and its line searches gated at margin M (``none``: always
    run), as ``improve_mixed6_all_pairs`` runs it -- the grid that chose ``SIX_WINDOW``, ``SIX_PASSES``
    and ``SIX_SEARCH_MARGIN``. CPU ms are this process's, one thread, per round (a variant's: the base's
-   plus its re-pack's; ``searched``: whether its line searches ran).
+   plus its re-pack's; ``<variant>_searched``: whether its line searches ran, ``searched_share`` in the
+   summary).
 
 Writes ``OUT/mixed_plan_study.csv`` (per round) and ``OUT/mixed_plan_study.md``. BALANCE's plans are
 cached in ``--cache`` (BALANCE takes seconds per round at K = 200).
@@ -49,7 +51,13 @@ from agents.mixed_repack import (
     MixedFamily,
     mixed_repack,
 )
-from agents.plan_repair import MIXED_REFINE_CROSS, POST_STEP_OPTIONS, improve, improve_plan
+from agents.plan_repair import (
+    ALL_PAIRS_MAX_USERS,
+    MIXED_REFINE_CROSS,
+    POST_STEP_OPTIONS,
+    improve,
+    improve_plan,
+)
 from agents.policy import PolicyScheduler
 from agents.registry import make_scheduler
 from envs.cost_model import CostModel, sd_iterations
@@ -139,11 +147,17 @@ def run(policy: Path, k: int, rounds: int, cache: Path | None, variants: list[tu
             q = improve_plan(cost, rnd, p, cfg.max_gamma, **options._asdict())
             row[f"{post}_ms"], row[post] = 1e3 * (time.process_time() - t0), int((np.asarray(q.modes) != 0).sum())
         t0 = time.process_time()
-        m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, cross=MIXED_REFINE_CROSS, all_pairs_ad=True)
+        # as improve_plan runs it: the every-pair search only on rounds of up to ALL_PAIRS_MAX_USERS
+        m = improve(cost, rnd, p.modes, p.gamma, cfg.max_gamma, cross=MIXED_REFINE_CROSS, all_pairs_ad=k <= ALL_PAIRS_MAX_USERS)
         row["repack_all_pairs_ms"], row["repack_all_pairs"] = 1e3 * (time.process_time() - t0), int((m != 0).sum())
         base = row["repack_all_pairs"]
+        grid_best = {}  # per depth: the users the six-parameter start grid's best plan serves (whether a gate lets the search run)
         for depth, window, passes, margin in variants:
             name = variant_name(depth, window, passes, margin)
+            if depth not in grid_best:
+                fam = MixedFamily(cost, rnd, depth, sd_input_cap=True)
+                grid_best[depth] = int(np.ceil(fam.score(fam.start_grid())[0].max()))
+            row[f"{name}_searched"] = margin is None or grid_best[depth] >= base - margin
             t0 = time.process_time()
             two, key = mixed_repack(cost, rnd, depth, window=window, passes=passes, sd_input_cap=True,
                                     search_from=None if margin is None else base - margin)
@@ -164,7 +178,8 @@ def summarise(df: pd.DataFrame, variants: list[tuple[int, int, int, int | None]]
         searches.append({"plan": name, "rounds": len(df), "served": int(df[name].sum()), "balance": int(df.balance.sum()),
                          "ratio_to_balance": df[name].sum() / df.balance.sum(), "rounds_below_balance": int((df[name] < df.balance).sum()),
                          "rounds_above_balance": int((df[name] > df.balance).sum()), "cpu_ms_median": float(df[f"{name}_ms"].median()),
-                         "cpu_ms_mean": float(df[f"{name}_ms"].mean())})
+                         "cpu_ms_mean": float(df[f"{name}_ms"].mean()), "cpu_ms_max": float(df[f"{name}_ms"].max()),
+                         "searched_share": float(df[f"{name}_searched"].mean()) if f"{name}_searched" in df else float("nan")})
     mixed = df[df.balance_mixed]
     shape = pd.DataFrame([{
         "mixed_rounds": len(mixed), "of_rounds": len(df),
@@ -240,8 +255,8 @@ def main(argv: list[str] | None = None) -> None:
           searches[~searches.plan.str.startswith("six_")].to_markdown(index=False, floatfmt=".5g"), "",
           "## Six-parameter variants", "",
           "`six_gG_wW_pP_mM`: `repack_all_pairs`, then the six-parameter mixed re-pack at draft depth G, line searches W distinct values "
-          "either side, at most P passes, run only when its start grid is within M users of the base (`mnone`: always); CPU ms "
-          "include the base's. The shipped `improve_mixed6_all_pairs` is "
+          "either side, at most P passes, run only when its start grid is within M users of the base (`mnone`: always; "
+          "`searched_share`: the share of rounds where they ran); CPU ms include the base's. The shipped `improve_mixed6_all_pairs` is "
           f"`{variant_name(MIXED_DEPTH, SIX_WINDOW, SIX_PASSES, SIX_SEARCH_MARGIN)}`.", "",
           searches[searches.plan.str.startswith("six_")].to_markdown(index=False, floatfmt=".5g"), "",
           f"1-minute load average {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} CPUs).", "",

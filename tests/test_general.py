@@ -123,7 +123,7 @@ def test_improve_plan_keeps_an_unimprovable_plan_as_it_is():
     assert improve_plan(cost, rnd, empty, 8) is empty
 
 
-def test_policy_scheduler_runs_the_post_step_from_policy_json(tmp_path: Path):
+def test_policy_scheduler_runs_the_post_step_from_policy_json(tmp_path: Path, monkeypatch):
     import shutil
 
     from agents.policy import PolicyScheduler
@@ -150,6 +150,14 @@ def test_policy_scheduler_runs_the_post_step_from_policy_json(tmp_path: Path):
     six = PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
     base = improve(cost, rnd, raw.modes, raw.gamma, 8, cross=MIXED_REFINE_CROSS, all_pairs_ad=True)
     assert check_plan(cost, rnd, six).feasible and (six.modes != 0).sum() >= (base != 0).sum()
+    # the name runs exactly these options (a wrong mapping serves as much on many rounds, this one included)
+    import agents.policy
+
+    seen = []
+    monkeypatch.setattr(agents.policy, "improve_plan", lambda *a, **kw: seen.append(kw) or a[2])
+    PolicyScheduler(cost, 8, path=tmp_path).plan(rnd)
+    assert seen == [{"mixed": True, "all_pairs_ad": True, "mixed_six": True}]
+    monkeypatch.undo()
     (tmp_path / "policy.json").write_text(json.dumps({**meta, "post_step": "polish"}))
     with pytest.raises(ValueError, match="post_step"):
         PolicyScheduler(cost, 8, path=tmp_path)
@@ -300,6 +308,60 @@ def test_improve_mixed6_all_pairs_finds_the_mixed_plans_and_never_serves_below_i
         improve_plan(cost, rnds[0], Plan(np.zeros(200, dtype=np.int8), gamma=2), 8, mixed_six=True)
 
 
+def test_improve_mixed6_all_pairs_runs_the_every_pair_search_then_the_gated_six_parameter_search(monkeypatch):
+    """The order and the arguments of the six-parameter post-step's two extra searches: the every-pair
+    AD search first, then the six-parameter mixed re-pack with ``SIX_WINDOW`` / ``SIX_PASSES`` and a
+    gate ``SIX_SEARCH_MARGIN`` below the best count so far; without all pairs on rounds over
+    ``ALL_PAIRS_MAX_USERS`` users; ``mixed_six`` without a mixed re-pack is refused."""
+    import agents.plan_repair as pr
+    from agents.mixed_repack import SIX_PASSES, SIX_SEARCH_MARGIN, SIX_WINDOW
+
+    calls = []
+    real_prefix, real_mixed = pr.best_ad_prefix, pr.mixed_repack
+
+    def prefix_spy(cost, rnd, more_than):
+        out = real_prefix(cost, rnd, more_than=more_than)
+        calls.append(("all_pairs", more_than, None if out is None else int((out != 0).sum())))
+        return out
+
+    def mixed_spy(cost, rnd, gamma, **kw):
+        calls.append(("mixed", gamma, kw))
+        return real_mixed(cost, rnd, gamma, **kw)
+
+    monkeypatch.setattr(pr, "best_ad_prefix", prefix_spy)
+    monkeypatch.setattr(pr, "mixed_repack", mixed_spy)
+    cost, rnd = _round(80, 5)
+    start = Plan(_greedy(cost, rnd, range(30), AD), gamma=2)
+    plan = improve_plan(cost, rnd, start, 8, mixed=True, all_pairs_ad=True, mixed_six=True)
+    assert [c[0] for c in calls] == ["all_pairs", "mixed"]
+    _, gamma, kw = calls[1]
+    most = max(calls[0][1], calls[0][2] or 0)  # the best count before the mixed search
+    assert gamma == pr.MIXED_DEPTH and kw == {"window": SIX_WINDOW, "passes": SIX_PASSES, "sd_input_cap": True,
+                                              "search_from": most - SIX_SEARCH_MARGIN}
+    assert (plan.modes != 0).sum() >= most
+    calls.clear()  # the five-parameter post-step: the mixed re-pack first, one pass, no gate
+    improve_plan(cost, rnd, start, 8, mixed=True, all_pairs_ad=True)
+    assert [c[0] for c in calls] == ["mixed", "all_pairs"] and calls[0][2] == {}
+    calls.clear()
+    big = EnvConfig(num_users=pr.ALL_PAIRS_MAX_USERS + 1, max_users=pr.ALL_PAIRS_MAX_USERS + 1)
+    big_cost, big_rnd = CostModel.from_config(big), sample_round(np.random.default_rng(0), big)
+    improve_plan(big_cost, big_rnd, Plan(np.zeros(big.num_users, dtype=np.int8), gamma=2), 8, mixed=True, all_pairs_ad=True, mixed_six=True)
+    assert [c[0] for c in calls] == ["mixed"]
+    with pytest.raises(ValueError, match="mixed_depth"):
+        improve(cost, rnd, start.modes, 2, 8, mixed_six=True)
+
+
+def test_shipped_general_policy_names_the_default_post_step():
+    """policies/general/policy.json runs the post-step experiments.general ships by default."""
+    from agents.plan_repair import POST_STEP_OPTIONS
+
+    path = Path(__file__).resolve().parents[1] / "policies" / "general" / "policy.json"
+    if not path.is_file():
+        pytest.skip("no shipped policies/general")
+    post = json.loads(path.read_text())["post_step"]
+    assert post == "improve_mixed6_all_pairs" and post in POST_STEP_OPTIONS
+
+
 def test_improve_handles_a_one_user_round():
     """K = 1 (blocks of one column in the prefix search): the admitted user is kept, nothing breaks."""
     cost, rnd = _round(1, 0)
@@ -342,17 +404,18 @@ def test_mixed_plan_study_entry_point(tmp_path):
     CSV + markdown; the family at BALANCE's own thresholds with the SD input cap rebuilds its plan."""
     from experiments.mixed_plan_study import main
 
-    args = ["--k", "30", "--rounds", "6", "--depths", "2", "--windows", "6", "--passes", "1,6", "--margins", "0,none",
+    args = ["--k", "30", "--rounds", "6", "--depths", "2", "--windows", "6", "--passes", "1,6", "--margins", "0,3,none",
             "--cache", str(tmp_path / "cache"), "--out", str(tmp_path)]
     main(args)
     df = pd.read_csv(tmp_path / "mixed_plan_study.csv")
-    variants = [f"six_g2_w6_p{p}_m{m}" for p in (1, 6) for m in (0, "none")]
+    variants = [f"six_g2_w6_p{p}_m{m}" for p in (1, 6) for m in (0, 3, "none")]
     assert len(df) == 6 and {"balance", "raw", "improve", "improve_mixed", "improve_mixed_all_pairs", "improve_mixed6_all_pairs",
-                             "repack_all_pairs", *variants, *(f"{v}_ms" for v in variants)} <= set(df.columns)
-    for v in variants:  # a variant takes its mixed plan only when it serves more than its base
-        assert (df[v] >= df.repack_all_pairs).all()
-    # more passes only move to better points; a gate only skips searches
+                             "repack_all_pairs", *variants, *(f"{v}_ms" for v in variants), *(f"{v}_searched" for v in variants)} <= set(df.columns)
+    # the shipped constants' variant is the shipped post-step, round by round (what the study chose is what ships)
+    assert (df.six_g2_w6_p6_m3 == df.improve_mixed6_all_pairs).all()
+    # more passes only move to better points; a gate only skips searches, and "none" always searches
     assert (df.six_g2_w6_p6_mnone >= df.six_g2_w6_p1_mnone).all() and (df.six_g2_w6_p6_mnone >= df.six_g2_w6_p6_m0).all()
+    assert df.six_g2_w6_p6_mnone_searched.all() and (df.six_g2_w6_p6_m0_searched <= df.six_g2_w6_p6_m3_searched).all()
     assert "## Six-parameter variants" in (tmp_path / "mixed_plan_study.md").read_text()
     mixed = df[df.balance_mixed]
     assert len(mixed) >= 1  # rounds 0-5 at K = 30 hold two where BALANCE mixes

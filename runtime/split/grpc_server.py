@@ -13,6 +13,7 @@ within ``keepalive_s`` is dropped like a closed stream, so its state is freed to
 
 from __future__ import annotations
 
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,11 +29,13 @@ class VerifierService:
     def __init__(self, batcher: VerificationBatcher, reply_timeout_s: float = 60.0):
         self.batcher, self.reply_timeout_s = batcher, reply_timeout_s
         self.streams_opened = 0
+        self._count_lock = threading.Lock()  # streams open on many gRPC threads at once: += alone can lose a count
 
     def verify(self, request_iterator, context):
         client = uuid.uuid4().hex
         self.batcher.join(client)
-        self.streams_opened += 1
+        with self._count_lock:
+            self.streams_opened += 1
         context.add_callback(lambda: self.batcher.leave(client))
         try:
             for raw in request_iterator:
