@@ -13,6 +13,7 @@ every scheduler sees the same rounds whatever their number.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ from tqdm import tqdm
 
 from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
 from agents.paired_stats import paired_difference
-from agents.registry import make_scheduler
+from agents.registry import SCHEDULERS, make_scheduler
 from agents.threads import limit_threads
 from envs.config import (
+    ConfigError,
     EnvConfig,
     refuse_renamed_keys,
     refuse_renamed_overrides,
@@ -40,6 +42,22 @@ from envs.workload import Round, Split, make_rounds, round_rng
 __all__ = ["evaluate_schedulers", "format_summary", "run", "summarize"]
 
 OPTIMA = ("optimal", "exhaustive")
+
+
+def _note_policy_observation(name: str, sched, cfg: EnvConfig, largest_round: int) -> None:
+    """Warn where a policy will not see the rounds as the caller's env config describes them: its
+    look-ahead and user order come from its policy.json, and a round larger than its look-ahead is
+    planned with only the next ``max_users`` users in view."""
+    seen = getattr(sched, "observation", None)
+    if seen is None:
+        return
+    differ = {k: (v, getattr(cfg, k)) for k, v in seen.items() if getattr(cfg, k) != v and not (k == "max_users" and getattr(cfg, k) is None)}
+    if differ:
+        text = ", ".join(f"{k}={mine!r} (env: {theirs!r})" for k, (mine, theirs) in differ.items())
+        warnings.warn(f"{name}: observes rounds with its own {text}, from its policy.json", stacklevel=3)
+    if largest_round > seen["max_users"]:
+        warnings.warn(f"{name}: rounds of {largest_round} users exceed its look-ahead of {seen['max_users']}: "
+                      f"each decision sees the next {seen['max_users']} users only", stacklevel=3)
 
 
 def evaluate_schedulers(
@@ -60,6 +78,8 @@ def evaluate_schedulers(
     rnds = make_rounds(cfg, rounds, seed, split=split) if isinstance(rounds, int) else list(rounds)
     # every scheduler is built before any runs: an unknown name or a missing policy fails at once
     built = [(name, make_scheduler(name, cost, cfg.max_gamma, draft_depth=draft_depth, seed=seed, **options)) for name in schedulers]
+    for name, sched in built:
+        _note_policy_observation(name, sched, cfg, max(len(r.input_tokens) for r in rnds) if rnds else 0)
     rows = []
     for name, sched in built:
         for r, rnd in enumerate(tqdm(rnds, desc=f"{name:>12}", disable=not progress, leave=False)):
@@ -140,37 +160,48 @@ def format_summary(summary: pd.DataFrame) -> str:
     return summary.to_markdown(index=False, floatfmt=".4g")
 
 
+class EvaluateConfigError(ValueError):
+    """An evaluation config key out of its range (raised before any scheduler runs)."""
+
+
 def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The evaluation as the Hydra app runs it, from a plain dict config."""
+    """The evaluation as the Hydra app runs it, from a plain dict config (bad keys raise
+    :class:`EvaluateConfigError` or :class:`envs.config.ConfigError` before any work starts)."""
     cfg = {k: v for k, v in cfg.items() if k != "profile"}  # the app-level profile name; env.profile carries it (interpolated)
     refuse_renamed_keys(cfg, "evaluate")
     known = {"env", "schedulers", "rounds", "seed", "split", "draft_depth", "grid_step", "time_limit_s", "policy_path", "output", "progress", "threads"}
     unknown = sorted(set(cfg) - known)
     if unknown:
-        raise ValueError(f"unknown evaluate config key(s) {unknown}; known: {sorted(known)}")
+        raise EvaluateConfigError(f"unknown evaluate config key(s) {unknown}; known: {sorted(known)}")
     env_raw = dict(cfg["env"])
     env_id = env_raw.pop("id", "EdgeSchedule-v0")  # which environment's rounds and plans (conf/env/split_k20.yaml: v1)
     if env_id not in ("EdgeSchedule-v0", "EdgeSchedule-v1"):
-        raise ValueError(f"env.id must be 'EdgeSchedule-v0' or 'EdgeSchedule-v1', got {env_id!r}")
+        raise EvaluateConfigError(f"env.id must be 'EdgeSchedule-v0' or 'EdgeSchedule-v1', got {env_id!r}")
     env_cfg = EnvConfig.from_kwargs(**env_raw)
     # one name on the command line (schedulers=balance) arrives as a string, not a one-item list
     names = [cfg["schedulers"]] if isinstance(cfg["schedulers"], str) else list(cfg["schedulers"])
     if not names:
-        raise ValueError("schedulers must name at least one scheduler")
+        raise EvaluateConfigError("schedulers must name at least one scheduler")
+    for name in names:  # make_scheduler's own refusal, as a config error (one line from the app)
+        if name != "policy" and name not in SCHEDULERS:
+            raise EvaluateConfigError(f"unknown scheduler {name!r}; known: {sorted(SCHEDULERS) + ['policy']}")
     if cfg.get("policy_path") and "policy" not in names:  # it would be ignored, silently
-        raise ValueError(f"policy_path is set but schedulers {names} has no 'policy': add it, e.g. schedulers=[balance,policy]")
+        raise EvaluateConfigError(f"policy_path is set but schedulers {names} has no 'policy': add it, e.g. schedulers=[balance,policy]")
     rounds = cfg["rounds"]
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:  # 2.7 is a typo, not 2 rounds
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+        raise EvaluateConfigError(f"rounds must be an integer >= 1, got {rounds!r}")
     split = cfg.get("split", "test")
     if split not in ("validation", "test"):
-        raise ValueError(f"split must be 'validation' or 'test' (training rounds are never evaluated on), got {split!r}")
+        raise EvaluateConfigError(f"split must be 'validation' or 'test' (training rounds are never evaluated on), got {split!r}")
     seed = cfg["seed"]
     if not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+        raise EvaluateConfigError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     output = cfg.get("output")
     if output:
-        check_writable(output, "output")  # before the evaluation, not after it
+        try:
+            check_writable(output, "output")  # before the evaluation, not after it
+        except ValueError as err:
+            raise EvaluateConfigError(str(err)) from None
     limit_threads(int(cfg.get("threads", 1)))  # before any policy's torch work (agents/threads.py)
     evaluate_fn = evaluate_schedulers
     if env_id == "EdgeSchedule-v1":  # ED plans: the split exact check and outcome (agents/evaluate_v1.py)
@@ -205,7 +236,10 @@ def _main() -> None:
     @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
     def app(cfg) -> None:
         plain = OmegaConf.to_container(cfg, resolve=True)
-        df, summary = run(plain)
+        try:
+            df, summary = run(plain)
+        except (EvaluateConfigError, ConfigError, FileNotFoundError) as err:  # a refusal is one line, as agents.train's, not a traceback
+            raise SystemExit(f"agents.evaluate: error: {err}") from None
         print(format_summary(summary))
         if plain.get("output"):
             print(f"wrote {plain['output']} ({len(df)} rows) and its summary")

@@ -81,6 +81,8 @@ class PolicyScheduler(Scheduler):
         if overrides.get("max_users") is None:
             overrides["max_users"] = trained["num_users"]
         cfg = EnvConfig(num_users=trained["num_users"], **overrides).validate()
+        #: how the policy observes a round (from policy.json, not from the caller's env config)
+        self.observation = {k: getattr(cfg, k) for k in ("max_users", "user_order")}
         super().__init__(cost, cfg.max_gamma, draft_depth=min(draft_depth, cfg.max_gamma), seed=seed)
         self.algo = meta["algo"]
         self.model = algo_class(self.algo).load(model_path, device="cpu")

@@ -230,17 +230,19 @@ def k_rounds(p: argparse.ArgumentParser, k_name: str, ks: str, rounds_name: str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.general", description=__doc__.split("\n")[0])
-    p.add_argument("--runs", type=Path, default=ROOT / "runs" / "general")
-    p.add_argument("--ks", default="20,50,70,100,200")
+    p = argparse.ArgumentParser(prog="python -m experiments.general", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=Path, default=ROOT / "runs" / "general",
+                   help="folder of the trained seeds seed0..seedN (agents.imitation train; recipe in conf/experiment/general.yaml)")
+    p.add_argument("--ks", default="20,50,70,100,200", help="round sizes K of the paper setting")
     p.add_argument("--rounds", default="200,200,200,100,50", help="test rounds per K (paper setting)")
-    p.add_argument("--noisy-ks", default="50,200")
-    p.add_argument("--noisy-rounds", default="200,50")
-    p.add_argument("--timing-ks", default="200,500")
-    p.add_argument("--timing-rounds", type=int, default=10)
+    p.add_argument("--noisy-ks", default="50,200", help="round sizes under prediction error (CV 0.3)")
+    p.add_argument("--noisy-rounds", default="200,50", help="test rounds per noisy K")
+    p.add_argument("--timing-ks", default="200,500", help="round sizes of the decision-time table")
+    p.add_argument("--timing-rounds", type=int, default=10, help="policy rounds timed per K")
     p.add_argument("--balance-timing-rounds", default="200:5,500:1", help="K:rounds of BALANCE in the timing (0 = skip)")
-    p.add_argument("--policies", type=Path, default=ROOT / "policies" / "general")
-    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--policies", type=Path, default=ROOT / "policies" / "general", help="where the best seed is shipped")
+    p.add_argument("--results", type=Path, default=RESULTS, help="folder of general.md, the CSVs and the plot")
     p.add_argument("--cache", type=Path, default=None, help="folder for BALANCE's per-round rows (reused when present)")
     p.add_argument("--balance-only", action="store_true", help="only fill --cache with BALANCE's rows (needs one trained seed for the env config)")
     p.add_argument("--diagnose-k", type=int, default=200, help="K of the validation-round diagnosis (policy vs BALANCE plans)")

@@ -172,7 +172,8 @@ def _pp(mean: float, lo: float, hi: float) -> str:
     return f"{mean * 100:+.2f} pp [{lo * 100:.2f}, {hi * 100:.2f}]"
 
 
-def markdown(rows: pd.DataFrame, mean: dict[str, float], summary: pd.DataFrame, tc: TrainConfig, rounds: int, total_s: float) -> str:
+def markdown(rows: pd.DataFrame, mean: dict[str, float], summary: pd.DataFrame, tc: TrainConfig, rounds: int, total_s: float,
+             reproduce: str | None = None) -> str:
     """The main job's report: per-seed rows, the across-seed mean, the other schedulers (all on the same test rounds)."""
     n = len(rows)
     per_seed = pd.DataFrame({
@@ -196,6 +197,7 @@ def markdown(rows: pd.DataFrame, mean: dict[str, float], summary: pd.DataFrame, 
     }
     cols = ["scheduler", "rounds", "served_frac", "ci95", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "ratio_to_optimum", "decision_ms_median"]
     seeds = ",".join(str(int(s)) for s in rows.seed)
+    reproduce = reproduce or f"bash scripts/main.sh --seeds {seeds} --publish"
     return "\n".join([
         f"Learned policy ({tc.agent.algo}, K = {tc.env.num_users}, {n} training seed{'s' if n > 1 else ''}) vs BALANCE on the same {rounds} **test** rounds "
         f"(test stream, seed {tc.eval.seed}; each policy trained on the train stream and was chosen on {tc.eval.rounds} validation rounds). "
@@ -208,7 +210,7 @@ def markdown(rows: pd.DataFrame, mean: dict[str, float], summary: pd.DataFrame, 
         f"The other schedulers on the same {rounds} test rounds (`diff_vs_balance`: paired difference to BALANCE, bootstrap 95 % CI, Wilcoxon p):", "",
         summary[[c for c in cols if c in summary]].to_markdown(index=False, floatfmt=".4g"), "",
         f"{tc.total_timesteps} decisions asked per seed ({rows.timesteps.max():.0f} trained: whole rollouts), {tc.threads} torch thread(s); "
-        f"the whole job took {total_s / 60:.1f} min here. Reproduce: `bash scripts/main.sh --seeds {seeds} --publish`.", "",
+        f"the whole job took {total_s / 60:.1f} min here. Reproduce: `{reproduce}`.", "",
     ])
 
 
@@ -270,7 +272,10 @@ def main(argv: list[str] | None = None) -> Path:
     write_text_atomic(out / "comparison_summary.md", format_summary(summary) + "\n")
     for p in plot(summary, rows, mean, runs, out):
         print(f"[main] wrote {p}")
-    text = markdown(rows, mean, summary, tc, args.rounds, time.perf_counter() - start)
+    # the command this run was: a run without --publish must not tell its reader to overwrite the README's copy
+    reproduce = " ".join(["bash scripts/main.sh", "--seeds", ",".join(map(str, seeds)), *(["--rounds", str(args.rounds)] if args.rounds != 100 else []),
+                          *args.overrides, *(["--publish"] if args.publish else [])])
+    text = markdown(rows, mean, summary, tc, args.rounds, time.perf_counter() - start, reproduce)
     write_text_atomic(out / "main_job.md", text)
     print(text)
     if args.publish:

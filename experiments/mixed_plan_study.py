@@ -211,16 +211,16 @@ def _ints(text: str, flag: str, none_ok: bool = False) -> list:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policy", type=Path, default=Path("policies/general"))
-    ap.add_argument("--k", type=int, default=200)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--policy", type=Path, default=Path("policies/general"), help="the policy whose raw plans the post-steps start from")
+    ap.add_argument("--k", type=int, default=200, help="users per round")
     ap.add_argument("--rounds", type=int, default=200, help="validation rounds")
     ap.add_argument("--depths", default="2,3", help="draft depths of the six-parameter variants")
     ap.add_argument("--windows", default="6,8", help="line-search windows of the six-parameter variants")
     ap.add_argument("--passes", default="1,6,10", help="most line-search passes of the six-parameter variants")
     ap.add_argument("--margins", default="2,3,4,none", help="search margins of the six-parameter variants (none: always search)")
     ap.add_argument("--cache", type=Path, default=None, help="folder for BALANCE's plans (reused when present)")
-    ap.add_argument("--out", type=Path, default=Path("results"))
+    ap.add_argument("--out", type=Path, default=Path("results"), help="folder of mixed_plan_study.md / .csv (the default rewrites the shipped study)")
     args = ap.parse_args(argv)
     depths, windows = _ints(args.depths, "--depths"), _ints(args.windows, "--windows")
     passes, margins = _ints(args.passes, "--passes"), _ints(args.margins, "--margins", none_ok=True)

@@ -375,3 +375,42 @@ def test_experiment_flags_are_refused_up_front(capsys, tmp_path, module, argv, w
         main([*argv, "--out", str(tmp_path / "out")])
     assert exc.value.code != 0 and words in str(exc.value.code) + capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override,message", [("env.num_users=0", "'num_users' must be an integer in [1, 4096], got 0"),
+                                              ("schedulers=[balance,balanse]", "unknown scheduler 'balanse'"),
+                                              ("rounds=0", "rounds must be an integer >= 1, got 0")])
+def test_a_refused_evaluate_config_is_one_line(tmp_path, override, message):
+    """agents.evaluate refuses a bad key in one line naming it, as agents.train does (it printed a
+    traceback of the Hydra app before the same message)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "agents.evaluate", override, "rounds=1" if not override.startswith("rounds") else "progress=false",
+           f"hydra.run.dir={tmp_path / 'hydra'}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode != 0 and "agents.evaluate: error:" in r.stderr and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_evaluate_says_when_a_policy_observes_rounds_differently_from_the_env_config():
+    """A policy's look-ahead and user order come from its policy.json: the evaluation says so when
+    the caller's env config names others, and when a round is larger than the look-ahead."""
+    import warnings
+
+    from agents.evaluate import evaluate_schedulers
+    from envs import EnvConfig
+
+    path = Path(__file__).resolve().parents[1] / "policies" / "paper_k50"
+    if not (path / "model.zip").is_file():
+        pytest.skip("no shipped policies/paper_k50")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate_schedulers(EnvConfig(num_users=70, max_users=80, user_order="arrival"), ["policy"], rounds=1, policy_path=str(path))
+    text = " | ".join(str(w.message) for w in caught)
+    assert "max_users=64 (env: 80)" in text and "user_order='slack_desc' (env: 'arrival')" in text, text
+    assert "rounds of 70 users exceed its look-ahead of 64" in text, text
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate_schedulers(EnvConfig(num_users=50, user_order="slack_desc"), ["policy"], rounds=1, policy_path=str(path))
+    assert not [w for w in caught if "observes rounds" in str(w.message) or "look-ahead" in str(w.message)]

@@ -28,6 +28,8 @@ def test_main_job_two_seeds_end_to_end(tmp_path, capsys):
         assert json.loads((out / f"seed{seed}" / "policy.json").read_text())["seed"] == seed
         assert (out / f"seed{seed}" / "model.zip").is_file()
     assert (ROOT / "results" / "main_job.md").read_bytes() == published  # only --publish writes the README's copy
+    # the Reproduce line is this run's command: no --publish that would overwrite the README's copy
+    assert f"Reproduce: `bash scripts/main.sh --seeds 3,1 --rounds 4 {' '.join(TINY)}`." in (out / "main_job.md").read_text()
 
     comp = pd.read_csv(out / "comparison.csv")
     assert sorted(comp[comp.scheduler == "policy"].groupby("seed").size().items()) == [(1, 4), (3, 4)]
