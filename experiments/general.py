@@ -140,18 +140,26 @@ def across_seeds(summary: pd.DataFrame) -> dict:
             "diff_vs_balance": diff, "diff_ci95": diff_ci, "seeds_above_balance": int((g.diff_ci95_low > 0).sum()), "seeds_below_balance": int((g.diff_ci95_high < 0).sum())}
 
 
-def _timed(scheduler, rnds: list) -> tuple[list[float], list[float]]:
-    """Per round: the plan's own decision seconds (wall clock) and this process's CPU seconds around it."""
+POLICY_REPEATS = 3  #: policy decisions timed per round (the median kept): one ~30 ms call is at the mercy of a busy host
+
+
+def _timed_round(scheduler, rnd, repeats: int = 1) -> tuple[float, float]:
+    """One round's decision: the plan's own seconds (wall clock) and this process's CPU seconds
+    around the call, each the median over ``repeats`` calls."""
     wall, cpu = [], []
-    for r in rnds:
+    for _ in range(repeats):
         c0 = time.process_time()
-        wall.append(scheduler.plan(r).decision_s)
+        wall.append(scheduler.plan(rnd).decision_s)
         cpu.append(time.process_time() - c0)
-    return wall, cpu
+    return float(np.median(wall)), float(np.median(cpu))
 
 
 def timing(policy: Path, ks: list[int], rounds: int, balance_rounds: dict[int, int]) -> pd.DataFrame:
-    """Seconds per round (median over rounds) of BALANCE and of the policy, same process, one thread."""
+    """Decision seconds per round of the policy and of BALANCE, same process, one thread, **paired**:
+    on each of the first ``balance_rounds[k]`` rounds BALANCE decides right after the policy, and
+    ``balance_over_policy`` is the median over those rounds of BALANCE's time / the policy's on the
+    same round (min and max beside it) -- a host that slows down between two runs slows both sides
+    of a ratio alike. ``policy_s_median`` is over all ``rounds`` rounds."""
     rows = []
     for k in ks:
         cfg = env_for(policy, k, "paper")
@@ -159,17 +167,22 @@ def timing(policy: Path, ks: list[int], rounds: int, balance_rounds: dict[int, i
         rnds = make_rounds(cfg, rounds, SEED, split="test")
         pol = PolicyScheduler(cost, cfg.max_gamma, path=policy)
         pol.plan(rnds[0])  # warm-up (first-call allocations)
-        t_pol, cpu_pol = _timed(pol, rnds)
-        nb = balance_rounds.get(k, rounds)
+        nb = min(balance_rounds.get(k, rounds), rounds)
         bal = make_scheduler("balance", cost, cfg.max_gamma)
-        t_bal, cpu_bal = _timed(bal, rnds[:nb]) if nb > 0 else ([], [])
+        pol_t, bal_t = [], []
+        for i, rnd in enumerate(rnds):
+            pol_t.append(_timed_round(pol, rnd, POLICY_REPEATS))
+            if i < nb:
+                bal_t.append(_timed_round(bal, rnd))
+        (t_pol, cpu_pol), (t_bal, cpu_bal) = (np.array(x, dtype=float).reshape(-1, 2).T for x in (pol_t, bal_t))
         row = {"K": k, "policy_rounds": len(t_pol), "policy_s_median": float(np.median(t_pol)), "policy_ms_per_decision": 1e3 * float(np.median(t_pol)) / k,
-               "balance_rounds": len(t_bal), "balance_s_median": float(np.median(t_bal)) if t_bal else float("nan")}
-        row["balance_over_policy"] = row["balance_s_median"] / row["policy_s_median"]
+               "balance_rounds": len(t_bal), "balance_s_median": float(np.median(t_bal)) if nb else float("nan")}
         # CPU seconds of this process (one thread): what the wall clock shows less the waits for a CPU on a shared host
         row["policy_cpu_s_median"] = float(np.median(cpu_pol))
-        row["balance_cpu_s_median"] = float(np.median(cpu_bal)) if cpu_bal else float("nan")
-        row["balance_over_policy_cpu"] = row["balance_cpu_s_median"] / row["policy_cpu_s_median"]
+        row["balance_cpu_s_median"] = float(np.median(cpu_bal)) if nb else float("nan")
+        for name, b, q in (("balance_over_policy", t_bal, t_pol[:nb]), ("balance_over_policy_cpu", cpu_bal, cpu_pol[:nb])):
+            ratio = b / q if nb else np.array([np.nan])
+            row[name], row[f"{name}_min"], row[f"{name}_max"] = float(np.median(ratio)), float(ratio.min()), float(ratio.max())
         rows.append(row)
         print(f"[general] timing K={k}: {row}", flush=True)
     return pd.DataFrame(rows)
@@ -240,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--noisy-rounds", default="200,50", help="test rounds per noisy K")
     p.add_argument("--timing-ks", default="200,500", help="round sizes of the decision-time table")
     p.add_argument("--timing-rounds", type=int, default=10, help="policy rounds timed per K")
-    p.add_argument("--balance-timing-rounds", default="200:5,500:1", help="K:rounds of BALANCE in the timing (0 = skip)")
+    p.add_argument("--balance-timing-rounds", default="200:10,500:1", help="K:rounds of BALANCE in the timing (0 = skip)")
     p.add_argument("--policies", type=Path, default=ROOT / "policies" / "general", help="where the best seed is shipped")
     p.add_argument("--results", type=Path, default=RESULTS, help="folder of general.md, the CSVs and the plot")
     p.add_argument("--cache", type=Path, default=None, help="folder for BALANCE's per-round rows (reused when present)")

@@ -78,8 +78,10 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
                 f"under an input cap, at draft depth 2; a grid over those six thresholds, then up to {SIX_PASSES} passes of line searches "
                 f"{SIX_WINDOW} values either side, run only when the grid's best is within {SIX_SEARCH_MARGIN} users of the best plan "
                 "found so far) -- " if six else "")
-             + "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. The post-step "
-             "was chosen on validation rounds (`results/improve_tuning.md`, with the shipped policy, before any test round ran). "
+             + "and the plan serving the most (the policy's own on ties) is kept; it never serves fewer on predictions. Each stage "
+             "of the post-step was chosen on validation rounds with the shipped policy (`results/improve_tuning.md`, "
+             "`results/mixed_plan_study.md`), never on test rounds; this table's test rounds were reported after each such choice, "
+             "for the post-step shipped at the time. "
              + {"improve_mixed6_all_pairs": "`post_step: improve_mixed_all_pairs` is the same with the five-threshold mixed re-pack (one "
                                             "pass, always run, before the all-pairs search; `--post-step improve_mixed_all_pairs` reports its figures; "
                                             "the choice between them on validation rounds: `results/mixed_plan_study.md`). ",
@@ -108,7 +110,10 @@ def report(per_seed: pd.DataFrame, seeds: pd.DataFrame, times: pd.DataFrame, shi
              "## Per seed", "", per_seed[COLS].to_markdown(index=False, floatfmt=".4g"), "",
              "## Decision time per round (one process, one thread)", "",
              "Policy: the shipped policy through `PolicyScheduler` (cached user encodings, numpy; env stepping, masks and the post-step "
-             "included). `*_s_median`: wall clock (the plan's `decision_s`); `*_cpu_s_median`: CPU seconds of the process around the same "
-             "call (one thread), which a loaded host inflates far less -- on a shared host read `balance_over_policy_cpu`.", "",
+             "included), each round's time the median of 3 calls. `*_s_median`: wall clock (the plan's `decision_s`); `*_cpu_s_median`: "
+             "CPU seconds of the process around the same call (one thread), which a loaded host inflates far less. Paired: on each of "
+             "the first `balance_rounds` rounds BALANCE decides right after the policy, and `balance_over_policy(_cpu)` is the median "
+             "over those rounds of BALANCE's time / the policy's on the same round (`_min` / `_max`: the spread over rounds), so a host "
+             "that slows down between runs slows both sides of each ratio alike.", "",
              times.to_markdown(index=False, floatfmt=".4g"), "", f"{load}.", "", f"Reproduce: `{command}`", ""]
     return "\n".join(lines)

@@ -50,6 +50,10 @@ def test_general_experiment_end_to_end(tmp_path: Path):
     times = pd.read_csv(res / "general_timing.csv")
     assert list(times.K) == [12, 20] and times.balance_rounds.tolist() == [1, 0] and (times.policy_s_median > 0).all()
     assert (times.policy_cpu_s_median > 0).all() and times.balance_cpu_s_median.notna().tolist() == [True, False]
+    # paired per round: the median ratio lies within its own spread, and is absent without BALANCE rounds
+    first = times.iloc[0]
+    assert first.balance_over_policy_cpu_min <= first.balance_over_policy_cpu <= first.balance_over_policy_cpu_max
+    assert times.balance_over_policy.notna().tolist() == [True, False]
 
 
 # --- agents.plan_repair.improve: the policy's post-step -----------------------------------------
