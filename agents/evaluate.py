@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from agents.artefacts import check_writable, write_csv_atomic, write_text_atomic
 from agents.paired_stats import paired_difference
-from agents.registry import SCHEDULERS, make_scheduler
+from agents.registry import UnknownSchedulerError, make_scheduler
 from agents.threads import limit_threads
 from envs.config import (
     ConfigError,
@@ -78,8 +78,9 @@ def evaluate_schedulers(
     rnds = make_rounds(cfg, rounds, seed, split=split) if isinstance(rounds, int) else list(rounds)
     # every scheduler is built before any runs: an unknown name or a missing policy fails at once
     built = [(name, make_scheduler(name, cost, cfg.max_gamma, draft_depth=draft_depth, seed=seed, **options)) for name in schedulers]
+    largest_round = max((r.num_users for r in rnds), default=0)
     for name, sched in built:
-        _note_policy_observation(name, sched, cfg, max(len(r.input_tokens) for r in rnds) if rnds else 0)
+        _note_policy_observation(name, sched, cfg, largest_round)
     rows = []
     for name, sched in built:
         for r, rnd in enumerate(tqdm(rnds, desc=f"{name:>12}", disable=not progress, leave=False)):
@@ -182,9 +183,6 @@ def run(cfg: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     names = [cfg["schedulers"]] if isinstance(cfg["schedulers"], str) else list(cfg["schedulers"])
     if not names:
         raise EvaluateConfigError("schedulers must name at least one scheduler")
-    for name in names:  # make_scheduler's own refusal, as a config error (one line from the app)
-        if name != "policy" and name not in SCHEDULERS:
-            raise EvaluateConfigError(f"unknown scheduler {name!r}; known: {sorted(SCHEDULERS) + ['policy']}")
     if cfg.get("policy_path") and "policy" not in names:  # it would be ignored, silently
         raise EvaluateConfigError(f"policy_path is set but schedulers {names} has no 'policy': add it, e.g. schedulers=[balance,policy]")
     rounds = cfg["rounds"]
@@ -238,7 +236,7 @@ def _main() -> None:
         plain = OmegaConf.to_container(cfg, resolve=True)
         try:
             df, summary = run(plain)
-        except (EvaluateConfigError, ConfigError, FileNotFoundError) as err:  # a refusal is one line, as agents.train's, not a traceback
+        except (EvaluateConfigError, ConfigError, UnknownSchedulerError, FileNotFoundError) as err:  # a refusal is one line, as agents.train's, not a traceback
             raise SystemExit(f"agents.evaluate: error: {err}") from None
         print(format_summary(summary))
         if plain.get("output"):

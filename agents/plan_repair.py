@@ -139,6 +139,26 @@ def _batch_use(cost: CostModel, rnd: Round, members: np.ndarray, mode: int, gamm
     return float(share_needed(cost.sd_time(b, s, n, j, gamma), b, u, sl)), float(cost.sd_memory(b, s, n, so, gamma))
 
 
+def _if_more(cost: CostModel, rnd: Round, modes: np.ndarray, served: int, most: int, gamma: int):
+    """``(modes, report, gamma)`` when the candidate ``modes`` serves more than ``most`` users (``served``,
+    its own count or its key's) and passes the exact check at draft depth ``gamma``; else None."""
+    if served <= most:
+        return None
+    rep = check_plans(cost, rnd, modes[None], gamma)
+    return (modes, rep, gamma) if rep.feasible[0] else None
+
+
+def six_mixed_plan(cost: CostModel, rnd: Round, gamma: int, most: int, window: int = SIX_WINDOW, passes: int = SIX_PASSES,
+                   margin: int | None = SIX_SEARCH_MARGIN):
+    """The ``improve_mixed6_all_pairs`` post-step's last stage after plans serving ``most`` users: the
+    six-parameter mixed re-pack (SD at ``gamma``), its line searches run only when its start grid
+    serves at least ``most - margin`` (None: always). ``(modes, report, gamma)`` when its plan serves
+    more than ``most`` and passes the exact check, else None."""
+    two, key = mixed_repack(cost, rnd, gamma, window=window, passes=passes, sd_input_cap=True,
+                            search_from=None if margin is None else most - margin)
+    return _if_more(cost, rnd, two, int(np.ceil(key)), most, gamma)
+
+
 def improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gamma: int, cross: int = REFINE_CROSS,
             mixed_depth: int | None = None, passes: int = REFINE_PASSES, all_pairs_ad: bool = False, mixed_six: bool = False) -> np.ndarray:
     """A feasible plan serving at least as many users as the feasible plan ``modes`` (SD at ``gamma``):
@@ -281,24 +301,14 @@ def _improve(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: int, max_gam
     g_mixed = None if mixed_depth is None else int(min(max(mixed_depth, 1), max_gamma))
     if g_mixed is not None and not mixed_six:
         two, two_key = mixed_repack(cost, rnd, g_mixed)
-        if int(np.ceil(two_key)) > most():
-            rep = check_plans(cost, rnd, two[None], g_mixed)
-            if rep.feasible[0]:
-                found = (two, rep, g_mixed)
+        found = _if_more(cost, rnd, two, int(np.ceil(two_key)), most(), g_mixed) or found
     if all_pairs_ad:
         ad_only = best_ad_prefix(cost, rnd, more_than=most())
         if ad_only is not None:
-            rep = check_plans(cost, rnd, ad_only[None], g)
-            if rep.feasible[0]:
-                found = (ad_only, rep, g)
+            found = _if_more(cost, rnd, ad_only, int((ad_only != 0).sum()), most(), g) or found
     if g_mixed is not None and mixed_six:
         # last, so that its line searches can be skipped on rounds where its grid is far behind
-        two, two_key = mixed_repack(cost, rnd, g_mixed, window=SIX_WINDOW, passes=SIX_PASSES, sd_input_cap=True,
-                                    search_from=most() - SIX_SEARCH_MARGIN)
-        if int(np.ceil(two_key)) > most():
-            rep = check_plans(cost, rnd, two[None], g_mixed)
-            if rep.feasible[0]:
-                found = (two, rep, g_mixed)
+        found = six_mixed_plan(cost, rnd, g_mixed, most()) or found
     if found is not None:
         return found
     if best_point is None or count <= best_count:

@@ -28,6 +28,10 @@ OPTIONS = {
 }
 
 
+class UnknownSchedulerError(ValueError):
+    """A scheduler name that is neither in ``SCHEDULERS`` nor ``policy``."""
+
+
 def make_scheduler(name: str, cost: CostModel, max_gamma: int, draft_depth: int = DEFAULT_DRAFT_DEPTH, seed: int | None = None, **options: Any) -> Scheduler:
     """Build a scheduler by name; ``policy`` needs ``policy_path`` (a trained model).
 
@@ -42,7 +46,7 @@ def make_scheduler(name: str, cost: CostModel, max_gamma: int, draft_depth: int 
             raise ValueError("scheduler 'policy' needs policy_path=PATH/model.zip")
         return PolicyScheduler(cost, max_gamma, draft_depth=draft_depth, seed=seed, path=path)
     if name not in SCHEDULERS:
-        raise ValueError(f"unknown scheduler {name!r}; known: {sorted(SCHEDULERS) + ['policy']}")
+        raise UnknownSchedulerError(f"unknown scheduler {name!r}; known: {sorted(SCHEDULERS) + ['policy']}")
     cls = SCHEDULERS[name]
     kwargs = {k: v for k, v in options.items() if v is not None and k in OPTIONS and issubclass(cls, OPTIONS[k])}
     return cls(cost, max_gamma, draft_depth=draft_depth, seed=seed, **kwargs)

@@ -173,7 +173,7 @@ def _pp(mean: float, lo: float, hi: float) -> str:
 
 
 def markdown(rows: pd.DataFrame, mean: dict[str, float], summary: pd.DataFrame, tc: TrainConfig, rounds: int, total_s: float,
-             reproduce: str | None = None) -> str:
+             reproduce: str) -> str:
     """The main job's report: per-seed rows, the across-seed mean, the other schedulers (all on the same test rounds)."""
     n = len(rows)
     per_seed = pd.DataFrame({
@@ -196,8 +196,6 @@ def markdown(rows: pd.DataFrame, mean: dict[str, float], summary: pd.DataFrame, 
         "train (s)": f"{rows.train_s.sum():.0f} (total)",
     }
     cols = ["scheduler", "rounds", "served_frac", "ci95", "ratio_to_balance", "diff_vs_balance", "diff_ci95_low", "diff_ci95_high", "p_wilcoxon", "ratio_to_optimum", "decision_ms_median"]
-    seeds = ",".join(str(int(s)) for s in rows.seed)
-    reproduce = reproduce or f"bash scripts/main.sh --seeds {seeds} --publish"
     return "\n".join([
         f"Learned policy ({tc.agent.algo}, K = {tc.env.num_users}, {n} training seed{'s' if n > 1 else ''}) vs BALANCE on the same {rounds} **test** rounds "
         f"(test stream, seed {tc.eval.seed}; each policy trained on the train stream and was chosen on {tc.eval.rounds} validation rounds). "

@@ -49,7 +49,6 @@ from agents.mixed_repack import (
     SIX_SEARCH_MARGIN,
     SIX_WINDOW,
     MixedFamily,
-    mixed_repack,
 )
 from agents.plan_repair import (
     ALL_PAIRS_MAX_USERS,
@@ -57,11 +56,11 @@ from agents.plan_repair import (
     POST_STEP_OPTIONS,
     improve,
     improve_plan,
+    six_mixed_plan,
 )
 from agents.policy import PolicyScheduler
 from agents.registry import make_scheduler
 from envs.cost_model import CostModel, sd_iterations
-from envs.feasibility import check_plans
 from envs.plan import AD, SD
 from envs.workload import make_rounds
 from experiments.general import env_for
@@ -159,11 +158,8 @@ def run(policy: Path, k: int, rounds: int, cache: Path | None, variants: list[tu
                 grid_best[depth] = int(np.ceil(fam.score(fam.start_grid())[0].max()))
             row[f"{name}_searched"] = margin is None or grid_best[depth] >= base - margin
             t0 = time.process_time()
-            two, key = mixed_repack(cost, rnd, depth, window=window, passes=passes, sd_input_cap=True,
-                                    search_from=None if margin is None else base - margin)
-            served = base
-            if int(np.ceil(key)) > base and check_plans(cost, rnd, two[None], depth).feasible[0]:
-                served = int((two != 0).sum())
+            found = six_mixed_plan(cost, rnd, depth, base, window=window, passes=passes, margin=margin)  # the post-step's own last stage
+            served = base if found is None else int((found[0] != 0).sum())
             row[f"{name}_ms"], row[name] = row["repack_all_pairs_ms"] + 1e3 * (time.process_time() - t0), served
         if (i + 1) % 20 == 0:
             print(f"[mixed_plan_study] searches {i + 1}/{len(rnds)} rounds", flush=True)
