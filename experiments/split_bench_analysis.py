@@ -110,6 +110,7 @@ def run_row(args, rtt: float, proactive: str, cohorts: int, clients: int, run: d
             "forward_share": timing["forward_s"] / busy if busy and "forward_s" in timing else float("nan"),
             "kv_reused": timing["reused"] / (timing["reused"] + timing["stacked"]) if timing.get("reused", 0) + timing.get("stacked", 0) else float("nan"),
             "proactive_hit_rate_drafted": server.get("proactive_hit_rate_drafted"),
+            "draft_ms": server.get("draft_ms"), "device_wait_ms": server.get("device_wait_ms"),
             "host_load_1min": run["load"], "outcomes": json.dumps(edge["outcomes"])}
 
 

@@ -45,6 +45,7 @@ import dataclasses
 import json
 import math
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ from agents.artefacts import write_text_atomic
 from runtime.edge_profile import CalibratedStart, calibrated_start
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
 from runtime.split.depth import DepthController
+from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
 from runtime.split.pair_args import add_pair_args, load_pair_from_args
 from runtime.split.transport import DelayedLink, GrpcLink
@@ -88,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--shared-device", choices=["on", "off"], default="on",
                     help="on: the clients share this process's draft device, proactive drafting yields to on-demand drafting; "
                          "off: every client drafts whenever it likes (one device per client, as SpecEdge's edges)")
+    ap.add_argument("--gil-switch-ms", type=float, default=0.5,
+                    help="this process's GIL switch interval (CPython's default is 5 ms): how long one client's drafting may keep "
+                         "another's verdict waiting")
     ap.add_argument("--reply-timeout-s", type=float, default=30.0)
     ap.add_argument("--connect-timeout-s", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -110,6 +115,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("--rtt-ms and --jitter-ms must be finite numbers >= 0, --bandwidth-mbps a finite number > 0 and --temperature in [0, 100]")
     if not (0 < args.reply_timeout_s < math.inf and 0 < args.connect_timeout_s < math.inf):
         raise SystemExit(f"--reply-timeout-s and --connect-timeout-s must be finite numbers > 0, got {args.reply_timeout_s} and {args.connect_timeout_s}")
+    if not 0.01 <= args.gil_switch_ms <= 100:
+        raise SystemExit(f"--gil-switch-ms must lie in [0.01, 100] ms, got {args.gil_switch_ms}")
     host, sep, port = args.server.rpartition(":")
     if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise SystemExit(f"--server must be HOST:PORT with PORT in [1, 65535], got {args.server!r}")
@@ -172,12 +179,12 @@ def run_placed(args: argparse.Namespace, pair, prompts: list[list[int]]) -> None
     from runtime.split_placement import EdgeUser
 
     results, lock = [], threading.Lock()
-    device_lock = threading.Lock() if args.shared_device == "on" else None
+    draft_device = SharedDraftDevice() if args.shared_device == "on" else None
 
     def client(i: int) -> None:
         try:
             user = EdgeUser(args.server, pair.draft, rtt_s=args.rtt_ms / 1e3, eos_id=pair.tokenizer.eos_id, depth="plan" if args.depth == "plan" else "auto",
-                            max_depth=args.max_depth, proactive=args.proactive == "on", device_lock=device_lock, connect_timeout_s=args.connect_timeout_s,
+                            max_depth=args.max_depth, proactive=args.proactive == "on", draft_device=draft_device, connect_timeout_s=args.connect_timeout_s,
                             reply_timeout_s=args.reply_timeout_s, jitter_s=args.jitter_ms / 1e3, seed=args.seed + i)
         except ConnectionError as exc:
             with lock:
@@ -249,6 +256,11 @@ def write_reports(args: argparse.Namespace, outcomes: list[RequestOutcome], wall
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # this process's clients are threads: drafting, the emulated WAN and gRPC take turns on the GIL,
+    # and CPython's default 5 ms switch interval let a drafting thread keep a verdict's delivery
+    # (and the next block's send) waiting for up to that long; in paired split_bench runs (16 and 32
+    # clients, 2 cohorts, proactive on) 0.5 ms gave the lower ITL in each pair
+    sys.setswitchinterval(args.gil_switch_ms / 1e3)
     pair = load_pair_from_args(args)
     tok = pair.tokenizer
     prompts = [tok.encode(p) for p in CODE_PROMPTS + PROSE_PROMPTS]
@@ -258,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     start = initial_depth(args, prompts)
     outcomes: list[RequestOutcome] = []
     lock = threading.Lock()
-    device_lock = threading.Lock() if args.shared_device == "on" else None  # this process's clients share one draft device
+    draft_device = SharedDraftDevice() if args.shared_device == "on" else None  # this process's clients share one draft device
 
     connected: set[int] = set()  #: clients that have reached the server once
 
@@ -271,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def new_client(i: int, depth: int | DepthController) -> EdgeClient:
         return EdgeClient(pair.draft, new_link(i), depth=depth, proactive=args.proactive == "on", max_depth=args.max_depth,
-                          eos_id=tok.eos_id, reply_timeout_s=args.reply_timeout_s, device_lock=device_lock)
+                          eos_id=tok.eos_id, reply_timeout_s=args.reply_timeout_s, draft_device=draft_device)
 
     if args.listen is not None:
         from runtime.edge_http import serve

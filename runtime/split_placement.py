@@ -40,6 +40,7 @@ import grpc
 from google.protobuf import descriptor_pb2
 
 from runtime.split.depth import DepthController
+from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
 from runtime.split.messages import build_messages
 from runtime.split.transport import DelayedLink, GrpcLink
@@ -97,14 +98,14 @@ class EdgeUser:
     """
 
     def __init__(self, address: str, draft, rtt_s: float = 0.0, eos_id: int | None = None, depth: str = "plan", max_depth: int = 8,
-                 proactive: bool = True, device_lock: threading.Lock | None = None, connect_timeout_s: float = 10.0, reply_timeout_s: float = 60.0,
+                 proactive: bool = True, draft_device: SharedDraftDevice | None = None, connect_timeout_s: float = 10.0, reply_timeout_s: float = 60.0,
                  jitter_s: float = 0.0, seed: int = 0):
         if depth not in ("plan", "auto"):
             raise ValueError(f"depth must be plan or auto, got {depth!r}")
         if rtt_s < 0 or jitter_s < 0:
             raise ValueError(f"rtt_s and jitter_s must be >= 0 seconds, got {rtt_s}, {jitter_s}")
         self.address, self.draft, self.rtt_s, self.eos_id, self.depth = address, draft, rtt_s, eos_id, depth
-        self.max_depth, self.proactive, self.device_lock, self.jitter_s, self.seed = max_depth, proactive, device_lock, jitter_s, seed
+        self.max_depth, self.proactive, self.draft_device, self.jitter_s, self.seed = max_depth, proactive, draft_device, jitter_s, seed
         self.connect_timeout_s, self.reply_timeout_s = connect_timeout_s, reply_timeout_s
         self.channel = grpc.insecure_channel(address)
         try:
@@ -125,7 +126,7 @@ class EdgeUser:
             # always behind the WAN shim (no delay at rtt 0), so a later request's RTT applies to the same stream
             link = DelayedLink(GrpcLink(self.address, self.connect_timeout_s), 1e3 * self.rtt_s, 1e3 * self.jitter_s, seed=self.seed)
             self._client = EdgeClient(self.draft, link, depth=ctl, proactive=self.proactive, max_depth=max(self.max_depth, depth),
-                                      eos_id=self.eos_id, reply_timeout_s=self.reply_timeout_s, device_lock=self.device_lock)
+                                      eos_id=self.eos_id, reply_timeout_s=self.reply_timeout_s, draft_device=self.draft_device)
         else:
             self._client.depth, self._client.max_depth = ctl, max(self.max_depth, depth)
         self._client.link.rtt_s, self._client.link.jitter_s = self.rtt_s, self.jitter_s  # this request's network (rtt_s may change between requests)

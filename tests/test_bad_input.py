@@ -240,6 +240,8 @@ def test_split_bench_refuses_bad_arguments_before_creating_its_folder(tmp_path, 
     (["--jitter-ms", "inf"], "--jitter-ms"),
     (["--reply-timeout-s", "nan"], "--reply-timeout-s"),
     (["--connect-timeout-s=-5"], "--connect-timeout-s"),
+    (["--gil-switch-ms", "nan"], r"--gil-switch-ms must lie in \[0.01, 100\]"),
+    (["--gil-switch-ms", "0"], "--gil-switch-ms"),
 ])
 def test_the_edge_refuses_non_finite_numbers(argv, words):
     from runtime.edge import parse_args

@@ -14,6 +14,7 @@ from runtime.engines import generate_ad
 from runtime.split.acceptance import accepted_length, emitted
 from runtime.split.batcher import VerificationBatcher
 from runtime.split.depth import DepthController
+from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.drafter import DraftSession
 from runtime.split.edge_client import EdgeClient
 from runtime.split.transport import LocalLink
@@ -38,10 +39,10 @@ def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, tempera
     """Each job ``(prompts, limits)`` is one edge client serving its requests in order, all at once."""
     batcher = VerificationBatcher(BatchVerifier(target, bucket=bucket), cohorts=cohorts, window_s=window_s)
     results = [None] * len(jobs)
-    lock = threading.Lock() if shared_device else None
+    device = SharedDraftDevice() if shared_device else None
 
     def client(i):
-        edge = EdgeClient(draft, LocalLink(batcher), depth=depth, proactive=proactive, device_lock=lock)
+        edge = EdgeClient(draft, LocalLink(batcher), depth=depth, proactive=proactive, draft_device=device)
         results[i] = [edge.generate(p, n, temperature=temperature, seed=1000 * i + k) for k, (p, n) in enumerate(zip(*jobs[i], strict=True))]
         edge.link.close()
 

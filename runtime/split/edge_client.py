@@ -4,8 +4,9 @@ the server (through any :class:`~runtime.split.transport.VerifierLink`) to verif
 Per iteration: propose ``depth`` drafts (the chain may already hold them from proactive drafting),
 send, and -- with ``proactive`` on -- keep drafting one token at a time until the reply arrives
 (at most ``2 * depth + 1`` tokens: the block, the guessed bonus and a next block of the same depth), then
-commit the verdict. Clients that share one draft device pass one ``device_lock``: on-demand drafting
-takes it, proactive drafting only uses the device when no other client needs it. Every iteration is logged (:class:`IterationLog`); every request ends with
+commit the verdict. Clients that share one draft device pass one
+:class:`~runtime.split.draft_device.SharedDraftDevice`: on-demand drafting is served first come,
+first served, proactive drafting only uses the device when no client drafts or waits to. Every iteration is logged (:class:`IterationLog`); every request ends with
 exactly one :class:`RequestOutcome` (``length``, ``eos``, ``error`` or ``timeout``; or the outcome an
 ``on_tokens`` callback names to end it early, e.g. ``stop`` at a stop sequence or ``cancelled``
 when its HTTP client went away: the edge's local endpoint, :mod:`runtime.edge_http`).
@@ -19,10 +20,10 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
 from runtime.split.depth import DepthController
+from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.drafter import DraftSession
 from runtime.split.transport import VerifierLink
 from runtime.split.verifier import VerifyRequest
@@ -46,6 +47,7 @@ class IterationLog:
     accepted: int
     emitted: int  #: tokens this iteration added to the output (after the limit and EOS)
     proactive_hit: bool
+    device_wait_ms: float = 0.0  #: on-demand drafting's wait for a shared draft device (0 with a device of its own)
 
 
 @dataclass
@@ -84,28 +86,26 @@ def describe_error(exc: BaseException) -> str:
 class EdgeClient:
     def __init__(self, draft, link: VerifierLink, depth: int | DepthController = 4, proactive: bool = True, max_depth: int = 8,
                  eos_id: int | None = None, reply_timeout_s: float = 30.0, on_iteration: Callable[[IterationLog], None] | None = None,
-                 device_lock: threading.Lock | None = None):
+                 draft_device: SharedDraftDevice | None = None):
         if isinstance(depth, int) and not 0 <= depth <= max_depth:
             raise ValueError(f"depth must lie in [0, {max_depth}], got {depth}")
         self.draft, self.link, self.depth, self.proactive, self.max_depth = draft, link, depth, proactive, max_depth
         self.eos_id, self.reply_timeout_s, self.on_iteration = eos_id, reply_timeout_s, on_iteration
         self.broken = False  #: the last request failed on its link; use a new link before the next
-        #: clients sharing one draft device share this lock: on-demand drafting holds it, proactive
-        #: drafting only takes it when it is free (speculation never delays another user's block)
-        self.device_lock = device_lock
+        #: clients sharing one draft device share its arbiter (speculation never delays another user's block)
+        self.draft_device = draft_device
 
-    def _speculate(self, session: DraftSession, fut) -> None:
-        """One proactive draft step -- unless the shared draft device is busy with another client's
-        on-demand drafting, which goes first (then wait a moment for the reply instead)."""
-        if self.device_lock is None:
+    def _speculate(self, session: DraftSession, fut, wake: threading.Event) -> None:
+        """One proactive draft step -- unless the shared draft device is drafting or promised to
+        another client's block, which goes first (then sleep until it is free or the reply is in)."""
+        if self.draft_device is None:
             session.draft_one()
-        elif self.device_lock.acquire(blocking=False):
-            try:
+            return
+        with self.draft_device.if_idle() as granted:
+            if granted:
                 session.draft_one()
-            finally:
-                self.device_lock.release()
-        else:
-            futures_wait([fut], timeout=0.0005)
+                return
+        self.draft_device.wait_idle(wake, fut.done, timeout_s=0.05)
 
     def _next_depth(self) -> int:
         return self.depth.current if isinstance(self.depth, DepthController) else self.depth
@@ -140,7 +140,9 @@ class EdgeClient:
             remaining = max_new - len(out.tokens)
             depth = min(self._next_depth(), remaining - 1)  # never draft past the token limit
             steps0, d0 = session.draft_steps, session.draft_seconds
-            with self.device_lock or contextlib.nullcontext():
+            # the device only when the block needs drafting (not when speculation already holds it, nor at depth 0)
+            need_device = self.draft_device is not None and depth > 0 and len(session.chain) < depth
+            with self.draft_device.on_demand() if need_device else contextlib.nullcontext(0.0) as waited_s:
                 drafts = session.propose(depth) if depth > 0 else []
             new_drafted = session.draft_steps - steps0
             draft_s = session.draft_seconds - d0
@@ -149,8 +151,12 @@ class EdgeClient:
             fut = self.link.submit(req)
             p0 = session.draft_seconds
             if self.proactive:
+                wake = threading.Event()
+                fut.add_done_callback(lambda _f, wake=wake: wake.set())  # a speculator asleep on a busy shared device stops at once
                 while not fut.done() and len(session.chain) < 2 * depth + 1:  # the guessed bonus and one more block
-                    self._speculate(session, fut)
+                    self._speculate(session, fut, wake)
+                if self.draft_device is not None:
+                    self.draft_device.pass_on()  # a wake-up this client got but will not use goes to the next speculator
             reply = fut.result(timeout=self.reply_timeout_s)
             t_reply = time.perf_counter()
             proactive_s = session.draft_seconds - p0
@@ -168,7 +174,7 @@ class EdgeClient:
             round_trip_ms = 1e3 * (t_reply - t_send)
             network_ms = round_trip_ms - reply.queue_wait_ms - reply.compute_ms
             log = IterationLog(out.request_id, it, depth, sent_at, reply.arrived_at, time.time(), 1e3 * draft_s, 1e3 * proactive_s,
-                               reply.queue_wait_ms, reply.compute_ms, network_ms, reply.batch_size, reply.cohort, reply.accepted, len(new), hit)
+                               reply.queue_wait_ms, reply.compute_ms, network_ms, reply.batch_size, reply.cohort, reply.accepted, len(new), hit, 1e3 * waited_s)
             out.iterations.append(log)
             if self.on_iteration:
                 self.on_iteration(log)
