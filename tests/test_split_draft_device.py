@@ -19,6 +19,25 @@ def _turn_events(monkeypatch, event_class) -> None:
     monkeypatch.setattr(draft_device, "threading", SimpleNamespace(Event=event_class, Lock=threading.Lock))
 
 
+class Boom(Exception):
+    """An interruption of a waiter (what a KeyboardInterrupt would be)."""
+
+
+class InterruptedEvent(threading.Event):
+    """A turn event whose wait is interrupted before the device is handed over."""
+
+    def wait(self, timeout=None):
+        raise Boom
+
+
+class LateInterrupt(threading.Event):
+    """A turn event whose wait is interrupted right after the device was handed over."""
+
+    def wait(self, timeout=None):
+        super().wait(timeout)
+        raise Boom
+
+
 def _wait_until(cond, timeout_s: float = 5.0) -> None:
     end = time.monotonic() + timeout_s
     while not cond():
@@ -148,22 +167,17 @@ def test_a_release_wakes_one_speculator_and_a_stopped_one_passes_it_on():
     assert woken == [1, 2]
 
 
-def test_an_interrupted_waiter_leaves_the_queue(monkeypatch):
+def test_an_interrupted_waiter_leaves_the_queue_and_the_holder_keeps_the_device(monkeypatch):
     dev = SharedDraftDevice()
-
-    class Boom(Exception):
-        pass
-
-    class InterruptedEvent(threading.Event):
-        def wait(self, timeout=None):
-            raise Boom
-
     with dev.on_demand():
         _turn_events(monkeypatch, InterruptedEvent)  # the waiter's turn event
         with pytest.raises(Boom):
             with dev.on_demand():
                 pass
         assert dev.waiting == 0
+        assert dev.busy  # still the holder's: no double release
+        with dev.if_idle() as granted:
+            assert not granted
     with dev.if_idle() as granted:
         assert granted  # nobody left queued, nobody holds it
 
@@ -222,15 +236,6 @@ def test_many_clients_never_overlap_and_blocks_wait_at_most_one_step():
 
 def test_a_waiter_interrupted_after_the_hand_over_passes_the_device_on(monkeypatch):
     dev = SharedDraftDevice()
-
-    class Boom(Exception):
-        pass
-
-    class LateInterrupt(threading.Event):
-        def wait(self, timeout=None):
-            super().wait(timeout)  # handed the device, then interrupted before it could use it
-            raise Boom
-
     holder = dev.on_demand()
     holder.__enter__()
     errors: list[BaseException] = []
@@ -250,26 +255,6 @@ def test_a_waiter_interrupted_after_the_hand_over_passes_the_device_on(monkeypat
     holder.__exit__(None, None, None)
     t.join(5)
     assert len(errors) == 1 and not dev.busy and dev.waiting == 0
-
-
-def test_the_device_stays_busy_for_its_holder_when_a_waiter_is_interrupted(monkeypatch):
-    dev = SharedDraftDevice()
-
-    class Boom(Exception):
-        pass
-
-    class InterruptedEvent(threading.Event):
-        def wait(self, timeout=None):
-            raise Boom
-
-    with dev.on_demand():
-        _turn_events(monkeypatch, InterruptedEvent)
-        with pytest.raises(Boom):
-            with dev.on_demand():
-                pass
-        assert dev.busy  # still the holder's: no double release
-        with dev.if_idle() as granted:
-            assert not granted
 
 
 def test_a_spent_wake_up_does_not_end_the_next_sleep():

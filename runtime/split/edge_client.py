@@ -95,7 +95,7 @@ class EdgeClient:
         #: clients sharing one draft device share its arbiter (speculation never delays another user's block)
         self.draft_device = draft_device
 
-    def _speculate(self, session: DraftSession, fut, wake: threading.Event) -> None:
+    def _speculate(self, session: DraftSession, fut, wake: threading.Event | None) -> None:
         """One proactive draft step -- unless the shared draft device is drafting or promised to
         another client's block, which goes first (then sleep until it is free or the reply is in)."""
         if self.draft_device is None:
@@ -151,8 +151,10 @@ class EdgeClient:
             fut = self.link.submit(req)
             p0 = session.draft_seconds
             if self.proactive:
-                wake = threading.Event()
-                fut.add_done_callback(lambda _f, wake=wake: wake.set())  # a speculator asleep on a busy shared device stops at once
+                wake = None
+                if self.draft_device is not None:  # a speculator asleep on the busy shared device stops at once
+                    wake = threading.Event()
+                    fut.add_done_callback(lambda _f, wake=wake: wake.set())
                 while not fut.done() and len(session.chain) < 2 * depth + 1:  # the guessed bonus and one more block
                     self._speculate(session, fut, wake)
                 if self.draft_device is not None:
