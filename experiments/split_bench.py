@@ -29,7 +29,7 @@ sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
   the first RTT with every proactive / cohort setting; the reported configuration is the one with
   the highest throughput_ratio there -- each run against the best baseline at an ITL no worse than
   its own, so a larger split batch wins only if its throughput beats the baseline configurations
-  that are at least as fast per token (:func:`best_split`). The other RTTs run ``--sweep-clients``.
+  that are at least as fast per token (:func:`best_split`). The other RTTs run ``--sweep-clients`` (the fewest and the most by default).
 - **server_utilisation**: the server's time in target forwards / its span.
 
 Where the split loses on one CPU box (measured; the columns show it):
@@ -145,6 +145,11 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+#: how the edge's clients draft on its one device, per ``--shared-device``, for the results' header
+EDGE_DRAFTING = {"auto": "batched when the draft allows (`--shared-device auto`)", "batched": "in one batched forward per step",
+                 "on": "one after another", "off": "concurrently, each with the model's own forward"}
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
@@ -166,8 +171,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # a forward's fixed cost (8 clients in 2 cohorts gave batches of ~3.6 rows against the baseline's 8-16)
     ap.add_argument("--clients", type=_ints, default=[8, 16, 24, 32],
                     help="edge clients per run (comma list): every count at the first RTT, --sweep-clients at the others")
-    ap.add_argument("--sweep-clients", type=int, default=None,
-                    help="edge clients at the RTTs after the first (default: the largest of --clients)")
+    # both ends: with few clients the network and the drafting are as long as a verification (the
+    # regime cohorts are for), with many the server's verification dominates an iteration
+    ap.add_argument("--sweep-clients", type=_ints, default=None,
+                    help="edge client counts (comma list) at the RTTs after the first (default: the smallest and the largest of --clients)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--depth", default="auto")
@@ -176,9 +183,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # 20 ms: the edge's clients draft one after another, so their requests arrive spread over ~clients x depth x draft time;
     # a 5 ms window cut one cohort of 8 into batches of ~3.5 (which then stay apart: one cohort interleaving as two)
     ap.add_argument("--window-ms", type=float, default=20.0, help="how long a verification batch waits for the rest of its cohort")
-    ap.add_argument("--shared-device", choices=["on", "off"], default="on",
-                    help="runtime.edge --shared-device: on, the edge's clients draft one after another on its one device (staggered "
-                         "arrivals); off, they draft concurrently (interleaved on one thread, arriving together)")
+    ap.add_argument("--shared-device", choices=["auto", "batched", "on", "off"], default="auto",
+                    help="runtime.edge --shared-device: batched (auto with a Llama draft), the edge's clients' draft steps run as one "
+                         "batched forward on its one device; on, they draft one after another (staggered arrivals); off, they draft "
+                         "concurrently with the model's own forward (interleaved on one thread)")
     # on one machine the edge and the server share its cores: unpinned, the edge's (proactive) drafting
     # slowed the server's forwards by 6-25 % (server_compute_ms, proactive on vs off); a testbed has two devices
     ap.add_argument("--pin-cpus", choices=["on", "off"], default="on" if len(available_cpus()) >= 2 else "off",
@@ -210,9 +218,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     require_writable(args.out, "--out", directory=True)
     if not args.cohorts or min(args.cohorts) < 1 or not args.clients or min(args.clients) < 1 or args.requests < 1 or args.max_new_tokens < 2:
         raise SystemExit("--cohorts, --clients and --requests must be >= 1 and --max-new-tokens >= 2")
-    args.sweep_clients = args.sweep_clients or max(args.clients)
-    if args.sweep_clients < 1:
-        raise SystemExit(f"--sweep-clients must be >= 1, got {args.sweep_clients}")
+    args.sweep_clients = args.sweep_clients or sorted({min(args.clients), max(args.clients)})
+    if min(args.sweep_clients) < 1:
+        raise SystemExit(f"--sweep-clients must all be >= 1, got {args.sweep_clients}")
     cpus = sorted(available_cpus())
     if args.pin_cpus == "on" and len(cpus) < 2:
         raise SystemExit(f"--pin-cpus on needs 2 CPUs this process may use, got {len(cpus)} ({cpus}): use --pin-cpus off")
@@ -328,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     sweeps = [pd.read_csv(args.baseline)] if args.baseline else [baseline_sweep(args, pair)]
     raw = []
     first = args.rtt_ms[0]
-    grid = [(rtt, p, c, n) for rtt in args.rtt_ms for n in (args.clients if rtt == first else [args.sweep_clients]) for p in args.proactive for c in args.cohorts]
+    grid = [(rtt, p, c, n) for rtt in args.rtt_ms for n in (args.clients if rtt == first else args.sweep_clients) for p in args.proactive for c in args.cohorts]
     for k, (rtt, proactive, cohorts, clients) in enumerate(grid, 1):
         folder = args.out / "runs" / f"rtt{rtt:g}_clients{clients}_proactive-{proactive}_cohorts{cohorts}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -347,8 +355,8 @@ def main(argv: list[str] | None = None) -> None:
     write_csv_atomic(df, args.out / "split_bench.csv", index=False)
     cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     md = ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
-          f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({args.sweep_clients} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens; "
-          f"batching window {args.window_ms:g} ms, edge clients {'one after another' if args.shared_device == 'on' else 'concurrently'} on one draft device; "
+          f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({'/'.join(map(str, args.sweep_clients))} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens; "
+          f"batching window {args.window_ms:g} ms, edge clients {EDGE_DRAFTING[args.shared_device]} on one draft device; "
           f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process; "
           + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "
              "of its own, as on a testbed of two devices)." if args.cpu_pair else "processes not pinned (`--pin-cpus off`: the edge and the server share the cores)."), "",

@@ -85,8 +85,10 @@ def checks(df: pd.DataFrame) -> list[str]:
         one, two = g[g.cohorts == 1], g[g.cohorts == 2]
         if len(one) and len(two):
             who = f", {key[1]} clients" if len(keys) == 2 else ""
-            lines.append(f"- two cohorts vs one, RTT {key[0]:g} ms{who}, proactive {key[-1]}: server utilisation {two.server_utilisation.iloc[0]:.2f} vs "
-                         f"{one.server_utilisation.iloc[0]:.2f} = {two.server_utilisation.iloc[0] / one.server_utilisation.iloc[0]:.2f}x (target >= 1.5x)")
+            u1, u2 = one.server_utilisation.iloc[0], two.server_utilisation.iloc[0]
+            # a utilisation cannot pass 1: one cohort's u1 caps what a second can add at 1 / u1
+            lines.append(f"- two cohorts vs one, RTT {key[0]:g} ms{who}, proactive {key[-1]}: server utilisation {u2:.2f} vs "
+                         f"{u1:.2f} = {u2 / u1:.2f}x (target >= 1.5x; at most 1/{u1:.2f} = {1 / u1:.2f}x)")
     return lines
 
 

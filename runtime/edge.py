@@ -53,6 +53,7 @@ from pathlib import Path
 from agents.artefacts import write_text_atomic
 from runtime.edge_profile import CalibratedStart, calibrated_start
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
+from runtime.split.batched_drafter import SUPPORTED_MODEL_TYPES, BatchedDrafter
 from runtime.split.depth import DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
@@ -87,9 +88,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="on: submit each request to runtime.serve placement=split (its plan decides the mode and depth); off: straight to runtime.split_server")
     ap.add_argument("--deadline-s", type=float, default=10.0, help="with --placement on: each request's deadline, seconds from submission")
     ap.add_argument("--max-depth", type=int, default=8)
-    ap.add_argument("--shared-device", choices=["on", "off"], default="on",
-                    help="on: the clients share this process's draft device, proactive drafting yields to on-demand drafting; "
-                         "off: every client drafts whenever it likes (one device per client, as SpecEdge's edges)")
+    ap.add_argument("--shared-device", choices=["auto", "batched", "on", "off"], default="auto",
+                    help="auto: batched when the draft supports it (a Llama draft), else on; batched: the clients share this process's draft device, which drafts every waiting client's next token in one "
+                         "batched forward (runtime.split.batched_drafter; Llama drafts); on: they share it one after another, proactive "
+                         "drafting yields to on-demand drafting (runtime.split.draft_device); off: every client drafts whenever it likes "
+                         "with the model's own forward (one device per client, as SpecEdge's edges, when the host has the cores)")
     ap.add_argument("--gil-switch-ms", type=float, default=0.5,
                     help="this process's GIL switch interval (CPython's default is 5 ms): how long one client's drafting may keep "
                          "another's verdict waiting")
@@ -174,12 +177,23 @@ def summarise(outcomes: list[RequestOutcome], wall_s: float) -> dict:
             "server_compute_ms": statistics.fmean(log.server_compute_ms for log in logs) if logs else None}
 
 
+def make_draft_device(kind: str, draft) -> SharedDraftDevice | BatchedDrafter | None:
+    """The draft device this process's clients share (``--shared-device``): ``batched``, ``on``
+    (one after another), ``off`` (none: each client drafts with the model's own forward) or
+    ``auto`` (batched when the draft's architecture supports it, else on)."""
+    if kind == "auto":
+        kind = "batched" if getattr(draft.config, "model_type", None) in SUPPORTED_MODEL_TYPES else "on"
+    if kind == "batched":
+        return BatchedDrafter(draft)
+    return SharedDraftDevice() if kind == "on" else None
+
+
 def run_placed(args: argparse.Namespace, pair, prompts: list[list[int]]) -> None:
     """``--placement on``: every request through the live server's planner (one outcome each)."""
     from runtime.split_placement import EdgeUser
 
     results, lock = [], threading.Lock()
-    draft_device = SharedDraftDevice() if args.shared_device == "on" else None
+    draft_device = make_draft_device(args.shared_device, pair.draft)
 
     def client(i: int) -> None:
         try:
@@ -270,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     start = initial_depth(args, prompts)
     outcomes: list[RequestOutcome] = []
     lock = threading.Lock()
-    draft_device = SharedDraftDevice() if args.shared_device == "on" else None  # this process's clients share one draft device
+    draft_device = make_draft_device(args.shared_device, pair.draft)  # this process's clients share one draft device
 
     connected: set[int] = set()  #: clients that have reached the server once
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import descriptor_pb2
 
+from runtime.split.batched_drafter import BatchedDrafter
 from runtime.split.depth import DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
@@ -98,7 +99,7 @@ class EdgeUser:
     """
 
     def __init__(self, address: str, draft, rtt_s: float = 0.0, eos_id: int | None = None, depth: str = "plan", max_depth: int = 8,
-                 proactive: bool = True, draft_device: SharedDraftDevice | None = None, connect_timeout_s: float = 10.0, reply_timeout_s: float = 60.0,
+                 proactive: bool = True, draft_device: SharedDraftDevice | BatchedDrafter | None = None, connect_timeout_s: float = 10.0, reply_timeout_s: float = 60.0,
                  jitter_s: float = 0.0, seed: int = 0):
         if depth not in ("plan", "auto"):
             raise ValueError(f"depth must be plan or auto, got {depth!r}")

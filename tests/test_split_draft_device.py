@@ -12,6 +12,7 @@ import pytest
 
 from runtime.split import draft_device
 from runtime.split.draft_device import SharedDraftDevice
+from runtime.split.drafter import DraftChain
 
 
 def _turn_events(monkeypatch, event_class) -> None:
@@ -330,22 +331,17 @@ def test_pass_on_wakes_a_sleeper_only_on_an_idle_device():
     holder.__exit__(None, None, None)
 
 
-class _FakeSession:
-    """DraftSession's interface without a model: each draft step appends token 7."""
+class _FakeSession(DraftChain):
+    """A draft chain without a model: each draft step appends token 7."""
 
     def __init__(self, chain=()):
-        self.tokens, self.chain = [1, 2], list(chain)
-        self.draft_steps, self.draft_seconds = 0, 0.0
+        super().__init__([1, 2])
+        self.chain = list(chain)
 
-    def draft_one(self):
-        self.chain.append(7)
-        self.draft_steps += 1
-        return 7
-
-    def propose(self, depth):
-        while len(self.chain) < depth:
-            self.draft_one()
-        return self.chain[:depth]
+    def extend(self, upto, stop=None):
+        while len(self.chain) < upto and not (stop is not None and stop()):
+            self.chain.append(7)
+            self.draft_steps += 1
 
     def commit(self, depth, accepted, bonus):
         self.tokens.extend(self.chain[:accepted] + [bonus])

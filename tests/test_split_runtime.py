@@ -12,6 +12,7 @@ from tiny_models import tiny, tiny_trio
 
 from runtime.engines import generate_ad
 from runtime.split.acceptance import accepted_length, emitted
+from runtime.split.batched_drafter import BatchedDrafter
 from runtime.split.batcher import VerificationBatcher
 from runtime.split.depth import DepthController
 from runtime.split.draft_device import SharedDraftDevice
@@ -35,11 +36,12 @@ def test_acceptance_rule():
         accepted_length([1, 2], [1, 2])
 
 
-def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, temperature=0.0, window_s=0.002, bucket=None, shared_device=False):
-    """Each job ``(prompts, limits)`` is one edge client serving its requests in order, all at once."""
+def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, temperature=0.0, window_s=0.002, bucket=None, shared_device=None):
+    """Each job ``(prompts, limits)`` is one edge client serving its requests in order, all at once;
+    ``shared_device``: None (each its own), "on" (one after another) or "batched"."""
     batcher = VerificationBatcher(BatchVerifier(target, bucket=bucket), cohorts=cohorts, window_s=window_s)
     results = [None] * len(jobs)
-    device = SharedDraftDevice() if shared_device else None
+    device = {None: None, "on": SharedDraftDevice(), "batched": BatchedDrafter(draft)}[shared_device]
 
     def client(i):
         edge = EdgeClient(draft, LocalLink(batcher), depth=depth, proactive=proactive, draft_device=device)
@@ -52,6 +54,8 @@ def run_clients(target, draft, jobs, cohorts=1, depth=3, proactive=True, tempera
     for t in threads:
         t.join(120)
     batcher.stop()
+    if isinstance(device, BatchedDrafter):
+        device.close()
     return results, batcher
 
 
@@ -64,8 +68,10 @@ def test_greedy_split_equals_greedy_ad(models, seed):
     for _ in range(n_clients):
         prompts = [[rng.randrange(1, 40) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 2))]
         jobs.append((prompts, [rng.randint(1, 20) for _ in prompts]))
-    for draft, depth, proactive, cohorts, shared in ((close, 1 + seed, True, 1, False), (far, 4 - seed % 3, False, 2, True),
-                                                     (close, DepthController(initial=2), True, 2, True)):
+    for draft, depth, proactive, cohorts, shared in ((close, 1 + seed, True, 1, None), (far, 4 - seed % 3, False, 2, "on"),
+                                                     (close, DepthController(initial=2), True, 2, "on"),
+                                                     (close, 2 + seed % 3, seed % 2 == 0, 1 + seed % 2, "batched"),
+                                                     (far, DepthController(initial=3), True, 1, "batched")):
         results, batcher = run_clients(target, draft, jobs, cohorts=cohorts, depth=depth, proactive=proactive, shared_device=shared)
         for (prompts, limits), outs in zip(jobs, results, strict=True):
             assert [o.tokens for o in outs] == generate_ad(target, prompts, limits).tokens, (seed, depth, proactive)

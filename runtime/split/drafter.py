@@ -14,54 +14,53 @@ otherwise the chain is dropped and the draft KV is cropped back to the common pr
 Greedy drafting is what maximises sample-and-match acceptance (``p(argmax q)`` rather than
 ``sum p q``); it never affects losslessness, which the server's rule guarantees on its own.
 
-Drafting is exposed one token at a time (:meth:`DraftSession.draft_one`) so the caller can
-interleave it with waiting for a reply: proactive drafting stops as soon as the verdict arrives.
+Drafting runs until the chain is long enough or a ``stop`` callable says so (:meth:`DraftChain.extend`),
+so proactive drafting stops as soon as the verdict arrives.
+:class:`DraftSession` drafts with the model's own forward on a device of its own;
+:class:`runtime.split.batched_drafter.BatchedDraftSession` joins one batched step with the other
+sessions of a shared device.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
 
 
-class DraftSession:
-    """The draft side of one user request (batch 1)."""
+class DraftChain:
+    """The committed text and the draft chain of one user request (batch 1); how the chain is
+    extended is the subclass's (:meth:`extend`), as is dropping draft KV (:meth:`_crop_kv`)."""
 
-    def __init__(self, draft, prompt: list[int]):
+    def __init__(self, prompt: list[int]):
         if not prompt:
             raise ValueError("prompt needs at least one token")
-        self.model = draft
-        self.device = next(draft.parameters()).device
         self.tokens: list[int] = list(prompt)  #: committed text
         self.chain: list[int] = []  #: draft tokens beyond the committed text, in order
-        self.cache = DynamicCache()
         self.fed = 0  #: tokens of ``tokens + chain`` whose KV the draft cache holds
-        self.draft_seconds = 0.0  #: time spent in draft forwards (all of them)
+        self.draft_seconds = 0.0  #: time spent drafting (with a shared batched device: the wall time of its steps, waits included)
+        self.wait_seconds = 0.0  #: of that, time waiting for a shared device to take the request (0 with a device of its own)
         self.draft_steps = 0
 
-    @torch.no_grad()
+    def extend(self, upto: int, stop: Callable[[], bool] | None = None) -> None:
+        """Draft until the chain holds ``upto`` tokens, or ``stop()`` (asked before each step) is true."""
+        raise NotImplementedError
+
+    def _crop_kv(self, valid: int) -> None:
+        """Drop the draft KV of every position from ``valid`` on."""
+
     def draft_one(self) -> int:
         """Extend the chain by one draft token (feeds every token the draft has not seen yet)."""
-        t0 = time.perf_counter()
-        seq = self.tokens + self.chain
-        new = torch.tensor([seq[self.fed :]], dtype=torch.long, device=self.device)  # (1, unseen)
-        positions = torch.arange(self.fed, len(seq), device=self.device)[None, :]  # (1, unseen)
-        logits = self.model(input_ids=new, position_ids=positions, past_key_values=self.cache, use_cache=True).logits
-        self.fed = len(seq)
-        token = int(logits[0, -1].argmax())
-        self.chain.append(token)
-        self.draft_seconds += time.perf_counter() - t0
-        self.draft_steps += 1
-        return token
+        self.extend(len(self.chain) + 1)
+        return self.chain[-1]
 
     def propose(self, depth: int) -> list[int]:
         """The next ``depth`` draft tokens (drafting only what the chain lacks)."""
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
-        while len(self.chain) < depth:
-            self.draft_one()
+        self.extend(depth)
         return self.chain[:depth]
 
     def commit(self, depth: int, accepted: int, bonus: int) -> bool:
@@ -78,6 +77,35 @@ class DraftSession:
             self.chain = []
             valid = len(self.tokens) - 1  # the bonus is new to the draft
             if self.fed > valid:
-                self.cache.crop(valid - self.fed)  # transformers 5: a negative count drops that many
+                self._crop_kv(valid)
                 self.fed = valid
         return hit
+
+    def close(self) -> None:
+        """Free what the session holds on a shared device (nothing here)."""
+
+
+class DraftSession(DraftChain):
+    """A draft chain on a draft model of its own (the model's own forward and KV cache)."""
+
+    def __init__(self, draft, prompt: list[int]):
+        super().__init__(prompt)
+        self.model = draft
+        self.device = next(draft.parameters()).device
+        self.cache = DynamicCache()
+
+    @torch.no_grad()
+    def extend(self, upto: int, stop: Callable[[], bool] | None = None) -> None:
+        while len(self.chain) < upto and not (stop is not None and stop()):
+            t0 = time.perf_counter()
+            seq = self.tokens + self.chain
+            new = torch.tensor([seq[self.fed :]], dtype=torch.long, device=self.device)  # (1, unseen)
+            positions = torch.arange(self.fed, len(seq), device=self.device)[None, :]  # (1, unseen)
+            logits = self.model(input_ids=new, position_ids=positions, past_key_values=self.cache, use_cache=True).logits
+            self.fed = len(seq)
+            self.chain.append(int(logits[0, -1].argmax()))
+            self.draft_seconds += time.perf_counter() - t0
+            self.draft_steps += 1
+
+    def _crop_kv(self, valid: int) -> None:
+        self.cache.crop(valid - self.fed)  # transformers 5: a negative count drops that many

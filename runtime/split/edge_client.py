@@ -4,9 +4,11 @@ the server (through any :class:`~runtime.split.transport.VerifierLink`) to verif
 Per iteration: propose ``depth`` drafts (the chain may already hold them from proactive drafting),
 send, and -- with ``proactive`` on -- keep drafting one token at a time until the reply arrives
 (at most ``2 * depth + 1`` tokens: the block, the guessed bonus and a next block of the same depth), then
-commit the verdict. Clients that share one draft device pass one
-:class:`~runtime.split.draft_device.SharedDraftDevice`: on-demand drafting is served first come,
-first served, proactive drafting only uses the device when no client drafts or waits to. Every iteration is logged (:class:`IterationLog`); every request ends with
+commit the verdict. Clients that share one draft device pass it as ``draft_device``: a
+:class:`~runtime.split.draft_device.SharedDraftDevice` drafts their blocks one after another, first
+come, first served, and proactive drafting only uses it when no client drafts or waits to; a
+:class:`~runtime.split.batched_drafter.BatchedDrafter` drafts every waiting client's next token in
+one batched step. Every iteration is logged (:class:`IterationLog`); every request ends with
 exactly one :class:`RequestOutcome` (``length``, ``eos``, ``error`` or ``timeout``; or the outcome an
 ``on_tokens`` callback names to end it early, e.g. ``stop`` at a stop sequence or ``cancelled``
 when its HTTP client went away: the edge's local endpoint, :mod:`runtime.edge_http`).
@@ -22,9 +24,10 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from runtime.split.batched_drafter import BatchedDrafter
 from runtime.split.depth import DepthController
 from runtime.split.draft_device import SharedDraftDevice
-from runtime.split.drafter import DraftSession
+from runtime.split.drafter import DraftChain, DraftSession
 from runtime.split.transport import VerifierLink
 from runtime.split.verifier import VerifyRequest
 
@@ -47,7 +50,7 @@ class IterationLog:
     accepted: int
     emitted: int  #: tokens this iteration added to the output (after the limit and EOS)
     proactive_hit: bool
-    device_wait_ms: float = 0.0  #: on-demand drafting's wait for a shared draft device (0 with a device of its own)
+    device_wait_ms: float = 0.0  #: on-demand drafting's wait for a shared draft device to take it (0 with a device of its own)
 
 
 @dataclass
@@ -86,26 +89,26 @@ def describe_error(exc: BaseException) -> str:
 class EdgeClient:
     def __init__(self, draft, link: VerifierLink, depth: int | DepthController = 4, proactive: bool = True, max_depth: int = 8,
                  eos_id: int | None = None, reply_timeout_s: float = 30.0, on_iteration: Callable[[IterationLog], None] | None = None,
-                 draft_device: SharedDraftDevice | None = None):
+                 draft_device: SharedDraftDevice | BatchedDrafter | None = None):
         if isinstance(depth, int) and not 0 <= depth <= max_depth:
             raise ValueError(f"depth must lie in [0, {max_depth}], got {depth}")
         self.draft, self.link, self.depth, self.proactive, self.max_depth = draft, link, depth, proactive, max_depth
         self.eos_id, self.reply_timeout_s, self.on_iteration = eos_id, reply_timeout_s, on_iteration
         self.broken = False  #: the last request failed on its link; use a new link before the next
-        #: clients sharing one draft device share its arbiter (speculation never delays another user's block)
         self.draft_device = draft_device
+        #: clients drafting one after another on one device share its arbiter (speculation never delays another user's block)
+        self.arbiter = draft_device if isinstance(draft_device, SharedDraftDevice) else None
+        #: clients drafting in one batch share the device that batches them (it is the arbiter)
+        self.batcher = draft_device if isinstance(draft_device, BatchedDrafter) else None
 
-    def _speculate(self, session: DraftSession, fut, wake: threading.Event | None) -> None:
+    def _speculate(self, session: DraftChain, fut, wake: threading.Event) -> None:
         """One proactive draft step -- unless the shared draft device is drafting or promised to
         another client's block, which goes first (then sleep until it is free or the reply is in)."""
-        if self.draft_device is None:
-            session.draft_one()
-            return
-        with self.draft_device.if_idle() as granted:
+        with self.arbiter.if_idle() as granted:
             if granted:
                 session.draft_one()
                 return
-        self.draft_device.wait_idle(wake, fut.done, timeout_s=0.05)
+        self.arbiter.wait_idle(wake, fut.done, timeout_s=0.05)
 
     def _next_depth(self) -> int:
         return self.depth.current if isinstance(self.depth, DepthController) else self.depth
@@ -118,7 +121,7 @@ class EdgeClient:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         rid = request_id or uuid.uuid4().hex[:12]
         out = RequestOutcome(rid, len(prompt), [], "length", time.time(), 0.0)
-        session = DraftSession(self.draft, prompt)
+        session = self.batcher.session(prompt) if self.batcher is not None else DraftSession(self.draft, prompt)
         try:
             self._loop(session, prompt, max_new_tokens, temperature, seed, out, on_tokens)
         except FutureTimeout:
@@ -127,38 +130,39 @@ class EdgeClient:
             out.outcome, out.error = "error", describe_error(exc)
         finally:
             out.ended_at = time.time()
+            session.close()
             self.link.release()
         # after an error or a timeout a late reply could answer the next request: the owner must
         # give this client a fresh link (``broken``)
         self.broken = out.outcome in ("error", "timeout")
         return out
 
-    def _loop(self, session: DraftSession, prompt: list[int], max_new: int, temperature: float, seed: int, out: RequestOutcome,
+    def _loop(self, session: DraftChain, prompt: list[int], max_new: int, temperature: float, seed: int, out: RequestOutcome,
               on_tokens: Callable[[list[int]], str | None] | None = None) -> None:
         first, it = True, 0
         while True:
             remaining = max_new - len(out.tokens)
             depth = min(self._next_depth(), remaining - 1)  # never draft past the token limit
-            steps0, d0 = session.draft_steps, session.draft_seconds
+            steps0, d0, w0 = session.draft_steps, session.draft_seconds, session.wait_seconds
             # the device only when the block needs drafting (not when speculation already holds it, nor at depth 0)
-            need_device = self.draft_device is not None and depth > 0 and len(session.chain) < depth
-            with self.draft_device.on_demand() if need_device else contextlib.nullcontext(0.0) as waited_s:
+            need_device = self.arbiter is not None and depth > 0 and len(session.chain) < depth
+            with self.arbiter.on_demand() if need_device else contextlib.nullcontext(0.0) as waited_s:
                 drafts = session.propose(depth) if depth > 0 else []
+            waited_s += session.wait_seconds - w0  # a batching device's wait (the arbiter's is 0 here, and vice versa)
             new_drafted = session.draft_steps - steps0
             draft_s = session.draft_seconds - d0
             req = VerifyRequest("", tuple(drafts), tuple(prompt) if first else (), len(session.tokens), temperature, seed)
             sent_at, t_send = time.time(), time.perf_counter()
             fut = self.link.submit(req)
             p0 = session.draft_seconds
-            if self.proactive:
-                wake = None
-                if self.draft_device is not None:  # a speculator asleep on the busy shared device stops at once
-                    wake = threading.Event()
-                    fut.add_done_callback(lambda _f, wake=wake: wake.set())
-                while not fut.done() and len(session.chain) < 2 * depth + 1:  # the guessed bonus and one more block
+            if self.proactive and self.arbiter is None:  # the guessed bonus and one more block, or until the verdict
+                session.extend(2 * depth + 1, stop=fut.done)
+            elif self.proactive:
+                wake = threading.Event()  # a speculator asleep on the busy shared device stops at once
+                fut.add_done_callback(lambda _f, wake=wake: wake.set())
+                while not fut.done() and len(session.chain) < 2 * depth + 1:
                     self._speculate(session, fut, wake)
-                if self.draft_device is not None:
-                    self.draft_device.pass_on()  # a wake-up this client got but will not use goes to the next speculator
+                self.arbiter.pass_on()  # a wake-up this client got but will not use goes to the next speculator
             reply = fut.result(timeout=self.reply_timeout_s)
             t_reply = time.perf_counter()
             proactive_s = session.draft_seconds - p0

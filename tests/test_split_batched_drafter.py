@@ -1,0 +1,204 @@
+"""The batched draft device (runtime.split.batched_drafter): its drafts equal the model's own
+forward's (DraftSession) under any order of proposals, speculation, rollbacks, slot reuse and pool
+growth, for many sessions drafting at once; rows really share steps; stop(), failures and close()
+end each request with an outcome and leave the device serving."""
+
+import random
+import threading
+import types
+
+import pytest
+import torch
+from tiny_models import tiny
+
+from runtime.split.batched_drafter import BatchedDrafter, check_supported
+from runtime.split.drafter import DraftSession
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny(2, 32, seed=5)  # two layers: the pool's per-layer KV is exercised
+
+
+def script(seed: int, steps: int = 12):
+    """A random sequence of (depth, extra proactive tokens, accepted, bonus-is-the-guess)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        d = rng.randrange(1, 6)
+        out.append((d, rng.randrange(0, d + 2), rng.randrange(0, d + 1), rng.random() < 0.5, rng.randrange(40)))
+    return [rng.randrange(40) for _ in range(rng.randrange(1, 30))], out
+
+
+def play(session, prompt_and_ops) -> list[list[int]]:
+    """Run a script on a session; the chains it drafted, in order (the comparison's record)."""
+    _, ops = prompt_and_ops
+    record = []
+    for d, extra, accepted, guess, other in ops:
+        session.propose(d)
+        session.extend(len(session.chain) + extra)
+        record.append(list(session.chain))
+        bonus = session.chain[accepted] if guess and len(session.chain) > accepted else other
+        session.commit(d, accepted, bonus)
+    record.append(list(session.tokens))
+    return record
+
+
+@pytest.mark.parametrize("initial_capacity", [4, 256])
+def test_drafts_equal_the_models_own_forward_with_many_sessions_at_once(draft, initial_capacity):
+    scripts = [script(seed) for seed in range(10)]
+    expected = [play(DraftSession(draft, s[0]), s) for s in scripts]
+    device = BatchedDrafter(draft, initial_capacity=initial_capacity)  # 4: the pool grows mid-run
+    got = [None] * len(scripts)
+
+    def run(i):
+        session = device.session(scripts[i][0])
+        got[i] = play(session, scripts[i])
+        session.close()
+
+    try:
+        for _ in range(2):  # the second round reuses the first round's slots
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(len(scripts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert got == expected
+    finally:
+        device.close()
+    assert device.rows > device.steps  # sessions shared steps
+
+
+def test_waiting_sessions_join_one_step(draft, monkeypatch):
+    device = BatchedDrafter(draft)
+    gate, entered, sizes = threading.Event(), threading.Event(), []
+    step = device._step
+
+    def gated(batch):
+        sizes.append(len(batch))
+        entered.set()
+        gate.wait(10)
+        return step(batch)
+
+    monkeypatch.setattr(device, "_step", gated)
+    first = device.session([1, 2, 3])
+    others = [device.session([4 + i]) for i in range(4)]
+    t0 = threading.Thread(target=first.extend, args=(1,))
+    t0.start()
+    assert entered.wait(10)  # the device is busy with the first row's step
+    threads = [threading.Thread(target=s.extend, args=(3,)) for s in others]
+    for t in threads:
+        t.start()
+    while device.queued < 4:
+        threading.Event().wait(0.001)
+    gate.set()
+    for t in [t0, *threads]:
+        t.join(10)
+    device.close()
+    assert sizes[:4] == [1, 4, 4, 4]  # the four waiting sessions' blocks ran together, three steps
+    assert all(len(s.chain) == 3 for s in others) and len(first.chain) == 1
+    assert all(s.wait_seconds > 0 for s in others)
+
+
+def test_stop_ends_a_speculating_row_within_a_step(draft):
+    device = BatchedDrafter(draft)
+    session = device.session([1, 2, 3])
+    calls = []
+
+    def stop():
+        calls.append(len(session.chain))
+        return len(session.chain) >= 2
+
+    session.extend(50, stop=stop)
+    assert len(session.chain) == 2 and calls[-1] == 2
+    session.extend(1)  # already long enough: returns at once
+    assert len(session.chain) == 2
+    device.close()
+
+
+def test_a_failing_stop_or_step_fails_only_its_requests(draft, monkeypatch):
+    device = BatchedDrafter(draft)
+    a, b = device.session([1, 2]), device.session([3, 4])
+
+    def boom():
+        raise KeyError("stop failed")
+
+    with pytest.raises(KeyError):
+        a.extend(5, stop=boom)
+    step, failures = device._step, [RuntimeError("forward failed")]
+
+    def flaky(batch):
+        if failures:
+            raise failures.pop()
+        return step(batch)
+
+    monkeypatch.setattr(device, "_step", flaky)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        b.extend(2)
+    b.extend(2)  # the device serves on
+    assert len(b.chain) == 2
+    a.close(), b.close()
+    device.close()
+
+
+def test_close_fails_what_is_queued_and_refuses_new_work(draft, monkeypatch):
+    device = BatchedDrafter(draft)
+    gate = threading.Event()
+    step = device._step
+    monkeypatch.setattr(device, "_step", lambda batch: (gate.wait(10), step(batch))[1])
+    s = device.session([1, 2, 3])
+    errors = []
+
+    def run():
+        try:
+            s.extend(3)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=run)
+    t.start()
+    closer = threading.Thread(target=device.close)
+    closer.start()
+    gate.set()
+    t.join(10), closer.join(10)
+    assert errors and "closed" in errors[0]
+    with pytest.raises(RuntimeError, match="closed"):
+        device.session([1])
+    s.close(), s.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        s.extend(9)
+
+
+def test_only_llama_drafts_are_batched():
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(model_type="gpt2"))
+    with pytest.raises(ValueError, match="model_type.*shared-device on"):
+        check_supported(fake)
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchedDrafter(tiny(1, 16), max_batch=0)
+
+
+def test_max_batch_caps_a_step(draft):
+    device = BatchedDrafter(draft, max_batch=2)
+    sessions = [device.session([i + 1]) for i in range(5)]
+    threads = [threading.Thread(target=s.extend, args=(4,)) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    device.close()
+    assert all(len(s.chain) == 4 for s in sessions)
+    assert device.rows == 20 and device.steps >= 10  # never more than two rows a step
+
+
+def test_float32_logits_track_the_models_forward():
+    """In float32 the batched attention is not bit-identical to the model's; its argmax still
+    follows the model's on every step of a long greedy run (ties are rare, never lossy)."""
+    model = tiny(1, 32, seed=9, dtype=torch.float32)
+    device = BatchedDrafter(model)
+    for seed in range(4):
+        rng = random.Random(seed)
+        prompt = [rng.randrange(40) for _ in range(rng.randrange(1, 20))]
+        ours, theirs = device.session(prompt), DraftSession(model, prompt)
+        assert ours.propose(40) == theirs.propose(40)
+        ours.close()
+    device.close()
