@@ -55,6 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.baseline.is_file():
         raise SystemExit(f"--baseline {args.baseline} is not a file (run experiments.split_bench once first)")
     require_writable(args.out, "--out", directory=True)
+    args.out = args.out.resolve()  # each run's split_bench works in its checkout: a relative --out would land there
     return args
 
 

@@ -70,3 +70,12 @@ def test_each_side_is_named_by_its_commit(tmp_path):
     assert describe_checkout(tmp_path) == commit
     (tmp_path / "f").write_text("2")
     assert describe_checkout(tmp_path) == f"{commit} + uncommitted changes"
+
+
+def test_a_relative_out_is_made_absolute(tmp_path, monkeypatch):
+    """Each side's split_bench runs in its own checkout: a relative --out must not land there."""
+    base = tmp_path / "baseline.csv"
+    base.write_text("batch,gamma,tokens_per_s,tokens_per_cpu_s,itl_ms\n1,2,100,100,5\n")
+    monkeypatch.chdir(tmp_path)
+    args = parse_args(["--a", str(ROOT), "--b", str(ROOT), "--out", "rel/ab", "--baseline", str(base)])
+    assert args.out == tmp_path / "rel" / "ab"
