@@ -18,7 +18,7 @@ from runtime.split.depth import DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.drafter import DraftSession
 from runtime.split.edge_client import EdgeClient
-from runtime.split.transport import LocalLink
+from runtime.split.transport import DelayedLink, LocalLink
 from runtime.split.verifier import BatchVerifier, InvalidRequest, VerifyRequest
 
 
@@ -273,3 +273,37 @@ def test_profile_roles_write_the_server_and_edge_sections(pair, tmp_path):
     assert prof.edge is not None and prof.edge.latency_source == "table" and float(prof.edge.tau_draft.tau(1, 1, 8)) > 0
     profile_main([*grid, "--role", "server", "--no-engine", "--out", str(out)])  # a server rewrite keeps the edge section
     assert Profile.from_dict(yaml.safe_load(out.read_text()), name="p").edge is not None
+
+
+class RecordingDepth(DepthController):
+    """A depth controller that keeps every per-token draft time it was given."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.seen = []
+
+    def observe(self, draft_s_per_token, *args, **kw):
+        self.seen.append(draft_s_per_token)
+        return super().observe(draft_s_per_token, *args, **kw)
+
+
+@pytest.mark.parametrize("proactive", [True, False])
+def test_the_depth_controller_sees_every_drafted_token_but_the_prefill(models, proactive):
+    """Proactive hits leave nothing to draft on demand; the per-token time still reaches the
+    controller from the speculation (a stale estimate held clients at depth 1), and the first
+    block's on-demand drafting (it carries the prompt's prefill) is never taken for it."""
+    target, _, _ = models
+    depth = RecordingDepth(min_depth=3, initial=3, max_depth=3)  # a fixed depth: a hit leaves the whole next block drafted
+    batcher = VerificationBatcher(BatchVerifier(target), cohorts=1, window_s=0.0)
+    link = DelayedLink(LocalLink(batcher), 40.0, 0.0, 1000.0)  # 40 ms round trips: time to draft the whole next block ahead
+    edge = EdgeClient(target, link, depth=depth, proactive=proactive)  # the target as its own draft: every guess hits
+    out = edge.generate([1, 2, 3, 4, 5, 6], 30)
+    batcher.stop()
+    hits = [i for i, log in enumerate(out.iterations) if log.proactive_hit]
+    if proactive:
+        # nothing left to draft on demand, but drafted ahead while the verdict travelled
+        ahead = [i for i in hits if out.iterations[i].draft_ms == 0.0 and out.iterations[i].proactive_ms > 0]
+        assert ahead and all(depth.seen[i] is not None and depth.seen[i] > 0 for i in ahead)
+    else:
+        assert not hits and depth.seen[0] is None
+        assert all(depth.seen[i] is not None for i in range(1, len(out.iterations)) if out.iterations[i].depth > 0)

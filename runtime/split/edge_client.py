@@ -154,7 +154,7 @@ class EdgeClient:
             req = VerifyRequest("", tuple(drafts), tuple(prompt) if first else (), len(session.tokens), temperature, seed)
             sent_at, t_send = time.time(), time.perf_counter()
             fut = self.link.submit(req)
-            p0 = session.draft_seconds
+            p0, ps0 = session.draft_seconds, session.draft_steps
             if self.proactive and self.arbiter is None:  # the guessed bonus and one more block, or until the verdict
                 session.extend(2 * depth + 1, stop=fut.done)
             elif self.proactive:
@@ -165,7 +165,7 @@ class EdgeClient:
                 self.arbiter.pass_on()  # a wake-up this client got but will not use goes to the next speculator
             reply = fut.result(timeout=self.reply_timeout_s)
             t_reply = time.perf_counter()
-            proactive_s = session.draft_seconds - p0
+            proactive_s, proactive_steps = session.draft_seconds - p0, session.draft_steps - ps0
             before = len(session.tokens)
             hit = session.commit(depth, reply.accepted, reply.bonus)
             if reply.committed != len(session.tokens):
@@ -185,7 +185,12 @@ class EdgeClient:
             if self.on_iteration:
                 self.on_iteration(log)
             if isinstance(self.depth, DepthController):
-                per_token = draft_s / new_drafted if new_drafted else None
+                # every token drafted this iteration is a sample of the per-token time: with proactive
+                # hits the block is drafted ahead, and an estimate fed by on-demand drafting alone went
+                # stale (one slow first block held clients at depth 1 for a whole run); the first
+                # block's on-demand time carries the prompt's prefill, not a per-token cost
+                spent, drafted = proactive_s + (0.0 if first else draft_s), proactive_steps + (0 if first else new_drafted)
+                per_token = spent / drafted if drafted else None
                 self.depth.observe(per_token, network_ms / 1e3, reply.compute_ms / 1e3, reply.accepted, depth)
             first, it = False, it + 1
             if on_tokens is not None and (ended := on_tokens(new)):
