@@ -45,17 +45,23 @@ Where the split loses on one CPU box (measured; the columns show it):
 - the per-batch gather of every client's KV into a padded batch and the split back (~15 % of a
   verify at 8 rows) is gone where a cohort comes back together (``kv_reused``: the share of batches
   that kept their clients' cache; a cohort cut by the batching window re-stacks);
-- cohorts halve the verification batch, and the comparison is at equal ITL: the edge's clients
-  share one draft thread and draft one after another (``--shared-device on``), so their requests
-  reach the server spread over about clients x depth x draft time; a window shorter than that cuts
-  one cohort into batches that then stay apart (``mean_batch`` below the cohort's size);
-  ``cohort_alternation`` shows whether two cohorts take turns. On that shared thread the clients'
-  blocks queue for the draft device (``device_wait_ms``, per iteration, beside ``draft_ms``, the
-  block's own drafting): the edge, not the server, is often the busier side here. Proactive
-  drafting only gets the device when no block waits (:mod:`runtime.split.draft_device`). Paired
-  against the plain lock it replaced (``experiments.split_bench_ab``, 8/16/32 clients, 1 and 2
-  cohorts, 2 repeats: ``results/split_bench/ab_vs_0528034``), proactive drafting went from raising
-  ITL in 5 of 6 cells (by 19-28 %) to lowering it in 6 of 6 (by 5-26 %);
+- the edge: one process stands in for every client, on one core. Its clients draft on one device
+  in one batched forward per step (``--shared-device auto``: batched for a Llama draft;
+  :mod:`runtime.split.batched_drafter`), so a block costs about one client's drafting time instead
+  of waiting for every other client's (``device_wait_ms``: the wait to join the running batch;
+  ``draft_ms``: the block's wall time, joint steps included). Paired against the previous default,
+  the blocks drafted one after another (``--shared-device on``; ``experiments.split_bench_ab``,
+  8/16/32 clients, 1 and 2 cohorts, 2 repeats: ``results/split_bench/ab_batched_vs_d4fda49``),
+  ITL fell by 23-54 % in every configuration. What is left on the edge: its Python threads (a
+  client, a link and its emulated delay each) share the one core with the device, so at 32 clients
+  ``network_ms`` grows beyond the emulated RTT;
+- cohorts halve the verification batch and alternate (``cohort_alternation``); the server's
+  utilisation with one cohort, ``u1``, caps what a second can add at ``1 / u1`` (each target line
+  gives it): on this CPU a verification of 8-32 rows takes tens of ms against a few ms of
+  batched drafting and a 5 ms RTT (``server_compute_ms``, ``draft_ms``), so one cohort often keeps
+  the server more than 2/3 busy, and then the issue's 1.5x is out of reach; with few clients at
+  20-40 ms RTT (``--sweep-clients``) the ceiling is higher. A window shorter than a cohort's arrival spread cuts it into batches that then stay
+  apart (``mean_batch`` below the cohort's size);
   ``proactive_hit_rate_drafted`` counts hits only among iterations that drafted ahead at all.
   ``transport_overhead_ms`` is the
   round trip beyond the emulated WAN (``runtime.split.transport_timing`` measures gRPC against the
@@ -180,8 +186,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--depth", default="auto")
     ap.add_argument("--jitter-ms", type=float, default=1.0)
     ap.add_argument("--bandwidth-mbps", type=float, default=100.0)
-    # 20 ms: the edge's clients draft one after another, so their requests arrive spread over ~clients x depth x draft time;
-    # a 5 ms window cut one cohort of 8 into batches of ~3.5 (which then stay apart: one cohort interleaving as two)
+    # 20 ms, chosen when the edge's clients drafted one after another (``--shared-device on``): their requests arrived
+    # spread over ~clients x depth x draft time, and a 5 ms window cut one cohort of 8 into batches of ~3.5 (which then
+    # stay apart: one cohort interleaving as two); batched drafting narrows the spread, the window was not re-tuned
     ap.add_argument("--window-ms", type=float, default=20.0, help="how long a verification batch waits for the rest of its cohort")
     ap.add_argument("--shared-device", choices=["auto", "batched", "on", "off"], default="auto",
                     help="runtime.edge --shared-device: batched (auto with a Llama draft), the edge's clients' draft steps run as one "

@@ -202,3 +202,19 @@ def test_float32_logits_track_the_models_forward():
         assert ours.propose(40) == theirs.propose(40)
         ours.close()
     device.close()
+
+
+def test_lossless_check_covers_the_batched_draft_device(tmp_path):
+    """runtime.split.lossless_check (scripts/gpu_check.sh runs it on CUDA) on the tiny pair: greedy
+    AD, SD, the split and the split on one batched draft device all agree."""
+    import json
+
+    from runtime.split import lossless_check
+
+    out = tmp_path / "lossless.json"
+    with pytest.raises(SystemExit) as done:
+        lossless_check.main(["--preset", "tiny", "--out", str(out), "--max-new-tokens", "8", "--clients", "3"])
+    assert done.value.code == 0
+    checks = json.loads(out.read_text())["checks"]
+    assert set(checks) == {"ad_batched", "sd_batched", "split", "split_batched_drafts"}
+    assert all(c["failures"] == [] and c["identical"] == 10 for c in checks.values())

@@ -4,7 +4,8 @@
     python -m runtime.split.lossless_check --pair PATH --device cuda --dtype float16 --out check.json
 
 The reference is greedy AD, one prompt at a time. SD runs batched; the split runs ``--clients``
-edge clients in threads against one batched verifier (in-process link, proactive drafting on).
+edge clients in threads against one batched verifier (in-process link, proactive drafting on),
+each drafting with the model's own forward, then (a Llama draft) all on one batched draft device.
 In float32 and float64 they agree token for token; in float16 a batched or padded forward may
 round differently, so a divergence is accepted only where the reference's top-two logits at the
 first differing position are within ``--tie-tolerance`` (a near tie that rounding can flip);
@@ -23,6 +24,7 @@ import torch
 from agents.artefacts import write_text_atomic
 from runtime.engines import generate_ad, generate_sd
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
+from runtime.split.batched_drafter import SUPPORTED_MODEL_TYPES, BatchedDrafter
 from runtime.split.batcher import VerificationBatcher
 from runtime.split.edge_client import EdgeClient
 from runtime.split.pair_args import add_pair_args, load_pair_from_args
@@ -30,12 +32,15 @@ from runtime.split.transport import LocalLink
 from runtime.split.verifier import BatchVerifier
 
 
-def split_outputs(pair, prompts: list[list[int]], max_new: int, clients: int, depth: int) -> list[list[int]]:
+def split_outputs(pair, prompts: list[list[int]], max_new: int, clients: int, depth: int, batched_drafts: bool = False) -> list[list[int]]:
+    """The split's outputs; ``batched_drafts``: the clients share one batched draft device
+    (:class:`~runtime.split.batched_drafter.BatchedDrafter`), else each drafts with the model's own forward."""
     batcher = VerificationBatcher(BatchVerifier(pair.target), cohorts=2, window_s=0.002)
     outputs: list[list[int] | None] = [None] * len(prompts)
+    device = BatchedDrafter(pair.draft) if batched_drafts else None
 
     def client(c: int) -> None:
-        edge = EdgeClient(pair.draft, LocalLink(batcher), depth=depth, proactive=True)
+        edge = EdgeClient(pair.draft, LocalLink(batcher), depth=depth, proactive=True, draft_device=device)
         for i in range(c, len(prompts), clients):
             out = edge.generate(prompts[i], max_new)
             outputs[i] = out.tokens if out.outcome == "length" else None
@@ -47,6 +52,8 @@ def split_outputs(pair, prompts: list[list[int]], max_new: int, clients: int, de
     for t in threads:
         t.join()
     batcher.stop()
+    if device is not None:
+        device.close()
     return [o or [] for o in outputs]
 
 
@@ -90,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = {"ad_batched": generate_ad(pair.target, prompts, args.max_new_tokens, pad_id=tok.pad_id).tokens,
             "sd_batched": generate_sd(pair.target, pair.draft, prompts, args.depth, args.max_new_tokens, pad_id=tok.pad_id).tokens,
             "split": split_outputs(pair, prompts, args.max_new_tokens, args.clients, args.depth)}
+    if getattr(pair.draft.config, "model_type", None) in SUPPORTED_MODEL_TYPES:
+        runs["split_batched_drafts"] = split_outputs(pair, prompts, args.max_new_tokens, args.clients, args.depth, batched_drafts=True)
     ok = True
     for name, outputs in runs.items():
         res = compare(pair.target, prompts, reference, outputs, args.tie_tolerance)
