@@ -5,14 +5,20 @@ end each request with an outcome and leave the device serving."""
 
 import random
 import threading
+import time
 import types
 
 import pytest
 import torch
-from tiny_models import tiny
+from tiny_models import tiny, tiny_trio
 
+from runtime.engines import generate_ad
 from runtime.split.batched_drafter import BatchedDrafter, check_supported
+from runtime.split.batcher import VerificationBatcher
 from runtime.split.drafter import DraftSession
+from runtime.split.edge_client import EdgeClient
+from runtime.split.transport import LocalLink
+from runtime.split.verifier import BatchVerifier
 
 
 @pytest.fixture(scope="module")
@@ -71,16 +77,7 @@ def test_drafts_equal_the_models_own_forward_with_many_sessions_at_once(draft, i
 
 def test_waiting_sessions_join_one_step(draft, monkeypatch):
     device = BatchedDrafter(draft)
-    gate, entered, sizes = threading.Event(), threading.Event(), []
-    step = device._step
-
-    def gated(batch):
-        sizes.append(len(batch))
-        entered.set()
-        gate.wait(10)
-        return step(batch)
-
-    monkeypatch.setattr(device, "_step", gated)
+    gate, entered, sizes = gate_steps(device, monkeypatch)
     first = device.session([1, 2, 3])
     others = [device.session([4 + i]) for i in range(4)]
     t0 = threading.Thread(target=first.extend, args=(1,))
@@ -90,7 +87,7 @@ def test_waiting_sessions_join_one_step(draft, monkeypatch):
     for t in threads:
         t.start()
     while device.queued < 4:
-        threading.Event().wait(0.001)
+        time.sleep(0.001)
     gate.set()
     for t in [t0, *threads]:
         t.join(10)
@@ -177,19 +174,6 @@ def test_only_llama_drafts_are_batched():
         BatchedDrafter(tiny(1, 16), max_batch=0)
 
 
-def test_max_batch_caps_a_step(draft):
-    device = BatchedDrafter(draft, max_batch=2)
-    sessions = [device.session([i + 1]) for i in range(5)]
-    threads = [threading.Thread(target=s.extend, args=(4,)) for s in sessions]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    device.close()
-    assert all(len(s.chain) == 4 for s in sessions)
-    assert device.rows == 20 and device.steps >= 10  # never more than two rows a step
-
-
 def test_float32_logits_track_the_models_forward():
     """In float32 the batched attention is not bit-identical to the model's; its argmax still
     follows the model's on every step of a long greedy run (ties are rare, never lossy)."""
@@ -218,3 +202,193 @@ def test_lossless_check_covers_the_batched_draft_device(tmp_path):
     checks = json.loads(out.read_text())["checks"]
     assert set(checks) == {"ad_batched", "sd_batched", "split", "split_batched_drafts"}
     assert all(c["failures"] == [] and c["identical"] == 10 for c in checks.values())
+
+
+def gate_steps(device, monkeypatch):
+    gate, entered, sizes = threading.Event(), threading.Event(), []
+    step = device._step
+
+    def gated(batch):
+        sizes.append(len(batch))
+        entered.set()
+        gate.wait(10)
+        return step(batch)
+
+    monkeypatch.setattr(device, "_step", gated)
+    return gate, entered, sizes
+
+
+def test_prompts_of_different_lengths_share_one_step(draft, monkeypatch):
+    device = BatchedDrafter(draft)
+    gate, entered, sizes = gate_steps(device, monkeypatch)
+    first = device.session([1])
+    t0 = threading.Thread(target=first.extend, args=(1,))
+    t0.start()
+    assert entered.wait(10)
+    prompts = [[3, 1], [5, 6, 7, 8, 9, 10, 11], [2, 4, 6], [9, 8, 7, 6, 5]]
+    sessions = [device.session(p) for p in prompts]
+    threads = [threading.Thread(target=s.extend, args=(4,)) for s in sessions]
+    for t in threads:
+        t.start()
+    while device.queued < len(prompts):
+        time.sleep(0.001)
+    gate.set()
+    for t in [t0, *threads]:
+        t.join(10)
+    device.close()
+    assert sizes[1] == len(prompts)  # four padded prompt rows in one forward
+    assert [s.chain for s in sessions] == [DraftSession(draft, p).propose(4) for p in prompts]
+
+
+def test_the_device_feeds_each_token_once(draft):
+    device = BatchedDrafter(draft)
+    s = device.session([1, 2, 3, 4])
+    s.extend(3)
+    assert s.fed == len(s.tokens) + len(s.chain) - 1 == 6  # every token but the last draft
+    assert s.draft_steps == 3
+    device.close()
+
+
+def test_a_closed_sessions_slot_is_reused(draft):
+    device = BatchedDrafter(draft)
+    a = device.session([1, 2])
+    a.extend(2)
+    a.close()
+    assert device.session([3]).slot == a.slot
+    device.close()
+
+
+def test_close_waits_for_the_step_carrying_its_session(draft, monkeypatch):
+    device = BatchedDrafter(draft)
+    gate, entered, _ = gate_steps(device, monkeypatch)
+    s = device.session([1, 2, 3])
+    t = threading.Thread(target=s.extend, args=(1,))
+    t.start()
+    assert entered.wait(10)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and s.slot not in device._free_slots  # the step still writes into the slot
+    gate.set()
+    t.join(10), closer.join(10)
+    assert s.slot in device._free_slots
+    device.close()
+
+
+def test_max_batch_caps_every_step(draft, monkeypatch):
+    device = BatchedDrafter(draft, max_batch=2)
+    sizes, step = [], device._step
+    monkeypatch.setattr(device, "_step", lambda batch: (sizes.append(len(batch)), step(batch))[1])
+    sessions = [device.session([i + 1]) for i in range(5)]
+    threads = [threading.Thread(target=s.extend, args=(4,)) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    device.close()
+    assert all(len(s.chain) == 4 for s in sessions) and max(sizes) == 2
+
+
+def test_wait_is_counted_once_per_request(draft, monkeypatch):
+    device = BatchedDrafter(draft)
+    gate, entered, _ = gate_steps(device, monkeypatch)
+    first = device.session([1, 2, 3])
+    t0 = threading.Thread(target=first.extend, args=(1,))
+    t0.start()
+    assert entered.wait(10)
+    s = device.session([4])
+    t = threading.Thread(target=s.extend, args=(4,))
+    t.start()
+    time.sleep(0.1)  # s waits ~0.1 s for the running step, once
+    gate.set()
+    t0.join(10), t.join(10)
+    device.close()
+    assert 0.09 < s.wait_seconds <= s.draft_seconds
+
+
+def test_a_failed_pool_growth_leaves_the_device_serving(draft, monkeypatch):
+    device = BatchedDrafter(draft, initial_capacity=4)
+    a = device.session([1, 2, 3])
+    a.extend(1)  # the pool exists: 8 slots of 4 positions
+    zeros, calls = torch.zeros, []
+
+    def oom_on_second_layer(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory (injected)")
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", oom_on_second_layer)
+    b = device.session(list(range(1, 10)))  # 9 tokens: the pool must grow
+    with pytest.raises(RuntimeError, match="out of memory"):
+        b.extend(1)
+    monkeypatch.setattr(torch, "zeros", zeros)
+    c = device.session([5, 6])
+    c.extend(2)  # a later step, no growth needed: must still work
+    assert c.chain == DraftSession(draft, [5, 6]).propose(2)
+    a.extend(4)  # needs growth again (3 + 4 > 4 positions): must work and keep a's KV
+    assert a.chain == DraftSession(draft, [1, 2, 3]).propose(4)
+    device.close()
+
+
+def test_an_empty_prompt_does_not_leak_a_slot(draft):
+    device = BatchedDrafter(draft)
+    with pytest.raises(ValueError):
+        device.session([])
+    assert device.session([1]).slot == 0
+    device.close()
+
+
+def test_requests_give_their_slots_back_and_a_closed_device_is_an_outcome():
+    target, close, _ = tiny_trio(max_positions=512)
+    batcher = VerificationBatcher(BatchVerifier(target), window_s=0.002)
+    device = BatchedDrafter(close)
+    edge = EdgeClient(close, LocalLink(batcher), depth=3, proactive=True, draft_device=device)
+    for prompt in ([1, 2, 3], [4, 5], [6]):
+        out = edge.generate(prompt, 12)
+        assert out.tokens == generate_ad(target, [prompt], [12]).tokens[0]
+    assert device._next_slot == 1 and device._free_slots == [0]  # one slot, reused, given back
+    edge.link.close()
+    batcher.stop()
+
+
+def test_a_closed_device_ends_a_request_with_an_outcome():
+    target, close, _ = tiny_trio(max_positions=512)
+    batcher = VerificationBatcher(BatchVerifier(target), window_s=0.002)
+    device = BatchedDrafter(close)
+    edge = EdgeClient(close, LocalLink(batcher), depth=3, draft_device=device)
+    device.close()
+    out = edge.generate([1, 2, 3], 5)  # must end with an outcome, not raise
+    assert out.outcome == "error" and "closed" in out.error
+    edge.link.close()
+    batcher.stop()
+
+
+def test_closing_a_session_ends_its_running_row_at_the_next_step(draft):
+    """A caller interrupted mid-draft closes its session: the row stops within a step and the
+    slot is given back only after it (never written by the next owner's predecessor)."""
+    device = BatchedDrafter(draft)
+    s = device.session([1, 2, 3])
+    t = threading.Thread(target=s.extend, args=(10_000,))
+    t.start()
+    while s.draft_steps < 3:
+        time.sleep(0.001)
+    s.close()
+    t.join(10)
+    assert not t.is_alive() and 3 <= len(s.chain) < 10_000 and s.slot in device._free_slots
+    device.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_device_thread_fails_its_waiters_instead_of_hanging(draft):
+    device = BatchedDrafter(draft)
+    s = device.session([1, 2])
+
+    def fatal():
+        if threading.current_thread() is device._thread:  # (the caller asks once too, before submitting)
+            raise SystemExit("the device thread dies")  # not an Exception: nothing in the loop catches it
+        return False
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        s.extend(3, stop=fatal)
+    assert not device._thread.is_alive()

@@ -69,7 +69,8 @@ class _Row:
     joined: bool = False
 
     def finished(self) -> bool:
-        return len(self.session.chain) >= self.upto or (self.stop is not None and self.stop())
+        # a closed session's row ends at once (its caller was interrupted and gave the slot up)
+        return self.session.closed or len(self.session.chain) >= self.upto or (self.stop is not None and self.stop())
 
     def unseen(self) -> list[int]:
         """The tokens the draft has not fed yet (the last one's logits give the next draft)."""
@@ -118,6 +119,8 @@ class BatchedDrafter:
     # ------------------------------------------------------------------ sessions
     def session(self, prompt: list[int]) -> BatchedDraftSession:
         """A new user's draft chain on this device (holds a KV slot until :meth:`BatchedDraftSession.close`)."""
+        if not prompt:
+            raise ValueError("prompt needs at least one token")
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batched draft device is closed")
@@ -140,6 +143,16 @@ class BatchedDrafter:
             self._queue.append(row)
             self._lock.notify()
         return row.result
+
+    def _wait(self, result: Future) -> None:
+        """Wait for a row, failing if the device thread has died (a request never hangs on it)."""
+        while True:
+            try:
+                result.result(timeout=1.0)
+                return
+            except futures.TimeoutError:
+                if not self._thread.is_alive() and not result.done():
+                    raise RuntimeError("the batched draft device stopped") from None
 
     def close(self) -> None:
         """Stop the device thread; rows still queued fail with ``RuntimeError``."""
@@ -219,14 +232,16 @@ class BatchedDrafter:
         if (new_slots, new_cap) == (self._slots, self._capacity) and self._pool_k:
             return
         shape = (new_slots, new_cap, self.kv_heads, self.head_dim)
-        for pools in (self._pool_k, self._pool_v):
-            old = list(pools) or [None] * len(self.layers)
-            pools.clear()
-            for prev in old:
-                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                if prev is not None:
-                    grown[: prev.shape[0], : prev.shape[1]] = prev
-                pools.append(grown)
+        grown: list[list[torch.Tensor]] = []
+        for pools in (self._pool_k, self._pool_v):  # built aside: a failed allocation leaves the pool as it was
+            layers = []
+            for i in range(len(self.layers)):
+                layer = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if pools:
+                    layer[: pools[i].shape[0], : pools[i].shape[1]] = pools[i]
+                layers.append(layer)
+            grown.append(layers)
+        self._pool_k, self._pool_v = grown
         self._slots, self._capacity = new_slots, new_cap
 
     def _forward(self, rows: list[_Row], unseen: list[list[int]]) -> list[int]:
@@ -280,12 +295,12 @@ class BatchedDraftSession(DraftChain):
         true (the device asks before each step); blocks until then."""
         if self._closed:
             raise RuntimeError("this draft session is closed")
-        if len(self.chain) >= upto:
+        if len(self.chain) >= upto or (stop is not None and stop()):
             return
         t0 = time.perf_counter()
         self._inflight = self.drafter._submit(self, upto, stop)
         try:
-            self._inflight.result()
+            self.drafter._wait(self._inflight)
         finally:
             self.draft_seconds += time.perf_counter() - t0
 
@@ -295,10 +310,17 @@ class BatchedDraftSession(DraftChain):
         slot's next owner."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # a row still running ends at the device's next step
         if self._inflight is not None:
-            futures.wait([self._inflight], timeout=30.0)
+            try:
+                self.drafter._wait(self._inflight)
+            except Exception:  # noqa: BLE001 - its caller saw (or will not see) the failure; the slot is free either way
+                pass
         self.drafter._release_slot(self.slot)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 __all__ = ["BatchedDraftSession", "BatchedDrafter", "SUPPORTED_MODEL_TYPES", "check_supported"]

@@ -119,10 +119,13 @@ class EdgeClient:
         (on this thread) and may end the request there by returning an outcome name."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not prompt:
+            raise ValueError("prompt needs at least one token")
         rid = request_id or uuid.uuid4().hex[:12]
         out = RequestOutcome(rid, len(prompt), [], "length", time.time(), 0.0)
-        session = self.batcher.session(prompt) if self.batcher is not None else DraftSession(self.draft, prompt)
+        session = None
         try:
+            session = self.batcher.session(prompt) if self.batcher is not None else DraftSession(self.draft, prompt)
             self._loop(session, prompt, max_new_tokens, temperature, seed, out, on_tokens)
         except FutureTimeout:
             out.outcome, out.error = "timeout", f"no verdict within {self.reply_timeout_s} s"
@@ -130,7 +133,8 @@ class EdgeClient:
             out.outcome, out.error = "error", describe_error(exc)
         finally:
             out.ended_at = time.time()
-            session.close()
+            if session is not None:
+                session.close()
             self.link.release()
         # after an error or a timeout a late reply could answer the next request: the owner must
         # give this client a fresh link (``broken``)
