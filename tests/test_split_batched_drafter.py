@@ -50,6 +50,30 @@ def play(session, prompt_and_ops) -> list[list[int]]:
     return record
 
 
+def gate_steps(device, monkeypatch):
+    gate, entered, sizes = threading.Event(), threading.Event(), []
+    step = device._step
+
+    def gated(batch):
+        sizes.append(len(batch))
+        entered.set()
+        gate.wait(10)
+        return step(batch)
+
+    monkeypatch.setattr(device, "_step", gated)
+    return gate, entered, sizes
+
+
+def busy_with(device, entered, prompt=(1, 2, 3)):
+    """Start a session drafting one token and wait until its (gated) step holds the device;
+    returns the session and its thread."""
+    session = device.session(list(prompt))
+    thread = threading.Thread(target=session.extend, args=(1,))
+    thread.start()
+    assert entered.wait(10)
+    return session, thread
+
+
 @pytest.mark.parametrize("initial_capacity", [4, 256])
 def test_drafts_equal_the_models_own_forward_with_many_sessions_at_once(draft, initial_capacity):
     scripts = [script(seed) for seed in range(10)]
@@ -78,11 +102,8 @@ def test_drafts_equal_the_models_own_forward_with_many_sessions_at_once(draft, i
 def test_waiting_sessions_join_one_step(draft, monkeypatch):
     device = BatchedDrafter(draft)
     gate, entered, sizes = gate_steps(device, monkeypatch)
-    first = device.session([1, 2, 3])
+    first, t0 = busy_with(device, entered)  # the device is busy with the first row's step
     others = [device.session([4 + i]) for i in range(4)]
-    t0 = threading.Thread(target=first.extend, args=(1,))
-    t0.start()
-    assert entered.wait(10)  # the device is busy with the first row's step
     threads = [threading.Thread(target=s.extend, args=(3,)) for s in others]
     for t in threads:
         t.start()
@@ -204,27 +225,10 @@ def test_lossless_check_covers_the_batched_draft_device(tmp_path):
     assert all(c["failures"] == [] and c["identical"] == 10 for c in checks.values())
 
 
-def gate_steps(device, monkeypatch):
-    gate, entered, sizes = threading.Event(), threading.Event(), []
-    step = device._step
-
-    def gated(batch):
-        sizes.append(len(batch))
-        entered.set()
-        gate.wait(10)
-        return step(batch)
-
-    monkeypatch.setattr(device, "_step", gated)
-    return gate, entered, sizes
-
-
 def test_prompts_of_different_lengths_share_one_step(draft, monkeypatch):
     device = BatchedDrafter(draft)
     gate, entered, sizes = gate_steps(device, monkeypatch)
-    first = device.session([1])
-    t0 = threading.Thread(target=first.extend, args=(1,))
-    t0.start()
-    assert entered.wait(10)
+    _, t0 = busy_with(device, entered, [1])
     prompts = [[3, 1], [5, 6, 7, 8, 9, 10, 11], [2, 4, 6], [9, 8, 7, 6, 5]]
     sessions = [device.session(p) for p in prompts]
     threads = [threading.Thread(target=s.extend, args=(4,)) for s in sessions]
@@ -261,10 +265,7 @@ def test_a_closed_sessions_slot_is_reused(draft):
 def test_close_waits_for_the_step_carrying_its_session(draft, monkeypatch):
     device = BatchedDrafter(draft)
     gate, entered, _ = gate_steps(device, monkeypatch)
-    s = device.session([1, 2, 3])
-    t = threading.Thread(target=s.extend, args=(1,))
-    t.start()
-    assert entered.wait(10)
+    s, t = busy_with(device, entered)
     closer = threading.Thread(target=s.close)
     closer.start()
     closer.join(0.2)
@@ -292,10 +293,7 @@ def test_max_batch_caps_every_step(draft, monkeypatch):
 def test_wait_is_counted_once_per_request(draft, monkeypatch):
     device = BatchedDrafter(draft)
     gate, entered, _ = gate_steps(device, monkeypatch)
-    first = device.session([1, 2, 3])
-    t0 = threading.Thread(target=first.extend, args=(1,))
-    t0.start()
-    assert entered.wait(10)
+    _, t0 = busy_with(device, entered)
     s = device.session([4])
     t = threading.Thread(target=s.extend, args=(4,))
     t.start()
