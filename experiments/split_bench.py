@@ -52,7 +52,7 @@ Where the split loses on one CPU box (measured; the columns show it):
   ``draft_ms``: the block's wall time, joint steps included). Paired against the previous default,
   the blocks drafted one after another (``--shared-device on``; ``experiments.split_bench_ab``,
   8/16/32 clients, 1 and 2 cohorts, 2 repeats: ``results/split_bench/ab_batched_vs_d4fda49``),
-  ITL fell by 23-54 % in every configuration. What is left on the edge: its Python threads (a
+  ITL fell by 22-54 % in every configuration. What is left on the edge: its Python threads (a
   client, a link and its emulated delay each) share the one core with the device, so at 32 clients
   ``network_ms`` grows beyond the emulated RTT;
 - cohorts halve the verification batch and alternate (``cohort_alternation``); the server's
