@@ -60,11 +60,10 @@ Where the split loses on one CPU box (measured; the columns show it):
   gives it): on this CPU a verification of 8-32 rows takes tens of ms against a few ms of
   batched drafting and a 5 ms RTT (``server_compute_ms``, ``draft_ms``), so one cohort often keeps
   the server more than 2/3 busy, and then the issue's 1.5x is out of reach; with few clients at
-  20-40 ms RTT (``--sweep-clients``) the ceiling is higher. A window shorter than a cohort's arrival spread cuts it into batches that then stay
-  apart (``mean_batch`` below the cohort's size);
-  ``proactive_hit_rate_drafted`` counts hits only among iterations that drafted ahead at all.
-  ``transport_overhead_ms`` is the
-  round trip beyond the emulated WAN (``runtime.split.transport_timing`` measures gRPC against the
+  20-40 ms RTT (``--sweep-clients``) the ceiling is higher. A window shorter than a cohort's
+  arrival spread cuts it into batches that then stay apart (``mean_batch`` below the cohort's
+  size). ``proactive_hit_rate_drafted`` counts hits only among iterations that drafted ahead at
+  all. ``transport_overhead_ms`` is the round trip beyond the emulated WAN (``runtime.split.transport_timing`` measures gRPC against the
   in-process link alone).
 
 Timings need an idle machine; every number comes with the command line in the markdown. This

@@ -53,7 +53,7 @@ from pathlib import Path
 from agents.artefacts import write_text_atomic
 from runtime.edge_profile import CalibratedStart, calibrated_start
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
-from runtime.split.batched_drafter import SUPPORTED_MODEL_TYPES, BatchedDrafter
+from runtime.split.batched_drafter import BatchedDrafter, supports
 from runtime.split.depth import DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
@@ -182,7 +182,7 @@ def make_draft_device(kind: str, draft) -> SharedDraftDevice | BatchedDrafter | 
     (one after another), ``off`` (none: each client drafts with the model's own forward) or
     ``auto`` (batched when the draft's architecture supports it, else on)."""
     if kind == "auto":
-        kind = "batched" if getattr(draft.config, "model_type", None) in SUPPORTED_MODEL_TYPES else "on"
+        kind = "batched" if supports(draft) else "on"
     if kind == "batched":
         return BatchedDrafter(draft)
     return SharedDraftDevice() if kind == "on" else None

@@ -285,14 +285,21 @@ def test_on_demand_wait_is_counted():
     assert dev.on_demand_wait_s >= 0.09 and dev.on_demand_grants == 2
 
 
-def test_a_hand_over_to_a_queued_block_wakes_no_speculator():
-    dev = SharedDraftDevice()
-    sleeper_wake = threading.Event()
+def _held_with_a_sleeper(dev):
+    """Hold ``dev`` for a block and put one speculator to sleep on it; returns the held
+    ``on_demand`` context (exit it to release), the sleeper's wake event and its thread."""
+    wake = threading.Event()
     holder = dev.on_demand()
     holder.__enter__()
-    t = threading.Thread(target=lambda: dev.wait_idle(sleeper_wake, lambda: False, timeout_s=30))
+    t = threading.Thread(target=lambda: dev.wait_idle(wake, lambda: False, timeout_s=30))
     t.start()
     _wait_until(lambda: len(dev._sleepers) == 1)
+    return holder, wake, t
+
+
+def test_a_hand_over_to_a_queued_block_wakes_no_speculator():
+    dev = SharedDraftDevice()
+    holder, sleeper_wake, t = _held_with_a_sleeper(dev)
     got = threading.Event()
     release_second = threading.Event()
 
@@ -315,12 +322,7 @@ def test_a_hand_over_to_a_queued_block_wakes_no_speculator():
 
 def test_pass_on_wakes_a_sleeper_only_on_an_idle_device():
     dev = SharedDraftDevice()
-    wake = threading.Event()
-    holder = dev.on_demand()
-    holder.__enter__()
-    t = threading.Thread(target=lambda: dev.wait_idle(wake, lambda: False, timeout_s=30))
-    t.start()
-    _wait_until(lambda: len(dev._sleepers) == 1)
+    holder, wake, t = _held_with_a_sleeper(dev)
     dev.pass_on()  # busy: nothing to pass
     assert not wake.is_set()
     dev._busy = False  # as if the release's wake-up went to a speculator that then stopped without using it
@@ -340,8 +342,7 @@ class _FakeSession(DraftChain):
 
     def extend(self, upto, stop=None):
         while len(self.chain) < upto and not (stop is not None and stop()):
-            self.chain.append(7)
-            self.draft_steps += 1
+            self.record_draft(7)
 
     def commit(self, depth, accepted, bonus):
         self.tokens.extend(self.chain[:accepted] + [bonus])

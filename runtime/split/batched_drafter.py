@@ -48,12 +48,16 @@ from runtime.split.drafter import DraftChain
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
+def supports(draft) -> bool:
+    """Whether the batched forward can run ``draft``: a Llama-architecture causal LM (the module
+    names and the residual layout this module's forward assumes)."""
+    return getattr(draft.config, "model_type", None) in SUPPORTED_MODEL_TYPES
+
+
 def check_supported(draft) -> None:
-    """Raise ``ValueError`` unless the batched forward can run ``draft`` (a Llama-architecture
-    causal LM: the module names and the residual layout this module's forward assumes)."""
-    kind = getattr(draft.config, "model_type", None)
-    if kind not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"a batched draft device needs a draft of model_type in {SUPPORTED_MODEL_TYPES}, got {kind!r}; "
+    """Raise ``ValueError`` unless :func:`supports` ``draft``."""
+    if not supports(draft):
+        raise ValueError(f"a batched draft device needs a draft of model_type in {SUPPORTED_MODEL_TYPES}, got {getattr(draft.config, 'model_type', None)!r}; "
                          "use --shared-device on (each session drafts with the model's own forward)")
 
 
@@ -72,10 +76,6 @@ class _Row:
         # a closed session's row ends at once (its caller was interrupted and gave the slot up)
         return self.session.closed or len(self.session.chain) >= self.upto or (self.stop is not None and self.stop())
 
-    def unseen(self) -> list[int]:
-        """The tokens the draft has not fed yet (the last one's logits give the next draft)."""
-        return (self.session.tokens + self.session.chain)[self.session.fed :]
-
 
 class BatchedDrafter:
     """A draft device shared by many sessions: one batched forward per step (see the module
@@ -90,12 +90,11 @@ class BatchedDrafter:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         check_supported(draft)
         self.model = draft
-        cfg = draft.config
         self.device = next(draft.parameters()).device
         self.dtype = next(draft.parameters()).dtype
         self.layers = draft.model.layers
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = self.layers[0].self_attn.head_dim
+        self.kv_heads = draft.config.num_key_value_heads
         self.max_batch = max_batch
         self._capacity = max(1, initial_capacity)
         self._pool_k: list[torch.Tensor] = []  #: per layer (slots, capacity, kv_heads, head_dim)
@@ -203,16 +202,13 @@ class BatchedDrafter:
             self.steps += 1
             self.rows += len(batch)
             for row, token in zip(batch, tokens, strict=True):
-                session = row.session
-                session.fed = len(session.tokens) + len(session.chain)
-                session.chain.append(token)
-                session.draft_steps += 1
+                row.session.record_draft(token)
 
     @torch.no_grad()
     def _step(self, batch: list[_Row]) -> list[int]:
         """The next draft token of every row: decode rows (one new token) in one forward, the rest
         (prompts) in another."""
-        unseen = [row.unseen() for row in batch]
+        unseen = [row.session.unseen() for row in batch]
         self._ensure_room(max(row.session.slot for row in batch) + 1, max(row.session.fed + len(u) for row, u in zip(batch, unseen, strict=True)))
         out: dict[int, int] = {}
         decode = [i for i, u in enumerate(unseen) if len(u) == 1]
@@ -323,4 +319,4 @@ class BatchedDraftSession(DraftChain):
         return self._closed
 
 
-__all__ = ["BatchedDraftSession", "BatchedDrafter", "SUPPORTED_MODEL_TYPES", "check_supported"]
+__all__ = ["BatchedDraftSession", "BatchedDrafter", "SUPPORTED_MODEL_TYPES", "check_supported", "supports"]

@@ -51,6 +51,17 @@ class DraftChain:
     def _crop_kv(self, valid: int) -> None:
         """Drop the draft KV of every position from ``valid`` on."""
 
+    def unseen(self) -> list[int]:
+        """The tokens of ``tokens + chain`` the draft has not fed yet (never empty: the last one's
+        logits give the next draft token)."""
+        return (self.tokens + self.chain)[self.fed :]
+
+    def record_draft(self, token: int) -> None:
+        """One draft step happened: every unseen token is fed now, and ``token`` joins the chain."""
+        self.fed = len(self.tokens) + len(self.chain)
+        self.chain.append(token)
+        self.draft_steps += 1
+
     def draft_one(self) -> int:
         """Extend the chain by one draft token (feeds every token the draft has not seen yet)."""
         self.extend(len(self.chain) + 1)
@@ -98,14 +109,12 @@ class DraftSession(DraftChain):
     def extend(self, upto: int, stop: Callable[[], bool] | None = None) -> None:
         while len(self.chain) < upto and not (stop is not None and stop()):
             t0 = time.perf_counter()
-            seq = self.tokens + self.chain
-            new = torch.tensor([seq[self.fed :]], dtype=torch.long, device=self.device)  # (1, unseen)
-            positions = torch.arange(self.fed, len(seq), device=self.device)[None, :]  # (1, unseen)
+            unseen = self.unseen()
+            new = torch.tensor([unseen], dtype=torch.long, device=self.device)  # (1, unseen)
+            positions = torch.arange(self.fed, self.fed + len(unseen), device=self.device)[None, :]  # (1, unseen)
             logits = self.model(input_ids=new, position_ids=positions, past_key_values=self.cache, use_cache=True).logits
-            self.fed = len(seq)
-            self.chain.append(int(logits[0, -1].argmax()))
+            self.record_draft(int(logits[0, -1].argmax()))
             self.draft_seconds += time.perf_counter() - t0
-            self.draft_steps += 1
 
     def _crop_kv(self, valid: int) -> None:
         self.cache.crop(valid - self.fed)  # transformers 5: a negative count drops that many

@@ -95,7 +95,6 @@ class EdgeClient:
         self.draft, self.link, self.depth, self.proactive, self.max_depth = draft, link, depth, proactive, max_depth
         self.eos_id, self.reply_timeout_s, self.on_iteration = eos_id, reply_timeout_s, on_iteration
         self.broken = False  #: the last request failed on its link; use a new link before the next
-        self.draft_device = draft_device
         #: clients drafting one after another on one device share its arbiter (speculation never delays another user's block)
         self.arbiter = draft_device if isinstance(draft_device, SharedDraftDevice) else None
         #: clients drafting in one batch share the device that batches them (it is the arbiter)

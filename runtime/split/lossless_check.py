@@ -24,7 +24,7 @@ import torch
 from agents.artefacts import write_text_atomic
 from runtime.engines import generate_ad, generate_sd
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
-from runtime.split.batched_drafter import SUPPORTED_MODEL_TYPES, BatchedDrafter
+from runtime.split.batched_drafter import BatchedDrafter, supports
 from runtime.split.batcher import VerificationBatcher
 from runtime.split.edge_client import EdgeClient
 from runtime.split.pair_args import add_pair_args, load_pair_from_args
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = {"ad_batched": generate_ad(pair.target, prompts, args.max_new_tokens, pad_id=tok.pad_id).tokens,
             "sd_batched": generate_sd(pair.target, pair.draft, prompts, args.depth, args.max_new_tokens, pad_id=tok.pad_id).tokens,
             "split": split_outputs(pair, prompts, args.max_new_tokens, args.clients, args.depth)}
-    if getattr(pair.draft.config, "model_type", None) in SUPPORTED_MODEL_TYPES:
+    if supports(pair.draft):
         runs["split_batched_drafts"] = split_outputs(pair, prompts, args.max_new_tokens, args.clients, args.depth, batched_drafts=True)
     ok = True
     for name, outputs in runs.items():
