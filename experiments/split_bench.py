@@ -25,11 +25,11 @@ sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
   definition) among the baseline configurations (batch = each client count x {1/2, 1, 2}, gamma
   2/4/6) whose ITL is no worse than the split run's (``baseline_within_itl`` False when none is:
   then the fastest-ITL one is used); ``ratio_cpu``, ``ratio_busy`` and ``ratio_wall`` give all three.
-- **the headline** ("at equal ITL"): every ``--clients`` count (8, 16, 24, 32 by default) runs at
+- **the headline** ("at equal ITL"): every ``--clients`` count (2, 4, 8, 16, 24, 32 by default) runs at
   the first RTT with every proactive / cohort setting; the reported configuration is the one with
   the highest throughput_ratio there -- each run against the best baseline at an ITL no worse than
   its own, so a larger split batch wins only if its throughput beats the baseline configurations
-  that are at least as fast per token (:func:`best_split`). The other RTTs run ``--sweep-clients`` (the fewest and the most by default).
+  that are at least as fast per token (:func:`best_split`). The other RTTs run ``--sweep-clients`` (the fewest, the middle and the most by default).
 - **server_utilisation**: the server's time in target forwards / its span.
 
 Where the split loses on one CPU box (measured; the columns show it):
@@ -78,6 +78,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -173,13 +174,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--proactive", default="on,off")
     ap.add_argument("--cohorts", type=_ints, default=[1, 2])
     # several client counts: the comparison is at equal ITL, and larger verification batches amortise
-    # a forward's fixed cost (8 clients in 2 cohorts gave batches of ~3.6 rows against the baseline's 8-16)
-    ap.add_argument("--clients", type=_ints, default=[8, 16, 24, 32],
+    # a forward's fixed cost (8 clients in 2 cohorts gave batches of ~3.6 rows against the baseline's 8-16);
+    # 2 clients is SpecEdge's own headline setting (two edges, server batch 1 per cohort), and with few
+    # clients a verification is short against the network and the drafting: the regime cohorts are for
+    ap.add_argument("--clients", type=_ints, default=[2, 4, 8, 16, 24, 32],
                     help="edge clients per run (comma list): every count at the first RTT, --sweep-clients at the others")
-    # both ends: with few clients the network and the drafting are as long as a verification (the
-    # regime cohorts are for), with many the server's verification dominates an iteration
+    # both ends and the middle: with few clients the network and the drafting are as long as a
+    # verification (the regime cohorts are for), with many the server's verification dominates an iteration
     ap.add_argument("--sweep-clients", type=_ints, default=None,
-                    help="edge client counts (comma list) at the RTTs after the first (default: the smallest and the largest of --clients)")
+                    help="edge client counts (comma list) at the RTTs after the first (default: the smallest, the middle (lower median) "
+                         "and the largest of --clients)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--depth", default="auto")
@@ -224,7 +228,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     require_writable(args.out, "--out", directory=True)
     if not args.cohorts or min(args.cohorts) < 1 or not args.clients or min(args.clients) < 1 or args.requests < 1 or args.max_new_tokens < 2:
         raise SystemExit("--cohorts, --clients and --requests must be >= 1 and --max-new-tokens >= 2")
-    args.sweep_clients = args.sweep_clients or sorted({min(args.clients), max(args.clients)})
+    args.sweep_clients = args.sweep_clients or sorted({min(args.clients), statistics.median_low(args.clients), max(args.clients)})
     if min(args.sweep_clients) < 1:
         raise SystemExit(f"--sweep-clients must all be >= 1, got {args.sweep_clients}")
     cpus = sorted(available_cpus())
@@ -311,8 +315,8 @@ def _baseline_sweep(args, pair) -> pd.DataFrame:
     rows = []
     # the same requests the split serves (runtime.edge: client i's request k is prompt (i * requests + k) mod the list), in batches
     # (for the largest client count; the smaller runs serve a prefix of these)
-    work = [prompts[(i * args.requests + k) % len(prompts)] for i in range(max(args.clients)) for k in range(args.requests)]
-    batches = sorted({b for c in args.clients for b in (max(1, c // 2), c, 2 * c)})
+    work = [prompts[(i * args.requests + k) % len(prompts)] for i in range(max(*args.clients, *args.sweep_clients)) for k in range(args.requests)]
+    batches = sorted({b for c in {*args.clients, *args.sweep_clients} for b in (max(1, c // 2), c, 2 * c)})
     for batch, gamma in itertools.product(batches, (2, 4, 6)):
         itls: list[float] = []
         t0, cpu0 = time.perf_counter(), time.process_time()
