@@ -94,9 +94,9 @@ class Calibration:
     notes: str = ""
 
     @classmethod
-    def from_dict(cls, d: object) -> Calibration:
-        """Parse a ``calibration`` section; raise ValueError naming the field."""
-        w = "calibration"
+    def from_dict(cls, d: object, where: str = "calibration") -> Calibration:
+        """Parse a ``calibration`` section (at ``where`` in the profile); raise ValueError naming the field."""
+        w = where
         if not isinstance(d, dict):
             raise ValueError(f"profile field '{w}' must be a mapping with 'llm' and/or 'slm' scale curves")
         curves = {key: ScaleCurve.from_dict(d[key], f"{w}.{key}") if d.get(key) is not None else None for key in ("llm", "slm")}

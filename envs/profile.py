@@ -137,17 +137,21 @@ class EdgeSpec:
     ``edge.device`` has the fields of ``device``; ``edge.latency`` is ``roofline`` (efficiencies and
     ``layer_overhead_s`` as in ``latency``) or ``table`` (a measured grid ``slm: {b, q, c, tau_s}``).
     The draft model is the profile's ``slm``; ``tau_draft(b, q, c)`` is its pass time on the edge.
+    An optional ``edge.calibration`` (the top-level ``calibration``'s form, an ``slm`` curve only)
+    scales it: the edge's own calibration, separate from the server's because the edge is another
+    device (``runtime.machine_profile`` writes one when the edge drafts on the machine it measures).
     """
 
     device: DeviceSpec
     latency_source: str
     tau_draft: LatencyModel = field(compare=False)
+    calibration: Calibration | None = field(default=None, compare=False)
 
     @classmethod
     def from_dict(cls, d: dict, slm: ModelSpec) -> EdgeSpec:
         if not isinstance(d, dict):
             raise ProfileError("profile field 'edge' must be a mapping with device and latency")
-        refuse_unknown(d, ("device", "latency", "measured_on", "notes"), "edge.")
+        refuse_unknown(d, ("device", "latency", "measured_on", "notes", "calibration"), "edge.")
         device = DeviceSpec.from_dict(require_field(d, "device", "edge."), "edge.device.")
         lat = require_field(d, "latency", "edge.")
         source = require_field(lat, "source", "edge.latency.")
@@ -163,7 +167,16 @@ class EdgeSpec:
             tau = table_latency("slm", lat, "edge.latency.")
         else:
             raise ProfileError(f"profile field 'edge.latency.source' must be one of ['roofline', 'table'], got {source!r}")
-        return cls(device, source, tau)
+        calibration = None
+        if d.get("calibration") is not None:
+            try:
+                calibration = Calibration.from_dict(d["calibration"], "edge.calibration")
+            except ValueError as exc:
+                raise ProfileError(str(exc)) from None
+            if calibration.llm is not None or calibration.slm is None:
+                raise ProfileError("profile field 'edge.calibration' must give an 'slm' scale curve only (the edge runs the draft alone)")
+            tau = CalibratedLatency(tau, calibration.slm)
+        return cls(device, source, tau, calibration)
 
 
 #: a profile's top-level sections (``fit`` and ``derived_from``: provenance that runtime.profile and

@@ -5,11 +5,9 @@ this CPU, then the same rounds through the v1 simulator on the measured role pro
     python -m experiments.split_sim_vs_real --schedulers edge_first --rounds 4
 
 For each scheduler: start ``runtime.serve placement=split`` on loopback with the project's full pair
-(``--profile``, by default ``split_cpu1_specsched-pair``: the target's and the draft's pass times
-measured with one torch thread on this kind of CPU, ``runtime.profile --role``; the server's online
-calibration pinned at 1 and its speed probes off, so it plans with the bare profile, as the simulator
-does). Then for each setting drive rounds of users, one round at a time, all of a round's users at
-once:
+and the planning profile (below); the server's online calibration pinned at 1 and its speed probes
+off, so it plans with the bare profile, as the simulator does. Then for each setting drive rounds of
+users, one round at a time, all of a round's users at once:
 
 - ``ed``: ``--edge-users`` edge users (each its own :class:`runtime.split_placement.EdgeUser`: its
   draft model in this process, its verification link delayed by its RTT, drafting at the plan's depth);
@@ -31,6 +29,20 @@ edge's iteration log) and each SD user's. Latency: the request's arrival at the 
 (ED: the edge's report of its last token reaching the server), the simulated one plus the round
 window. Reports served count and p50 latency of ED users (mode ED in both) and of everyone, real vs
 simulated. Writes ``results/split_sim_vs_real/{requests.csv,summary.csv,summary.md}`` atomically.
+
+**Which profile.** By default (``--profile auto``) the shipped split profile of the pair for the
+thread count (``split_cpu1_specsched-pair``: the target's and the draft's pass times measured with one
+torch thread on this kind of CPU, ``runtime.profile --role``) calibrated to *this* machine, server and
+edge alike, since here the edges draft on it too (``runtime.machine_profile.resolve_profile``,
+``edge_here``: a quick calibration, < 2 min, cached per machine fingerprint). Why: a host's speed
+moves (another machine of the same kind, or the same shared host on another day), every real
+latency moves with it and the simulator's do not. Planning with the shipped table as it is, this
+host's ED users' p50 was within 10 % of the simulator's in one run and, two days later with the same
+code, 11-19 % off, every real latency slower. ``--remeasure-profile`` measures the calibration again (do it when
+the host's speed may have moved since the cached one: the comparison is only as good as the
+calibration is current); ``--no-auto-profile`` plans with the shipped table as it is; ``--profile
+NAME|PATH`` forces a profile. The report names the file, why it was chosen and the factors, and the
+run saves it beside its CSVs (``profile.yaml``).
 
 **Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
 gives every edge its own device. Few concurrent edge users per round keep that difference small.
@@ -57,11 +69,12 @@ from agents.registry import make_scheduler
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.plan import AD, ED, SD
-from envs.profile import load_profile
+from envs.profile import ProfileError, load_profile
 from envs.split_outcome import ED_COMPLETIONS
 from envs.split_plan import evaluate_split_plan
 from envs.workload import Round
 from experiments.sim_vs_real import free_port
+from runtime.machine_profile import AUTO, PlanningProfile, default_split_base, resolve_profile
 from runtime.split_loadgen import add_round_args, check_ranges, draw_round, run_round
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,7 +192,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--alpha", type=float, default=0.8, help="the server's initial acceptance estimate")
     ap.add_argument("--cohorts", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the edges (the profile is measured with one)")
-    ap.add_argument("--profile", default="split_cpu1_specsched-pair")
+    ap.add_argument("--profile", default=AUTO, help="the profile the server and the simulator plan with: auto (the shipped split profile calibrated "
+                    "on this machine, server and edge; cached) or a NAME / .yaml PATH used as it is")
+    ap.add_argument("--auto-profile", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --profile auto: measure (once, cached) this machine's calibration; off: the shipped split profile as it is")
+    ap.add_argument("--remeasure-profile", action="store_true", help="with --profile auto: measure this machine's calibration again even if cached")
     ap.add_argument("--pair", type=Path, default=None, help="a built pair folder (default: the project's full pair, built and cached)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
@@ -197,6 +214,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_ranges(ap, args)  # rounds, users, tokens, deadlines, RTTs: as the load generator checks them
     if not 0 < args.alpha < 1 or not args.window_s > 0:
         ap.error("--alpha must be in (0, 1) and --window-s > 0")
+    if args.profile != AUTO and (not args.auto_profile or args.remeasure_profile):
+        ap.error("--no-auto-profile and --remeasure-profile only apply to --profile auto (a named profile is always used as it is)")
+    if args.remeasure_profile and not args.auto_profile:
+        ap.error("--remeasure-profile contradicts --no-auto-profile")
+    if args.profile != AUTO:
+        try:
+            load_profile(args.profile)  # a bad name fails before anything starts
+        except ProfileError as exc:
+            ap.error(f"--profile: {exc}")
     return args
 
 
@@ -208,16 +234,19 @@ def main(argv: list[str] | None = None) -> None:
     from runtime.split_placement import EdgeUser
 
     torch.set_num_threads(args.threads)
-    load_profile(args.profile)  # a bad name fails before anything starts
     pair_path = args.pair or build_pair(progress=False)
     pair = load_pair(pair_path)
+    planning = resolve_profile(args.profile, pair=pair, threads=args.threads, auto=args.auto_profile, refresh=args.remeasure_profile,
+                               base=default_split_base(args.threads), edge_here=True)
+    print(planning.describe(), flush=True)
+    profile = str(planning.path)
     tok = pair.tokenizer
     prompts = CODE_PROMPTS + PROSE_PROMPTS
     frames = []
     load = [os.getloadavg()[0]]  # the host's 1-minute load average, before and after the live part
     t_start = time.perf_counter()
     for scheduler in args.schedulers.split(","):
-        proc, url, address = start_server(scheduler, pair_path, args.profile, args.window_s, args.alpha, args.cohorts, args.threads,
+        proc, url, address = start_server(scheduler, pair_path, profile, args.window_s, args.alpha, args.cohorts, args.threads,
                                           args.policy if scheduler == "policy" else None)
         edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
         try:
@@ -237,24 +266,26 @@ def main(argv: list[str] | None = None) -> None:
             proc.wait(timeout=60)
     wall = time.perf_counter() - t_start
     load.append(os.getloadavg()[0])
-    sims = [simulate(df, s, args.profile, args.window_s, args.policy, args.completion) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
+    sims = [simulate(df, s, profile, args.window_s, args.policy, args.completion) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
     both = pd.concat(sims)
-    write_report(args, both, compare(both), wall, load)
+    write_report(args, both, compare(both), wall, load, planning)
 
 
-def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, load: list[float]) -> None:
+def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, load: list[float], planning: PlanningProfile) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(both.drop(columns=["prompt"]), args.out / "requests.csv")
     write_csv_atomic(table, args.out / "summary.csv")
+    write_text_atomic(args.out / "profile.yaml", planning.path.read_text())  # what both sides planned with, to re-simulate or inspect
     cmd = (f"python -m experiments.split_sim_vs_real --schedulers {args.schedulers} --settings {args.settings} --rounds {args.rounds} "
            f"--edge-users {args.edge_users} --http-users {args.http_users} --tokens {args.tokens[0]} {args.tokens[1]} "
            f"--deadline-s {args.deadline_s[0]:g} {args.deadline_s[1]:g} --rtt-ms {args.rtt_ms[0]:g} {args.rtt_ms[1]:g} --window-s {args.window_s:g} "
            f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else "")
+           + ("" if args.auto_profile else " --no-auto-profile") + (" --remeasure-profile" if args.remeasure_profile else "")
            + ("" if args.completion == "own" else f" --completion {args.completion}"))
     text = "\n".join([
         "# Simulated (v1) vs real: edge users", "",
         f"`runtime.serve placement=split` on loopback, the project's pair on this CPU ({args.threads} torch thread(s) in the server and in the edges' process), "
-        f"profile `{args.profile}` (measured role profile), online calibration pinned at 1; {args.rounds} rounds per setting, one round at a time: "
+        f"planning profile `{planning.path.name}` (saved as `profile.yaml`; below), the server's online calibration pinned at 1; {args.rounds} rounds per setting, one round at a time: "
         f"`ed` = {args.edge_users} edge users, `mix` = {args.edge_users} edge + {args.http_users} HTTP users; max_tokens in {args.tokens}, deadlines in "
         f"{args.deadline_s} s, RTTs in {args.rtt_ms} ms (the edges' verification links delayed by it), {args.cohorts} verification cohorts, "
         f"round window {args.window_s} s. ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
@@ -264,6 +295,8 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, l
         "(`--completion " + args.completion + "`); *sim, batch completion*: the estimate realised and every ED user ending at its ED batch's end "
         "(the v1 environment's default outcome).", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
+        f"**Planning profile** ({planning.source}; `--profile {args.profile}`): " + "; ".join(f"{k}: {v}" for k, v in planning.summary().items()
+                                                                                        if k not in ("engine overhead",)) + ".", "",
         f"Wall time of the live part: {wall_s:.0f} s; the host's 1-minute load average {load[0]:.1f} before it and {load[1]:.1f} after, "
         f"on {os.cpu_count()} CPU(s) (above the CPU count the host was loaded, and real times are slower than the profile's).", "",
         f"Reproduce: `{cmd}`", "",

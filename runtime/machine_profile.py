@@ -61,6 +61,11 @@ def default_base(threads: int) -> str:
     return "cpu1_specsched-pair" if int(threads) == 1 else "cpu_specsched-pair"
 
 
+def default_split_base(threads: int) -> str:
+    """The shipped split profile of the project's pair for ``threads`` torch threads (its server and edge tables)."""
+    return f"split_{default_base(threads)}"
+
+
 def profile_file(name_or_path: str | Path) -> Path:
     """The file a profile name (``envs/profiles/NAME.yaml``) or ``.yaml`` path refers to (checked to exist)."""
     path = Path(name_or_path)
@@ -75,9 +80,11 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def cache_entry(cache_dir: Path, fingerprint: dict, base: Path) -> Path:
-    """Where the calibrated copy of ``base`` for the machine ``fingerprint`` lives."""
-    return Path(cache_dir) / f"{fingerprint_key(fingerprint)}-{fingerprint.get('pair_recipe') or 'pair'}-{base.stem}.yaml"
+def cache_entry(cache_dir: Path, fingerprint: dict, base: Path, edge_here: bool = False) -> Path:
+    """Where the calibrated copy of ``base`` for the machine ``fingerprint`` lives (``edge_here``: the
+    copy whose edge section is calibrated here too, see :func:`resolve_profile`)."""
+    suffix = "-edge-here" if edge_here else ""
+    return Path(cache_dir) / f"{fingerprint_key(fingerprint)}-{fingerprint.get('pair_recipe') or 'pair'}-{base.stem}{suffix}.yaml"
 
 
 @dataclass(frozen=True)
@@ -144,17 +151,18 @@ def _on(d: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
 
 
-def quick_method() -> str:
+def quick_method(edge_here: bool = False) -> str:
     """The quick calibration's points: an entry measured at other points (an older version) is re-measured."""
     from runtime import profile as p
 
     return (f"b {list(p.QUICK_B)}, steps q {list(p.QUICK_Q)} over c {list(p.QUICK_C)}, padded prefills q = c {list(p.QUICK_PREFILL)} at b {list(p.QUICK_PREFILL_B)}; "
-            f"engine at b {list(p.QUICK_ENGINE_B)} x {p.QUICK_ENGINE_TRIALS}, prompts {list(p.QUICK_ENGINE_PROMPTS)}, outputs {list(p.QUICK_ENGINE_OUTPUTS)}")
+            f"engine at b {list(p.QUICK_ENGINE_B)} x {p.QUICK_ENGINE_TRIALS}, prompts {list(p.QUICK_ENGINE_PROMPTS)}, outputs {list(p.QUICK_ENGINE_OUTPUTS)}"
+            + ("; edge section: this machine's draft curve" if edge_here else ""))
 
 
-def _load_entry(path: Path, base_sha: str, key: str) -> Profile | None:
+def _load_entry(path: Path, base_sha: str, key: str, method: str) -> Profile | None:
     """A usable cache entry, or None when missing, unreadable, made from another base, by another
-    version of the quick calibration, or on another machine."""
+    version of the quick calibration (``method``), or on another machine."""
     try:
         data = yaml.safe_load(path.read_text())
         prof = Profile.from_dict(data, name=path.stem)
@@ -163,7 +171,7 @@ def _load_entry(path: Path, base_sha: str, key: str) -> Profile | None:
             log.warning("ignoring the unreadable profile cache entry %s (%s); measuring again", path, exc)
         return None
     derived = data.get("derived_from") or {}
-    if derived.get("base_sha256") != base_sha or derived.get("method") != quick_method():
+    if derived.get("base_sha256") != base_sha or derived.get("method") != method:
         log.info("profile cache entry %s was made from another version of its base or of the quick calibration; measuring again", path)
         return None
     if prof.calibration is None or fingerprint_key(prof.calibration.measured_on) != key:
@@ -182,7 +190,7 @@ def measure_quick(pair, base: dict, fingerprint: dict, progress: bool) -> dict:
 
 def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: str = "float32", threads: int | None = None, auto: bool = True,
                     base: str | Path | None = None, refresh: bool = False, cache_dir: Path | None = None,
-                    measure: Callable[..., dict] = measure_quick, progress: bool = True) -> PlanningProfile:
+                    measure: Callable[..., dict] = measure_quick, progress: bool = True, edge_here: bool = False) -> PlanningProfile:
     """The profile to plan with (see the module docstring).
 
     ``pair``: a loaded ``ModelPair`` or a pair folder (loaded only when a measurement is needed);
@@ -190,7 +198,12 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
     ``base``: the table ``auto`` calibrates (default :func:`default_base` of ``threads``);
     ``refresh``: measure again even when the cache has an entry (e.g. the first use was on a busy machine);
     ``measure(pair, base_dict, fingerprint, progress) -> {"calibration": section, "engine": section (optional)}``
-    is replaceable for tests.
+    is replaceable for tests;
+    ``edge_here``: the base is a split profile (an ``edge`` section) whose edges draft on *this*
+    machine (one box standing in for the testbed, e.g. ``experiments.split_sim_vs_real``): the
+    edge section gets its own ``calibration``, the draft's curve measured here. Without it an
+    edge section is left as it is -- on a testbed the edge is another device, measured there
+    (``runtime.profile --role edge``).
     Raises ``ProfileError`` for an unknown profile and ``ValueError`` when the base does not describe the pair.
     """
     import torch
@@ -201,12 +214,14 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
         path = profile_file(requested)
         return PlanningProfile(path, "forced", path, fp, load_profile(path))
     base = profile_file(base if base is not None else default_base(threads))
+    if edge_here and load_profile(base).edge is None:
+        raise ValueError(f"edge_here needs a split profile (an edge section) as the base, got {base}")
     if not auto:
         return PlanningProfile(base, "base", base, fp, load_profile(base))
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry, base_sha = cache_entry(cache_dir, fp, base), _sha256(base)
-    hit = None if refresh else _load_entry(entry, base_sha, fingerprint_key(fp))
-    if hit is not None:
+    entry, base_sha, method = cache_entry(cache_dir, fp, base, edge_here), _sha256(base), quick_method(edge_here)
+    hit = None if refresh else _load_entry(entry, base_sha, fingerprint_key(fp), method)
+    if hit is not None and (not edge_here or hit.edge is not None and hit.edge.calibration is not None):
         return PlanningProfile(entry, "cached", base, fp, hit)
     cache_dir.mkdir(parents=True, exist_ok=True)  # fails now, before minutes of measuring, if it cannot exist
     data = yaml.safe_load(base.read_text())
@@ -227,8 +242,12 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
     if "calibration" not in sections or unknown:
         raise ValueError(f"the quick profile's measure() must return a 'calibration' and optionally an 'engine' section, got {sorted(sections)}")
     data.update(sections)
+    if edge_here:
+        # the edges draft on this machine, so the draft's curve measured here is theirs too
+        data["edge"] = {**data["edge"], "calibration": {"measured_on": dict(fp), "slm": sections["calibration"]["slm"],
+                                                        "notes": "runtime.machine_profile edge_here: the draft's quick-calibration curve of the machine the edges draft on"}}
     data["name"] = entry.stem
-    data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "method": quick_method(), "note": "runtime.machine_profile: the base table with a quick calibration (and engine overhead, when measured) measured on this machine"}
+    data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "method": method, "note": "runtime.machine_profile: the base table with a quick calibration (and engine overhead, when measured) measured on this machine"}
     prof = Profile.from_dict(data, name=entry.stem)  # validate before writing
     from runtime.profile import write_profile
 

@@ -251,3 +251,40 @@ def test_quick_engine_sees_a_slowed_engine(monkeypatch):
         torch.set_num_threads(threads)
     assert all(s > b + 0.005 for s, b in zip(slowed["ad_step_s"], bare["ad_step_s"], strict=True))
     assert "prompts 4-12 tokens, outputs 6-10" in slowed["notes"]
+
+
+SPLIT_BASE = PROFILE_DIR / "split_cpu1_specsched-pair.yaml"
+
+
+def test_edge_here_calibrates_the_edge_with_the_drafts_curve_and_has_its_own_entry(tmp_path):
+    """One box standing in for the testbed: the split base's edge section gets this machine's draft
+    curve as its own calibration; without edge_here the edge is left as measured (another device)."""
+    m = FakeMeasure(scale=1.3)
+    here = _resolve(tmp_path, m, base=SPLIT_BASE, edge_here=True)
+    plain = _resolve(tmp_path, m, base=SPLIT_BASE)
+    assert here.source == plain.source == "measured" and m.calls == 2 and here.path != plain.path and here.path.name.endswith("-edge-here.yaml")
+    base, prof, left = load_profile(SPLIT_BASE), load_profile(here.path), load_profile(plain.path)
+    for b, q, c in ((1, 1, 64), (4, 1, 512), (2, 9, 256)):
+        assert np.isclose(float(prof.edge.tau_draft.tau1(b, q, c)), 1.3 * float(base.edge.tau_draft.tau1(b, q, c)))
+        assert float(left.edge.tau_draft.tau1(b, q, c)) == float(base.edge.tau_draft.tau1(b, q, c))
+        assert np.isclose(float(prof.tau_llm.tau1(b, q, c)), 1.3 * float(base.tau_llm.tau1(b, q, c)))  # the server side as without edge_here
+    assert prof.edge.calibration.measured_on == here.fingerprint and left.edge.calibration is None
+    assert _resolve(tmp_path, m, base=SPLIT_BASE, edge_here=True).source == "cached" and m.calls == 2
+
+
+def test_edge_here_needs_a_split_base(tmp_path):
+    with pytest.raises(ValueError, match="edge section"):
+        _resolve(tmp_path, FakeMeasure(), base=BASE, edge_here=True)
+
+
+@pytest.mark.parametrize("section, match", [({"llm": {"q": [1], "scale": [1.2]}, "slm": {"q": [1], "scale": [1.2]}}, "slm' scale curve only"),
+                                            ({"llm": {"q": [1], "scale": [1.2]}}, "slm' scale curve only"),
+                                            ({"slm": {"q": [1], "scale": [0]}}, "edge.calibration.slm.scale"),
+                                            ("fast", "edge.calibration")])
+def test_a_bad_edge_calibration_names_the_field(section, match):
+    from envs.profile import Profile
+
+    data = yaml.safe_load(SPLIT_BASE.read_text())
+    data["edge"]["calibration"] = section
+    with pytest.raises(ProfileError, match=match):
+        Profile.from_dict(data)

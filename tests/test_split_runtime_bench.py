@@ -29,6 +29,10 @@ def test_checks_name_every_target():
                        "throughput_ratio": [1.0, 1.3, 0.9, 1.2], "itl_ms": [9.0, 8.0, 10.0, 9.0], "server_utilisation": [0.4, 0.8, 0.4, 0.7]})
     text = "\n".join(checks(df))
     assert "1.30x" in text and "10.0 % lower" in text and "2.00x" in text and "1.75x" in text
+    assert "ITL >= 5 % lower in 2 of 2" in text
+    assert ">= 1.5x in 2 of 2; the ceiling 1/u1 reaches 1.5x in 2 of them, and the target is met in 2 of those" in text
+    capped = df.assign(server_utilisation=[0.8, 0.99, 0.5, 0.7])  # proactive on: ceiling 1.25x; off: 1.4x of a 2x ceiling
+    assert ">= 1.5x in 0 of 2; the ceiling 1/u1 reaches 1.5x in 1 of them, and the target is met in 0 of those" in "\n".join(checks(capped))
 
 
 @pytest.mark.parametrize("args", [["--rtt-ms", "-1"], ["--proactive", "maybe"], ["--cohorts", "0"], ["--max-new-tokens", "1"]])

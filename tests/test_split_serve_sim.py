@@ -1,5 +1,6 @@
-"""experiments.split_sim_vs_real's simulator side and its checks (no server, no models), and the
-edge process's placement options."""
+"""experiments.split_sim_vs_real's simulator side and its checks (no server, no models), one
+end-to-end run on the tiny pair (a live server and an edge user), and the edge process's placement
+options."""
 
 import numpy as np
 import pandas as pd
@@ -76,6 +77,10 @@ def test_compare_reports_the_errors():
     (["--tokens", "10", "5"], "--tokens"),
     (["--alpha", "1.5"], "--alpha"),
     (["--completion", "token"], "--completion"),
+    (["--profile", "no_such_profile"], "--profile"),
+    (["--profile", PROFILE, "--no-auto-profile"], "only apply to --profile auto"),
+    (["--profile", PROFILE, "--remeasure-profile"], "only apply to --profile auto"),
+    (["--remeasure-profile", "--no-auto-profile"], "contradicts"),
 ])
 def test_bad_experiment_arguments_fail_first(argv, words, capsys):
     with pytest.raises(SystemExit):
@@ -116,3 +121,25 @@ def test_load_generator_arguments_fail_first(argv, words, capsys):
     with pytest.raises(SystemExit):
         loadgen_args(["--url", "http://127.0.0.1:1", "--split", "127.0.0.1:2", *argv])
     assert words in capsys.readouterr().err
+
+
+def test_the_experiment_end_to_end_on_the_tiny_pair(tmp_path):
+    """``main``: a live split server and one edge user for one round, then the same round simulated;
+    the report, the CSVs and the profile both sides planned with are written."""
+    from live_server import tiny_pair
+    from test_split_serve import split_tiny_profile
+
+    from experiments.split_sim_vs_real import main
+
+    pair = tiny_pair()
+    profile = split_tiny_profile(pair, tmp_path)
+    out = tmp_path / "out"
+    main(["--pair", str(pair.path), "--profile", str(profile), "--schedulers", "edge_first", "--settings", "ed", "--rounds", "1",
+          "--edge-users", "1", "--tokens", "4", "8", "--deadline-s", "20", "30", "--rtt-ms", "1", "2", "--window-s", "0.1", "--out", str(out)])
+    rows = pd.read_csv(out / "requests.csv")
+    assert len(rows) == 1 and rows["outcome"].iloc[0] == "served" and rows["mode"].iloc[0] == "ed" and rows["sim_mode"].iloc[0] == "ed"
+    summary = pd.read_csv(out / "summary.csv")
+    assert {"served (real)", "served (sim)", "p50 error % (sim)"} <= set(summary.columns)
+    assert (out / "profile.yaml").read_text() == profile.read_text()
+    text = (out / "summary.md").read_text()
+    assert "**Planning profile** (forced" in text and f"--profile {profile}" in text
