@@ -6,7 +6,8 @@ on/off and one or two verification cohorts.
     python -m experiments.split_bench --out results/split_bench                       # the full grid
     python -m experiments.split_bench --out /tmp/sb --rtt-ms 5 --clients 2 --requests 1 --max-new-tokens 16 --preset tiny  # a smoke run
 
-Writes ``DIR/split_bench.csv`` (one row per split run), ``DIR/baseline.csv`` (the server-only SD
+Writes ``DIR/split_bench.csv`` (one row per cell of the grid: the mean of its ``--repeats`` runs),
+``DIR/split_bench_runs.csv`` (one row per split run), ``DIR/baseline.csv`` (the server-only SD
 sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
 
 - **server throughput** (the headline, ``--throughput``; all three are columns): SpecEdge's point
@@ -93,6 +94,7 @@ from agents.artefacts import require_writable, write_csv_atomic, write_text_atom
 from experiments.split_bench_analysis import (
     THROUGHPUT,
     THROUGHPUT_WORDS,
+    cell_means,
     checks,
     cohort_alternation,
     compare,
@@ -185,6 +187,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="edge client counts (comma list) at the RTTs after the first (default: the smallest, the middle (lower median) "
                          "and the largest of --clients)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    # two: one run of a cell is ~15 s of serving, and this shared host's speed flips between two states
+    # from one second to the next (the same target pass took 8.3 or 13 ms), so single runs of a cell moved ITL by ~20 %
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs of every cell, the grid swept that many times over (a cell's figures are the mean of its runs)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--depth", default="auto")
     ap.add_argument("--jitter-ms", type=float, default=1.0)
@@ -228,6 +234,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     require_writable(args.out, "--out", directory=True)
     if not args.cohorts or min(args.cohorts) < 1 or not args.clients or min(args.clients) < 1 or args.requests < 1 or args.max_new_tokens < 2:
         raise SystemExit("--cohorts, --clients and --requests must be >= 1 and --max-new-tokens >= 2")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     args.sweep_clients = args.sweep_clients or sorted({min(args.clients), statistics.median_low(args.clients), max(args.clients)})
     if min(args.sweep_clients) < 1:
         raise SystemExit(f"--sweep-clients must all be >= 1, got {args.sweep_clients}")
@@ -346,26 +354,32 @@ def main(argv: list[str] | None = None) -> None:
     sweeps = [pd.read_csv(args.baseline)] if args.baseline else [baseline_sweep(args, pair)]
     raw = []
     first = args.rtt_ms[0]
-    grid = [(rtt, p, c, n) for rtt in args.rtt_ms for n in (args.clients if rtt == first else args.sweep_clients) for p in args.proactive for c in args.cohorts]
-    for k, (rtt, proactive, cohorts, clients) in enumerate(grid, 1):
-        folder = args.out / "runs" / f"rtt{rtt:g}_clients{clients}_proactive-{proactive}_cohorts{cohorts}"
+    cells = [(rtt, p, c, n) for rtt in args.rtt_ms for n in (args.clients if rtt == first else args.sweep_clients) for p in args.proactive for c in args.cohorts]
+    # the whole grid once, then again: a cell's repeats are minutes apart, so the host's drift spreads over every cell alike
+    grid = [(r, *cell) for r in range(args.repeats) for cell in cells]
+    for k, (repeat, rtt, proactive, cohorts, clients) in enumerate(grid, 1):
+        name = f"rtt{rtt:g}_clients{clients}_proactive-{proactive}_cohorts{cohorts}" + (f"_repeat{repeat}" if args.repeats > 1 else "")
+        folder = args.out / "runs" / name
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         load = os.getloadavg()[0]
         run = split_run(args, rtt, proactive, cohorts, clients, folder)
-        raw.append(run_row(args, rtt, proactive, cohorts, clients, {**run, "load": load}))
+        raw.append({**run_row(args, rtt, proactive, cohorts, clients, {**run, "load": load}), "repeat": repeat})
         split_col = THROUGHPUT[args.throughput][0]
-        print(f"[split_bench] {k}/{len(grid)} rtt {rtt:g} ms, {clients} clients, proactive {proactive}, cohorts {cohorts}: {raw[-1][split_col]:.1f} tok/s ({args.throughput}), "
-              f"ITL {raw[-1]['itl_ms']:.2f} ms, utilisation {raw[-1]['server_utilisation']:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"[split_bench] {k}/{len(grid)} rtt {rtt:g} ms, {clients} clients, proactive {proactive}, cohorts {cohorts}, repeat {repeat}: "
+              f"{raw[-1][split_col]:.1f} tok/s ({args.throughput}), ITL {raw[-1]['itl_ms']:.2f} ms, utilisation {raw[-1]['server_utilisation']:.2f} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
     if not args.baseline:
         sweeps.append(baseline_sweep(args, pair))
     base = pd.concat(sweeps).groupby(["batch", "gamma"], as_index=False).mean()
     write_csv_atomic(base, args.out / "baseline.csv", index=False)
-    df = pd.DataFrame([compare(row, base, args.throughput) for row in raw])
+    runs = pd.DataFrame([compare(row, base, args.throughput) for row in raw])
+    write_csv_atomic(runs, args.out / "split_bench_runs.csv", index=False)
+    df = pd.DataFrame([compare(row, base, args.throughput) for row in cell_means(raw)])
     write_csv_atomic(df, args.out / "split_bench.csv", index=False)
     cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     md = ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
-          f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({'/'.join(map(str, args.sweep_clients))} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens; "
+          f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({'/'.join(map(str, args.sweep_clients))} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens, {args.repeats} run(s) of every cell (its mean); "
           f"batching window {args.window_ms:g} ms, edge clients {EDGE_DRAFTING[args.shared_device]} on one draft device; "
           f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process; "
           + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "

@@ -2,7 +2,8 @@
 
 The benchmark (:mod:`experiments.split_bench`) starts the processes and measures; this module only
 reads what they left: the edge's iteration log (:func:`cohort_alternation`,
-:func:`drafted_hit_rate`), one run's row (:func:`run_row`), the server-only SD configuration it is
+:func:`drafted_hit_rate`), one run's row (:func:`run_row`), a cell's repeats averaged
+(:func:`cell_means`), the server-only SD configuration it is
 compared with at equal ITL (:func:`best_baseline`, :func:`compare`, under every throughput
 definition of :data:`THROUGHPUT`), the headline run (:func:`best_split`) and the target lines of the
 markdown (:func:`checks`). Kept apart so the comparison can be checked on synthetic rows, without
@@ -124,6 +125,40 @@ def run_row(args, rtt: float, proactive: str, cohorts: int, clients: int, run: d
             "proactive_hit_rate_drafted": server.get("proactive_hit_rate_drafted"),
             "draft_ms": server.get("draft_ms"), "device_wait_ms": server.get("device_wait_ms"),
             "host_load_1min": run["load"], "outcomes": json.dumps(edge["outcomes"])}
+
+
+#: what names a cell of the grid (its repeats share it)
+CELL = ("rtt_ms", "proactive", "cohorts", "clients", "depth")
+#: measurements whose spread over a cell's repeats is reported beside their mean
+SPREAD = ("itl_ms", "server_utilisation")
+
+
+def cell_means(rows: list[dict]) -> list[dict]:
+    """One row per cell of the grid (:data:`CELL`): the mean of its repeats' measurements, in the
+    order the cells first ran, with ``repeats`` (how many runs), ``*_min`` / ``*_max`` of
+    :data:`SPREAD` and ``outcomes`` summed over the repeats. Why the mean of repeats and not one
+    run: a single run of a cell is ~15 s of serving, and the same cell's ITL has moved by 20 % from
+    one run to the next on this shared host (the proactive on/off sign flipped between two runs)."""
+    cells: dict[tuple, list[dict]] = {}
+    for row in rows:
+        cells.setdefault(tuple(row[k] for k in CELL), []).append(row)
+    out = []
+    for runs in cells.values():
+        cell = {k: runs[0][k] for k in CELL}
+        for key in runs[0]:
+            if key in CELL or key in ("outcomes", "repeat"):
+                continue
+            values = [r[key] for r in runs]
+            numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool) and v == v]  # v == v: not NaN
+            cell[key] = sum(numbers) / len(numbers) if numbers else (values[0] if not isinstance(values[0], int | float) else float("nan"))
+        for key in SPREAD:
+            cell[f"{key}_min"], cell[f"{key}_max"] = min(r[key] for r in runs), max(r[key] for r in runs)
+        outcomes: dict[str, int] = {}
+        for r in runs:
+            for name, n in json.loads(r["outcomes"]).items():
+                outcomes[name] = outcomes.get(name, 0) + n
+        out.append({**cell, "repeats": len(runs), "outcomes": json.dumps(outcomes)})
+    return out
 
 
 def compare(row: dict, base: pd.DataFrame, throughput: str) -> dict:

@@ -35,7 +35,7 @@ def test_checks_name_every_target():
     assert ">= 1.5x in 0 of 2; the ceiling 1/u1 reaches 1.5x in 1 of them, and the target is met in 0 of those" in "\n".join(checks(capped))
 
 
-@pytest.mark.parametrize("args", [["--rtt-ms", "-1"], ["--proactive", "maybe"], ["--cohorts", "0"], ["--max-new-tokens", "1"]])
+@pytest.mark.parametrize("args", [["--rtt-ms", "-1"], ["--proactive", "maybe"], ["--cohorts", "0"], ["--max-new-tokens", "1"], ["--repeats", "0"]])
 def test_bad_arguments_fail_fast(args, tmp_path):
     with pytest.raises(SystemExit):
         parse_args(["--out", str(tmp_path), *args])
@@ -53,11 +53,16 @@ def test_gpu_check_skips_without_cuda():
 @pytest.mark.slow
 def test_split_bench_end_to_end(pair, tmp_path):
     res = subprocess.run([sys.executable, "-m", "experiments.split_bench", "--out", str(tmp_path), "--preset", "tiny", "--rtt-ms", "5",
-                          "--proactive", "on", "--cohorts", "1,2", "--clients", "2", "--requests", "1", "--max-new-tokens", "8"],
+                          "--proactive", "on", "--cohorts", "1,2", "--clients", "2", "--requests", "1", "--max-new-tokens", "8", "--repeats", "2"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    df = pd.read_csv(tmp_path / "split_bench.csv")
+    df, runs = pd.read_csv(tmp_path / "split_bench.csv"), pd.read_csv(tmp_path / "split_bench_runs.csv")
     assert len(df) == 2 and {"rtt_ms", "proactive", "cohorts", "throughput_ratio", "itl_ms", "server_utilisation"} <= set(df.columns)
+    assert len(runs) == 4 and sorted(runs.repeat) == [0, 0, 1, 1] and (df.repeats == 2).all()
+    for _, cell in df.iterrows():  # a cell is the mean of its two runs
+        mine = runs[runs.cohorts == cell.cohorts]
+        assert cell.itl_ms == pytest.approx(mine.itl_ms.mean()) and cell.itl_ms_min == pytest.approx(mine.itl_ms.min())
+    assert len(list((tmp_path / "runs").iterdir())) == 4
     assert (df.throughput_ratio > 0).all() and (tmp_path / "split_bench.md").read_text().count("target") >= 2
 
 
@@ -151,3 +156,23 @@ def test_verify_vs_engine_splits_cpu_per_token_into_its_parts(tmp_path):
     assert (df.target_ms_per_token > 0).all() and (df.cpu_ms_per_token >= df.target_ms_per_token).all()
     table = vs_engine_table(df)
     assert list(table.batch) == [1, 2] and (table.engine_cpu_per_split_cpu > 0).all()
+
+
+def test_cell_means_average_a_cells_repeats_and_keep_their_spread():
+    import json
+
+    from experiments.split_bench_analysis import cell_means
+
+    def run(rtt, itl, util, repeat, hit=None, outcomes=None):
+        return {"rtt_ms": rtt, "proactive": "on", "cohorts": 2, "clients": 8, "depth": "auto", "itl_ms": itl, "server_utilisation": util,
+                "proactive_hit_rate_drafted": hit, "network_ms": float("nan") if repeat else 6.0, "outcomes": json.dumps(outcomes or {"length": 16}),
+                "repeat": repeat}
+
+    cells = cell_means([run(5.0, 10.0, 0.8, 0, 0.9), run(20.0, 7.0, 0.5, 0), run(5.0, 14.0, 0.6, 1, 0.7, {"length": 15, "error": 1})])
+    assert [c["rtt_ms"] for c in cells] == [5.0, 20.0] and [c["repeats"] for c in cells] == [2, 1]
+    five = cells[0]
+    assert five["itl_ms"] == 12.0 and five["itl_ms_min"] == 10.0 and five["itl_ms_max"] == 14.0
+    assert five["server_utilisation"] == pytest.approx(0.7) and five["server_utilisation_min"] == 0.6 and five["server_utilisation_max"] == 0.8
+    assert five["proactive_hit_rate_drafted"] == pytest.approx(0.8) and five["network_ms"] == 6.0  # a NaN repeat does not poison the mean
+    assert json.loads(five["outcomes"]) == {"length": 31, "error": 1} and "repeat" not in five
+    assert cells[1]["proactive_hit_rate_drafted"] is None and cells[1]["itl_ms_min"] == cells[1]["itl_ms_max"] == 7.0
