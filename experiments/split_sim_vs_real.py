@@ -34,15 +34,18 @@ simulated. Writes ``results/split_sim_vs_real/{requests.csv,summary.csv,summary.
 thread count (``split_cpu1_specsched-pair``: the target's and the draft's pass times measured with one
 torch thread on this kind of CPU, ``runtime.profile --role``) calibrated to *this* machine, server and
 edge alike, since here the edges draft on it too (``runtime.machine_profile.resolve_profile``,
-``edge_here``: a quick calibration, < 2 min, cached per machine fingerprint). Why: a host's speed
-moves (another machine of the same kind, or the same shared host on another day), every real
-latency moves with it and the simulator's do not. Planning with the shipped table as it is, this
-host's ED users' p50 was within 10 % of the simulator's in one run and, two days later with the same
-code, 11-19 % off, every real latency slower. ``--remeasure-profile`` measures the calibration again (do it when
-the host's speed may have moved since the cached one: the comparison is only as good as the
-calibration is current); ``--no-auto-profile`` plans with the shipped table as it is; ``--profile
-NAME|PATH`` forces a profile. The report names the file, why it was chosen and the factors, and the
-run saves it beside its CSVs (``profile.yaml``).
+``edge_here``: a quick calibration, < 2 min, cached per machine fingerprint), as
+``experiments.sim_vs_real`` does for v0. Why: every real latency moves with the host's speed and
+the simulator's do not. Planned with the shipped table (measured on an AMD EPYC), the published run
+(its host not recorded) had ED users' p50 within 10 % of the simulator's; the same command on an
+Intel Xeon host two days later was 11-19 % off, every real latency slower. The report now records
+the host (this machine's fingerprint, in the planning profile's line). ``--remeasure-profile`` measures the calibration
+again (the comparison is only as good as the calibration is current); ``--no-auto-profile`` plans
+with the shipped table as it is; ``--profile NAME|PATH`` forces a profile. The report names the
+file, why it was chosen and the factors, and the run saves it beside its CSVs (``profile.yaml``).
+A calibration cannot help on a host whose speed is not steady: on that Xeon host the same target
+pass took 8.3 or 13 ms from one second to the next, two quick calibrations a minute apart gave the
+target x2.2 and x1.5 at q = 5, and the calibrated run was 0-27 % off the other way (real faster).
 
 **Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
 gives every edge its own device. Few concurrent edge users per round keep that difference small.

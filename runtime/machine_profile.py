@@ -31,6 +31,7 @@ recalibrated behind the user's back; a measured one from elsewhere still warns, 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import time
@@ -243,8 +244,11 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
         raise ValueError(f"the quick profile's measure() must return a 'calibration' and optionally an 'engine' section, got {sorted(sections)}")
     data.update(sections)
     if edge_here:
-        # the edges draft on this machine, so the draft's curve measured here is theirs too
-        data["edge"] = {**data["edge"], "calibration": {"measured_on": dict(fp), "slm": sections["calibration"]["slm"],
+        if sections["calibration"].get("slm") is None:
+            raise ValueError("edge_here: the quick profile's calibration must have an 'slm' curve (the edges' draft)")
+        # the edges draft on this machine, so the draft's curve measured here is theirs too (a copy: shared
+        # objects would be written as YAML anchors)
+        data["edge"] = {**data["edge"], "calibration": {"measured_on": dict(fp), "slm": copy.deepcopy(sections["calibration"]["slm"]),
                                                         "notes": "runtime.machine_profile edge_here: the draft's quick-calibration curve of the machine the edges draft on"}}
     data["name"] = entry.stem
     data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "method": method, "note": "runtime.machine_profile: the base table with a quick calibration (and engine overhead, when measured) measured on this machine"}

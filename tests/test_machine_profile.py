@@ -269,6 +269,7 @@ def test_edge_here_calibrates_the_edge_with_the_drafts_curve_and_has_its_own_ent
         assert float(left.edge.tau_draft.tau1(b, q, c)) == float(base.edge.tau_draft.tau1(b, q, c))
         assert np.isclose(float(prof.tau_llm.tau1(b, q, c)), 1.3 * float(base.tau_llm.tau1(b, q, c)))  # the server side as without edge_here
     assert prof.edge.calibration.measured_on == here.fingerprint and left.edge.calibration is None
+    assert "&id" not in here.path.read_text()  # no YAML anchors: the edge's curve is a copy
     assert _resolve(tmp_path, m, base=SPLIT_BASE, edge_here=True).source == "cached" and m.calls == 2
 
 
