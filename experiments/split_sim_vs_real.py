@@ -45,7 +45,7 @@ with the shipped table as it is; ``--profile NAME|PATH`` forces a profile. The r
 file, why it was chosen and the factors, and the run saves it beside its CSVs (``profile.yaml``).
 A calibration cannot help on a host whose speed is not steady: on that Xeon host the same target
 pass took 8.3 or 13 ms from one second to the next, two quick calibrations a minute apart gave the
-target x2.2 and x1.5 at q = 5, and the calibrated run was 0-27 % off the other way (real faster).
+target x2.2 and x1.5 at q = 5, and the calibrated run was -5 % to +28 % off, mostly the other way (real faster).
 
 **Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
 gives every edge its own device. Few concurrent edge users per round keep that difference small.
