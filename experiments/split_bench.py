@@ -249,6 +249,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("--cohorts, --clients and --requests must be >= 1 and --max-new-tokens >= 2")
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    for name in ("rtt_ms", "clients", "sweep_clients", "cohorts"):
+        values = getattr(args, name) or []
+        if len(set(values)) != len(values):  # a repeated value would run a cell twice into one folder and merge it as repeats
+            raise SystemExit(f"--{name.replace('_', '-')} must not repeat a value, got {values}")
     args.sweep_clients = args.sweep_clients or sorted({min(args.clients), statistics.median_low(args.clients), max(args.clients)})
     if min(args.sweep_clients) < 1:
         raise SystemExit(f"--sweep-clients must all be >= 1, got {args.sweep_clients}")
@@ -368,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     raw = []
     first = args.rtt_ms[0]
     cells = [(rtt, p, c, n) for rtt in args.rtt_ms for n in (args.clients if rtt == first else args.sweep_clients) for p in args.proactive for c in args.cohorts]
-    # the whole grid once, then again: a cell's repeats are minutes apart, so the host's drift spreads over every cell alike
+    # the whole grid, --repeats times over: a cell's repeats are minutes apart, so the host's drift spreads over every cell alike
     grid = [(r, *cell) for r in range(args.repeats) for cell in cells]
     for k, (repeat, rtt, proactive, cohorts, clients) in enumerate(grid, 1):
         name = f"rtt{rtt:g}_clients{clients}_proactive-{proactive}_cohorts{cohorts}" + (f"_repeat{repeat}" if args.repeats > 1 else "")

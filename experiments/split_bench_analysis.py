@@ -13,6 +13,7 @@ models or processes. The definitions are in :mod:`experiments.split_bench`'s doc
 from __future__ import annotations
 
 import json
+from numbers import Real
 
 import pandas as pd
 
@@ -133,6 +134,11 @@ CELL = ("rtt_ms", "proactive", "cohorts", "clients", "depth")
 SPREAD = ("itl_ms", "server_utilisation")
 
 
+def _numbers(values: list) -> list[float]:
+    """The real numbers among ``values`` (numpy's too; a bool as 0 / 1), without NaN and None."""
+    return [float(v) for v in values if isinstance(v, Real) and v == v]  # v == v: not NaN
+
+
 def cell_means(rows: list[dict]) -> list[dict]:
     """One row per cell of the grid (:data:`CELL`): the mean of its repeats' measurements, in the
     order the cells first ran, with ``repeats`` (how many runs), ``*_min`` / ``*_max`` of
@@ -149,10 +155,12 @@ def cell_means(rows: list[dict]) -> list[dict]:
             if key in CELL or key in ("outcomes", "repeat"):
                 continue
             values = [r[key] for r in runs]
-            numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool) and v == v]  # v == v: not NaN
-            cell[key] = sum(numbers) / len(numbers) if numbers else (values[0] if not isinstance(values[0], int | float) else float("nan"))
+            numbers = _numbers(values)
+            # a number's mean over the runs that have one (a bool's: the share of True); text from the first run
+            cell[key] = sum(numbers) / len(numbers) if numbers else (values[0] if not isinstance(values[0], Real) else float("nan"))
         for key in SPREAD:
-            cell[f"{key}_min"], cell[f"{key}_max"] = min(r[key] for r in runs), max(r[key] for r in runs)
+            numbers = _numbers([r[key] for r in runs])
+            cell[f"{key}_min"], cell[f"{key}_max"] = (min(numbers), max(numbers)) if numbers else (float("nan"), float("nan"))
         outcomes: dict[str, int] = {}
         for r in runs:
             for name, n in json.loads(r["outcomes"]).items():

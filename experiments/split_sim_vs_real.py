@@ -223,9 +223,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--remeasure-profile contradicts --no-auto-profile")
     if args.profile != AUTO:
         try:
-            load_profile(args.profile)  # a bad name fails before anything starts
+            forced = load_profile(args.profile)  # a bad name fails before anything starts
         except ProfileError as exc:
             ap.error(f"--profile: {exc}")
+        if forced.edge is None or forced.network is None:
+            ap.error(f"--profile must name a split profile (edge and network sections, e.g. split_cpu1_specsched-pair), got {args.profile}")
     return args
 
 

@@ -11,7 +11,7 @@ simulator (``experiments.sim_vs_real``) and the live server (``runtime.serve``) 
   scale curve per model, measured here) and the engine overhead re-measured against it
   (``runtime.profile.quick_engine``: the base's engine section is a residual against its own
   uncalibrated table, which no longer adds up once the table is scaled) at
-  ``<cache>/profiles/<fingerprint key>-<pair recipe>-<base>.yaml`` -- the fingerprint key hashes
+  ``<cache>/profiles/<fingerprint key>-<pair recipe>-<base>[-edge-here].yaml`` -- the fingerprint key hashes
   CPU / GPU, cores, threads, torch, dtype and the pair's recipe (``runtime.fingerprint``), so a home
   folder shared by two machines keeps one entry each;
 - on a miss (no file, or the base file or the quick calibration's points changed since: both are
@@ -189,6 +189,19 @@ def measure_quick(pair, base: dict, fingerprint: dict, progress: bool) -> dict:
     return {"calibration": calibration, "engine": quick_engine(pair, {**base, "calibration": calibration}, progress=progress)}
 
 
+def _check_edge_here(base: Path) -> None:
+    """``edge_here`` scales the edge by the draft's quick-calibration curve, which is measured against
+    the base's *server* draft table (``latency.slm``): right only when the edge's table is that same
+    table (the shipped CPU split profiles: one CPU measured for both roles). Raise ValueError otherwise."""
+    data = yaml.safe_load(base.read_text())
+    edge = data.get("edge") or {}
+    if not edge:
+        raise ValueError(f"edge_here needs a split profile (an edge section) as the base, got {base}")
+    if (edge.get("latency") or {}).get("slm") != (data.get("latency") or {}).get("slm"):
+        raise ValueError(f"edge_here needs a base whose edge.latency.slm table is its latency.slm table (the curve is measured against "
+                         f"the latter), got {base}: calibrate such an edge on its own device (runtime.profile --role edge)")
+
+
 def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: str = "float32", threads: int | None = None, auto: bool = True,
                     base: str | Path | None = None, refresh: bool = False, cache_dir: Path | None = None,
                     measure: Callable[..., dict] = measure_quick, progress: bool = True, edge_here: bool = False) -> PlanningProfile:
@@ -215,8 +228,8 @@ def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: 
         path = profile_file(requested)
         return PlanningProfile(path, "forced", path, fp, load_profile(path))
     base = profile_file(base if base is not None else default_base(threads))
-    if edge_here and load_profile(base).edge is None:
-        raise ValueError(f"edge_here needs a split profile (an edge section) as the base, got {base}")
+    if edge_here:
+        _check_edge_here(base)
     if not auto:
         return PlanningProfile(base, "base", base, fp, load_profile(base))
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

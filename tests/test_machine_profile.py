@@ -273,9 +273,18 @@ def test_edge_here_calibrates_the_edge_with_the_drafts_curve_and_has_its_own_ent
     assert _resolve(tmp_path, m, base=SPLIT_BASE, edge_here=True).source == "cached" and m.calls == 2
 
 
-def test_edge_here_needs_a_split_base(tmp_path):
+def test_edge_here_needs_a_split_base_whose_edge_table_is_its_draft_table(tmp_path):
     with pytest.raises(ValueError, match="edge section"):
         _resolve(tmp_path, FakeMeasure(), base=BASE, edge_here=True)
+    # the draft's curve is measured against latency.slm: an edge measured apart (another table) is refused, before measuring
+    data = yaml.safe_load(SPLIT_BASE.read_text())
+    data["edge"]["latency"]["slm"]["tau_s"][0][0][0] *= 2
+    other = tmp_path / "split_other_edge.yaml"
+    other.write_text(yaml.safe_dump(data))
+    m = FakeMeasure()
+    with pytest.raises(ValueError, match="edge.latency.slm table is its latency.slm table"):
+        _resolve(tmp_path, m, base=other, edge_here=True)
+    assert m.calls == 0
 
 
 @pytest.mark.parametrize("section, match", [({"llm": {"q": [1], "scale": [1.2]}, "slm": {"q": [1], "scale": [1.2]}}, "slm' scale curve only"),

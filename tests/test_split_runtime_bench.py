@@ -35,7 +35,8 @@ def test_checks_name_every_target():
     assert ">= 1.5x in 0 of 2; the ceiling 1/u1 reaches 1.5x in 1 of them, and the target is met in 0 of those" in "\n".join(checks(capped))
 
 
-@pytest.mark.parametrize("args", [["--rtt-ms", "-1"], ["--proactive", "maybe"], ["--cohorts", "0"], ["--max-new-tokens", "1"], ["--repeats", "0"]])
+@pytest.mark.parametrize("args", [["--rtt-ms", "-1"], ["--proactive", "maybe"], ["--cohorts", "0"], ["--max-new-tokens", "1"], ["--repeats", "0"],
+                                  ["--clients", "8,8"], ["--rtt-ms", "5,5"], ["--sweep-clients", "2,2"]])
 def test_bad_arguments_fail_fast(args, tmp_path):
     with pytest.raises(SystemExit):
         parse_args(["--out", str(tmp_path), *args])
@@ -176,3 +177,22 @@ def test_cell_means_average_a_cells_repeats_and_keep_their_spread():
     assert five["proactive_hit_rate_drafted"] == pytest.approx(0.8) and five["network_ms"] == 6.0  # a NaN repeat does not poison the mean
     assert json.loads(five["outcomes"]) == {"length": 31, "error": 1} and "repeat" not in five
     assert cells[1]["proactive_hit_rate_drafted"] is None and cells[1]["itl_ms_min"] == cells[1]["itl_ms_max"] == 7.0
+
+
+def test_cell_means_keep_every_grid_setting_apart_and_skip_missing_values_in_the_spread():
+    import json
+
+    import numpy as np
+
+    from experiments.split_bench_analysis import CELL, cell_means
+
+    base = {"rtt_ms": 5.0, "proactive": "on", "cohorts": 1, "clients": 8, "depth": "auto", "server_utilisation": 0.5, "outcomes": json.dumps({}),
+            "within": True, "count": np.int64(4)}
+    variants = [{}, {"proactive": "off"}, {"clients": 16}, {"cohorts": 2}, {"depth": "3"}, {"rtt_ms": 10.0}]
+    rows = [{**base, **v, "itl_ms": 10.0, "repeat": 0} for v in variants]
+    assert len(cell_means(rows)) == len(variants) == len(CELL) + 1  # every setting of the grid names its own cell
+    nan_first = [{**base, "itl_ms": float("nan"), "within": False, "count": np.int64(2), "repeat": 0}, {**base, "itl_ms": 12.0, "repeat": 1}]
+    for runs in (nan_first, nan_first[::-1]):  # a failed run's NaN, first or last, is left out of the mean and the spread alike
+        cell, = cell_means(runs)
+        assert cell["itl_ms"] == cell["itl_ms_min"] == cell["itl_ms_max"] == 12.0
+        assert cell["within"] == 0.5 and cell["count"] == 3.0  # a bool: the share of True; numpy integers are numbers

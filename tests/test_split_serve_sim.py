@@ -78,6 +78,7 @@ def test_compare_reports_the_errors():
     (["--alpha", "1.5"], "--alpha"),
     (["--completion", "token"], "--completion"),
     (["--profile", "no_such_profile"], "--profile"),
+    (["--profile", "cpu1_specsched-pair"], "must name a split profile"),
     (["--profile", PROFILE, "--no-auto-profile"], "only apply to --profile auto"),
     (["--profile", PROFILE, "--remeasure-profile"], "only apply to --profile auto"),
     (["--remeasure-profile", "--no-auto-profile"], "contradicts"),
@@ -123,23 +124,39 @@ def test_load_generator_arguments_fail_first(argv, words, capsys):
     assert words in capsys.readouterr().err
 
 
-def test_the_experiment_end_to_end_on_the_tiny_pair(tmp_path):
+@pytest.mark.parametrize("requested", ["path", "auto"])
+def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeypatch):
     """``main``: a live split server and one edge user for one round, then the same round simulated;
-    the report, the CSVs and the profile both sides planned with are written."""
+    the report, the CSVs and the profile both sides planned with are written. ``auto``: the profile
+    machine_profile resolves (here a stand-in for the 2-minute calibration, which needs the full
+    pair) is the one the server and the simulator get."""
     from live_server import tiny_pair
     from test_split_serve import split_tiny_profile
 
-    from experiments.split_sim_vs_real import main
+    import experiments.split_sim_vs_real as svr
+    from envs.profile import load_profile
+    from runtime.machine_profile import PlanningProfile
 
     pair = tiny_pair()
     profile = split_tiny_profile(pair, tmp_path)
+    asked = {}
+    if requested == "auto":
+        def resolve(requested_profile, **kw):
+            asked.update(kw, requested=requested_profile)
+            return PlanningProfile(profile, "measured", profile, {"cpu_model": "test"}, load_profile(profile))
+
+        monkeypatch.setattr(svr, "resolve_profile", resolve)
     out = tmp_path / "out"
-    main(["--pair", str(pair.path), "--profile", str(profile), "--schedulers", "edge_first", "--settings", "ed", "--rounds", "1",
-          "--edge-users", "1", "--tokens", "4", "8", "--deadline-s", "20", "30", "--rtt-ms", "1", "2", "--window-s", "0.1", "--out", str(out)])
+    svr.main(["--pair", str(pair.path), "--profile", str(profile) if requested == "path" else "auto", "--schedulers", "edge_first", "--settings", "ed",
+              "--rounds", "1", "--edge-users", "1", "--tokens", "4", "8", "--deadline-s", "20", "30", "--rtt-ms", "1", "2", "--window-s", "0.1",
+              "--out", str(out)])
+    if requested == "auto":
+        assert asked["requested"] == "auto" and asked["edge_here"] is True and asked["base"] == "split_cpu1_specsched-pair" and asked["auto"] is True
     rows = pd.read_csv(out / "requests.csv")
     assert len(rows) == 1 and rows["outcome"].iloc[0] == "served" and rows["mode"].iloc[0] == "ed" and rows["sim_mode"].iloc[0] == "ed"
     summary = pd.read_csv(out / "summary.csv")
     assert {"served (real)", "served (sim)", "p50 error % (sim)"} <= set(summary.columns)
     assert (out / "profile.yaml").read_text() == profile.read_text()
     text = (out / "summary.md").read_text()
-    assert "**Planning profile** (forced" in text and f"--profile {profile}" in text
+    source = "forced" if requested == "path" else "measured"
+    assert f"**Planning profile** ({source}" in text and f"--profile {profile if requested == 'path' else 'auto'}" in text
