@@ -70,7 +70,13 @@ from omegaconf import OmegaConf
 from experiments.sim_vs_real_report import compare, compare_by_mode, write_report
 from experiments.sim_vs_real_simulate import DEFAULT_SHARING, simulate
 from runtime.loadgen import run as loadgen
-from runtime.machine_profile import AUTO, PlanningProfile, resolve_profile
+from runtime.machine_profile import (
+    AUTO,
+    PlanningProfile,
+    add_planning_profile_args,
+    check_planning_profile_args,
+    resolve_profile,
+)
 from runtime.pair import build_pair
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,9 +144,7 @@ def main(argv: list[str] | None = None) -> None:
                          "or the environment's fluid ones (work_conserving: the environment's default; fixed); planning always uses the environment's model")
     ap.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="stream tokens to the load generator")
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads (the profile is measured with as many)")
-    ap.add_argument("--profile", default=AUTO, help="the profile both the server and the simulator plan with: auto (measured on this machine, cached) or a NAME / .yaml PATH used as it is")
-    ap.add_argument("--auto-profile", action=argparse.BooleanOptionalAction, default=True, help="with --profile auto: measure (once, cached) a calibration of the shipped table on this machine; off: the shipped table as it is")
-    ap.add_argument("--remeasure-profile", action="store_true", help="with --profile auto: measure this machine's calibration again even if cached (e.g. the cached one was measured on a busy machine)")
+    add_planning_profile_args(ap, "measured on this machine, cached")
     ap.add_argument("--cpu-hog", action="store_true", help="run one CPU-bound process beside the server; each scheduler runs with the server's online calibration on and off")
     ap.add_argument("--devices", default=None, help="two devices for the server, e.g. cpu,cpu or cuda:0,cuda:1 (the simulator still models one shared device)")
     ap.add_argument("--pair", type=Path, default=None)
@@ -231,10 +235,7 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--alpha must be in (0, 1), got {args.alpha}")
     if args.pair is not None and not args.pair.is_dir():
         ap.error(f"--pair must be a built pair folder, got {args.pair}")
-    if args.profile != AUTO and (not args.auto_profile or args.remeasure_profile):
-        ap.error("--no-auto-profile and --remeasure-profile only apply to --profile auto (a named profile is always used as it is)")
-    if args.remeasure_profile and not args.auto_profile:
-        ap.error("--remeasure-profile contradicts --no-auto-profile")
+    check_planning_profile_args(ap, args)
 
 
 def cpu_hog() -> subprocess.Popen:

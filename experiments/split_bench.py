@@ -81,7 +81,7 @@ Where the split loses on one CPU box (measured; the columns show it):
   beside each run, so ``throughput_ratio`` carries the host's drift between the two as well.
 
 Timings need an idle machine; every number comes with the command line in the markdown. This
-module runs and measures; the comparison of the runs with the baseline and the target checks are
+module runs and measures; the comparison of the runs with the baseline, the target checks and the report text are
 :mod:`experiments.split_bench_analysis`.
 """
 
@@ -106,12 +106,11 @@ import torch
 from agents.artefacts import require_writable, write_csv_atomic, write_text_atomic
 from experiments.split_bench_analysis import (
     THROUGHPUT,
-    THROUGHPUT_WORDS,
     cell_means,
-    checks,
     cohort_alternation,
     compare,
     drafted_hit_rate,
+    markdown,
     run_row,
 )
 from runtime.cpu_pinning import available_cpus, pin_process
@@ -164,11 +163,6 @@ class CpuSampler:
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
-
-
-#: how the edge's clients draft on its one device, per ``--shared-device``, for the results' header
-EDGE_DRAFTING = {"auto": "batched when the draft allows (`--shared-device auto`)", "batched": "in one batched forward per step",
-                 "on": "one after another", "off": "concurrently, each with the model's own forward"}
 
 
 def _floats(text: str) -> list[float]:
@@ -395,21 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     df = pd.DataFrame([compare(row, base, args.throughput) for row in cell_means(raw)])
     write_csv_atomic(df, args.out / "split_bench.csv", index=False)
     cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
-          f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({'/'.join(map(str, args.sweep_clients))} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens, {args.repeats} run(s) of every cell (its mean); "
-          f"batching window {args.window_ms:g} ms, edge clients {EDGE_DRAFTING[args.shared_device]} on one draft device; "
-          f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process; "
-          + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "
-             "of its own, as on a testbed of two devices)." if args.cpu_pair else "processes not pinned (`--pin-cpus off`: the edge and the server share the cores)."), "",
-          f"Host: {os.cpu_count()} CPUs, load average (1 min) {load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end "
-          f"(per run: host_load_1min); server-only SD swept {len(sweeps)} time(s) (before and after the split runs) and averaged.", "",
-          f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "
-          "ratio_wall give the split/server-only ratio under each definition (the module docstring defines them).", "",
-          f"Headline (equal ITL): of the runs at RTT {args.rtt_ms[0]:g} ms (every client count, proactive and cohort setting), the one with the highest "
-          "throughput_ratio, each run against the best server-only SD configuration whose ITL is no worse than its own.", "",
-          "## Targets", "", *checks(df), "",
-          "## Split runs", "", df.drop(columns=["outcomes"]).to_markdown(index=False, floatfmt=".3g"), "",
-          "## Server-only SD (one process drafts and verifies)", "", base.to_markdown(index=False, floatfmt=".3g"), ""]
+    md = markdown(args, cmd, df, base, sweeps=len(sweeps), load=(load0, os.getloadavg()[0]))
     write_text_atomic(args.out / "split_bench.md", "\n".join(md))
     print("\n".join(md))
 

@@ -5,14 +5,15 @@ reads what they left: the edge's iteration log (:func:`cohort_alternation`,
 :func:`drafted_hit_rate`), one run's row (:func:`run_row`), a cell's repeats averaged
 (:func:`cell_means`), the server-only SD configuration it is
 compared with at equal ITL (:func:`best_baseline`, :func:`compare`, under every throughput
-definition of :data:`THROUGHPUT`), the headline run (:func:`best_split`) and the target lines of the
-markdown (:func:`checks`). Kept apart so the comparison can be checked on synthetic rows, without
+definition of :data:`THROUGHPUT`), the headline run (:func:`best_split`), the target lines of the
+markdown (:func:`checks`) and the markdown itself (:func:`markdown`). Kept apart so the comparison can be checked on synthetic rows, without
 models or processes. The definitions are in :mod:`experiments.split_bench`'s docstring.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from numbers import Real
 
 import pandas as pd
@@ -102,6 +103,32 @@ def checks(df: pd.DataFrame) -> list[str]:
         lines.append(f"- two cohorts vs one, all cells: >= 1.5x in {sum(r >= 1.5 for r, _ in cohort_cells)} of {len(cohort_cells)}; "
                      f"the ceiling 1/u1 reaches 1.5x in {len(open_cells)} of them, and the target is met in {sum(r >= 1.5 for r in open_cells)} of those")
     return lines
+
+
+#: how the edge's clients draft on its one device, per ``--shared-device``, for the results' header
+EDGE_DRAFTING = {"auto": "batched when the draft allows (`--shared-device auto`)", "batched": "in one batched forward per step",
+                 "on": "one after another", "off": "concurrently, each with the model's own forward"}
+
+
+def markdown(args, cmd: str, df: pd.DataFrame, base: pd.DataFrame, sweeps: int, load: tuple[float, float]) -> list[str]:
+    """The lines of ``split_bench.md``: the command, the setting, the target lines (:func:`checks`)
+    and both tables; ``df`` the cells (compared), ``base`` the server-only sweep, ``sweeps`` how many
+    sweeps it averages, ``load`` the host's 1-minute load average at the start and the end."""
+    return ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
+            f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({'/'.join(map(str, args.sweep_clients))} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens, {args.repeats} run(s) of every cell (its mean); "
+            f"batching window {args.window_ms:g} ms, edge clients {EDGE_DRAFTING[args.shared_device]} on one draft device; "
+            f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process; "
+            + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "
+               "of its own, as on a testbed of two devices)." if args.cpu_pair else "processes not pinned (`--pin-cpus off`: the edge and the server share the cores)."), "",
+            f"Host: {os.cpu_count()} CPUs, load average (1 min) {load[0]:.1f} at the start and {load[1]:.1f} at the end "
+            f"(per run: host_load_1min); server-only SD swept {sweeps} time(s) (before and after the split runs) and averaged.", "",
+            f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "
+            "ratio_wall give the split/server-only ratio under each definition (the module docstring defines them).", "",
+            f"Headline (equal ITL): of the runs at RTT {args.rtt_ms[0]:g} ms (every client count, proactive and cohort setting), the one with the highest "
+            "throughput_ratio, each run against the best server-only SD configuration whose ITL is no worse than its own.", "",
+            "## Targets", "", *checks(df), "",
+            "## Split runs", "", df.drop(columns=["outcomes"]).to_markdown(index=False, floatfmt=".3g"), "",
+            "## Server-only SD (one process drafts and verifies)", "", base.to_markdown(index=False, floatfmt=".3g"), ""]
 
 
 def run_row(args, rtt: float, proactive: str, cohorts: int, clients: int, run: dict) -> dict:

@@ -77,7 +77,14 @@ from envs.split_outcome import ED_COMPLETIONS
 from envs.split_plan import evaluate_split_plan
 from envs.workload import Round
 from experiments.sim_vs_real import free_port
-from runtime.machine_profile import AUTO, PlanningProfile, default_split_base, resolve_profile
+from runtime.machine_profile import (
+    AUTO,
+    PlanningProfile,
+    add_planning_profile_args,
+    check_planning_profile_args,
+    default_split_base,
+    resolve_profile,
+)
 from runtime.split_loadgen import add_round_args, check_ranges, draw_round, run_round
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,11 +202,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--alpha", type=float, default=0.8, help="the server's initial acceptance estimate")
     ap.add_argument("--cohorts", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the edges (the profile is measured with one)")
-    ap.add_argument("--profile", default=AUTO, help="the profile the server and the simulator plan with: auto (the shipped split profile calibrated "
-                    "on this machine, server and edge; cached) or a NAME / .yaml PATH used as it is")
-    ap.add_argument("--auto-profile", action=argparse.BooleanOptionalAction, default=True,
-                    help="with --profile auto: measure (once, cached) this machine's calibration; off: the shipped split profile as it is")
-    ap.add_argument("--remeasure-profile", action="store_true", help="with --profile auto: measure this machine's calibration again even if cached")
+    add_planning_profile_args(ap, "the shipped split profile calibrated on this machine, server and edge; cached")
     ap.add_argument("--pair", type=Path, default=None, help="a built pair folder (default: the project's full pair, built and cached)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
@@ -217,10 +220,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     check_ranges(ap, args)  # rounds, users, tokens, deadlines, RTTs: as the load generator checks them
     if not 0 < args.alpha < 1 or not args.window_s > 0:
         ap.error("--alpha must be in (0, 1) and --window-s > 0")
-    if args.profile != AUTO and (not args.auto_profile or args.remeasure_profile):
-        ap.error("--no-auto-profile and --remeasure-profile only apply to --profile auto (a named profile is always used as it is)")
-    if args.remeasure_profile and not args.auto_profile:
-        ap.error("--remeasure-profile contradicts --no-auto-profile")
+    check_planning_profile_args(ap, args)
     if args.profile != AUTO:
         try:
             forced = load_profile(args.profile)  # a bad name fails before anything starts

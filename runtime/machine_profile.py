@@ -62,6 +62,27 @@ def default_base(threads: int) -> str:
     return "cpu1_specsched-pair" if int(threads) == 1 else "cpu_specsched-pair"
 
 
+def add_planning_profile_args(ap, auto_means: str) -> None:
+    """The options an experiment picks its planning profile with: ``--profile`` (``auto`` or a NAME /
+    .yaml PATH), ``--auto-profile/--no-auto-profile`` and ``--remeasure-profile``; ``auto_means``
+    says what ``auto`` resolves to (for the help). Check them with :func:`check_planning_profile_args`."""
+    import argparse
+
+    ap.add_argument("--profile", default=AUTO, help=f"the profile the server and the simulator plan with: auto ({auto_means}) or a NAME / .yaml PATH used as it is")
+    ap.add_argument("--auto-profile", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --profile auto: measure (once, cached) a calibration of the shipped table on this machine; off: the shipped table as it is")
+    ap.add_argument("--remeasure-profile", action="store_true",
+                    help="with --profile auto: measure this machine's calibration again even if cached (e.g. the cached one was measured on a busy machine)")
+
+
+def check_planning_profile_args(ap, args) -> None:
+    """``ap.error`` on contradicting options of :func:`add_planning_profile_args`."""
+    if args.profile != AUTO and (not args.auto_profile or args.remeasure_profile):
+        ap.error("--no-auto-profile and --remeasure-profile only apply to --profile auto (a named profile is always used as it is)")
+    if args.remeasure_profile and not args.auto_profile:
+        ap.error("--remeasure-profile contradicts --no-auto-profile")
+
+
 def default_split_base(threads: int) -> str:
     """The shipped split profile of the project's pair for ``threads`` torch threads (its server and edge tables)."""
     return f"split_{default_base(threads)}"
