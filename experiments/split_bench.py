@@ -7,8 +7,9 @@ on/off and one or two verification cohorts.
     python -m experiments.split_bench --out /tmp/sb --rtt-ms 5 --clients 2 --requests 1 --max-new-tokens 16 --preset tiny  # a smoke run
 
 Writes ``DIR/split_bench.csv`` (one row per cell of the grid: the mean of its ``--repeats`` runs),
-``DIR/split_bench_runs.csv`` (one row per split run), ``DIR/baseline.csv`` (the server-only SD
-sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
+``DIR/split_bench_runs.csv`` (one row per split run, against the sweeps either side of its
+repeat), ``DIR/baseline.csv`` (the server-only SD sweeps' mean), ``DIR/baseline_sweeps.csv``
+(every sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
 
 - **server throughput** (the headline, ``--throughput``; all three are columns): SpecEdge's point
   is that the server spends its compute only on verification while the edges draft elsewhere, so
@@ -76,9 +77,12 @@ Where the split loses on one CPU box (measured; the columns show it):
   clients it adds work to the edge's one core (blocks drafted and then thrown away), where the
   clients' own threads already queue (``network_ms`` beyond the RTT);
 - noise: a cell is the mean of ``--repeats`` runs, and the columns ``itl_ms_min`` / ``itl_ms_max``
-  show how far its runs were apart (up to +-28 % on this host, whose speed flips between two
-  states from one second to the next); the baseline is swept before and after the grid, not
-  beside each run, so ``throughput_ratio`` carries the host's drift between the two as well.
+  show how far its runs were apart (up to +-28 % on a host whose speed flipped between two
+  states from one second to the next); the baseline is swept before every repeat of the grid and
+  after the last, and ``split_bench_runs.csv`` compares each run with the mean of the two sweeps
+  either side of its repeat (paired in time; ``DIR/baseline_sweeps.csv`` holds every sweep), the
+  cell's ``throughput_ratio_paired`` is the mean of those, its ``throughput_ratio`` the cell's mean
+  against the mean of all sweeps.
 
 Timings need an idle machine; every number comes with the command line in the markdown. This
 module runs and measures; the comparison of the runs with the baseline, the target checks and the report text are
@@ -95,7 +99,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -104,6 +107,7 @@ import pandas as pd
 import torch
 
 from agents.artefacts import require_writable, write_csv_atomic, write_text_atomic
+from experiments.process_cpu import CpuSampler
 from experiments.split_bench_analysis import (
     THROUGHPUT,
     cell_means,
@@ -111,54 +115,16 @@ from experiments.split_bench_analysis import (
     compare,
     drafted_hit_rate,
     markdown,
+    mean_sweep,
+    paired_baseline,
     run_row,
+    with_paired_ratio,
 )
 from runtime.cpu_pinning import available_cpus, pin_process
 from runtime.engines import drain, sd_steps
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """A live process's CPU time so far (user + sys, s) from /proc (None where there is no /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15 of stat
-
-
-class CpuSampler:
-    """Samples a process's CPU seconds every ``period_s`` (wall clock, CPU) in a thread, so the CPU
-    it spent inside any wall-clock window can be read off afterwards (:meth:`between`)."""
-
-    def __init__(self, pid: int, period_s: float = 0.01):
-        self.pid, self.period_s = pid, period_s
-        self.samples: list[tuple[float, float]] = []  #: (time.time(), CPU seconds)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            cpu = _cpu_seconds(self.pid)
-            if cpu is None:
-                return
-            self.samples.append((time.time(), cpu))
-            self._stop.wait(self.period_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def between(self, start: float, end: float) -> float | None:
-        """CPU seconds spent in ``[start, end]`` (wall clock, s; linear between samples), None if
-        the samples do not cover the window."""
-        if len(self.samples) < 2 or not self.samples[0][0] <= start < end <= self.samples[-1][0]:
-            return None
-        t, c = zip(*self.samples, strict=True)
-        return float(np.interp(end, t, c) - np.interp(start, t, c))
 
 
 def _ints(text: str) -> list[int]:
@@ -360,15 +326,18 @@ def main(argv: list[str] | None = None) -> None:
 
     pair = load_pair(args.pair or build_pair(recipe=args.preset, progress=False), device=args.device, dtype=args.dtype)
     load0 = os.getloadavg()[0]
-    # the baseline is swept before and after the split runs and averaged: on a shared machine the
-    # load drifts over the minutes the grid takes, and both sides should see the same drift
-    sweeps = [pd.read_csv(args.baseline)] if args.baseline else [baseline_sweep(args, pair)]
+    # the baseline is swept before every repeat of the grid and after the last: on a shared machine the
+    # host's speed drifts over the minutes the grid takes, so each run is compared with the sweeps either
+    # side of its repeat (paired in time: split_bench_runs.csv) and a cell with the mean of all of them
+    sweeps = [pd.read_csv(args.baseline)] if args.baseline else []
     raw = []
     first = args.rtt_ms[0]
     cells = [(rtt, p, c, n) for rtt in args.rtt_ms for n in (args.clients if rtt == first else args.sweep_clients) for p in args.proactive for c in args.cohorts]
     # the whole grid, --repeats times over: a cell's repeats are minutes apart, so the host's drift spreads over every cell alike
     grid = [(r, *cell) for r in range(args.repeats) for cell in cells]
     for k, (repeat, rtt, proactive, cohorts, clients) in enumerate(grid, 1):
+        if not args.baseline and len(sweeps) == repeat:
+            sweeps.append(baseline_sweep(args, pair))
         name = f"rtt{rtt:g}_clients{clients}_proactive-{proactive}_cohorts{cohorts}" + (f"_repeat{repeat}" if args.repeats > 1 else "")
         folder = args.out / "runs" / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -382,11 +351,12 @@ def main(argv: list[str] | None = None) -> None:
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     if not args.baseline:
         sweeps.append(baseline_sweep(args, pair))
-    base = pd.concat(sweeps).groupby(["batch", "gamma"], as_index=False).mean()
+    write_csv_atomic(pd.concat([s.assign(sweep=i) for i, s in enumerate(sweeps)]), args.out / "baseline_sweeps.csv", index=False)
+    base = mean_sweep(sweeps)
     write_csv_atomic(base, args.out / "baseline.csv", index=False)
-    runs = pd.DataFrame([compare(row, base, args.throughput) for row in raw])
+    runs = pd.DataFrame([compare(row, paired_baseline(sweeps, row["repeat"]), args.throughput) for row in raw])
     write_csv_atomic(runs, args.out / "split_bench_runs.csv", index=False)
-    df = pd.DataFrame([compare(row, base, args.throughput) for row in cell_means(raw)])
+    df = with_paired_ratio(pd.DataFrame([compare(row, base, args.throughput) for row in cell_means(raw)]), runs)
     write_csv_atomic(df, args.out / "split_bench.csv", index=False)
     cmd = "python -m experiments.split_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     md = markdown(args, cmd, df, base, sweeps=len(sweeps), load=(load0, os.getloadavg()[0]))

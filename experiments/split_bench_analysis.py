@@ -5,7 +5,8 @@ reads what they left: the edge's iteration log (:func:`cohort_alternation`,
 :func:`drafted_hit_rate`), one run's row (:func:`run_row`), a cell's repeats averaged
 (:func:`cell_means`), the server-only SD configuration it is
 compared with at equal ITL (:func:`best_baseline`, :func:`compare`, under every throughput
-definition of :data:`THROUGHPUT`), the headline run (:func:`best_split`), the target lines of the
+definition of :data:`THROUGHPUT`), the sweeps a run is paired with in time
+(:func:`paired_baseline`, :func:`mean_sweep`, :func:`with_paired_ratio`), the headline run (:func:`best_split`), the target lines of the
 markdown (:func:`checks`) and the markdown itself (:func:`markdown`). Kept apart so the comparison can be checked on synthetic rows, without
 models or processes. The definitions are in :mod:`experiments.split_bench`'s docstring.
 """
@@ -74,8 +75,17 @@ def checks(df: pd.DataFrame) -> list[str]:
         others = ", ".join(f"{c[6:]} {best[c]:.2f}x" for c in ("ratio_cpu", "ratio_busy", "ratio_wall") if c in five)
         config = (f" ({int(best.clients)} clients, {int(best.cohorts)} cohort(s), proactive {best.proactive}; ITL {best.itl_ms:.2f} ms vs the "
                   f"baseline's {best.baseline_itl_ms:.2f} ms at batch {int(best.baseline_batch)}, gamma {int(best.baseline_gamma)})") if "baseline_itl_ms" in five else ""
+        paired = (f"; paired in time (each run against the sweeps either side of its repeat): {best.throughput_ratio_paired:.2f}x, runs "
+                  f"{best.throughput_ratio_paired_min:.2f}-{best.throughput_ratio_paired_max:.2f}x") if "throughput_ratio_paired" in five else ""
         lines.append(f"- split vs server-only SD at equal ITL, RTT {five.rtt_ms.iloc[0]:g} ms: best throughput ratio{name} {five.throughput_ratio.max():.2f}x "
-                     f"(target >= 1.15x){config}" + (f"; same run by definition: {others}" if others else ""))
+                     f"(target >= 1.15x){config}" + (f"; same run by definition: {others}" if others else "") + paired)
+        tally = f"- split vs server-only SD, all cells at RTT {five.rtt_ms.iloc[0]:g} ms: >= 1.15x in {int((five.throughput_ratio >= 1.15).sum())} of {len(five)}"
+        if "throughput_ratio_paired" in five:
+            tally += f" ({int((five.throughput_ratio_paired >= 1.15).sum())} by the paired ratio)"
+        if "clients" in five:
+            per = five.groupby("clients").throughput_ratio.max()
+            tally += "; the best cell per client count: " + ", ".join(f"{int(n)} -> {r:.2f}x" for n, r in per.items())
+        lines.append(tally)
     keys = ["rtt_ms", "clients"] if "clients" in df else ["rtt_ms"]
     gains = []
     for key, g in df.groupby([*keys, "cohorts"]):
@@ -121,7 +131,7 @@ def markdown(args, cmd: str, df: pd.DataFrame, base: pd.DataFrame, sweeps: int, 
             + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "
                "of its own, as on a testbed of two devices)." if args.cpu_pair else "processes not pinned (`--pin-cpus off`: the edge and the server share the cores)."), "",
             f"Host: {os.cpu_count()} CPUs, load average (1 min) {load[0]:.1f} at the start and {load[1]:.1f} at the end "
-            f"(per run: host_load_1min); server-only SD swept {sweeps} time(s) (before and after the split runs) and averaged.", "",
+            f"(per run: host_load_1min); server-only SD swept {sweeps} time(s) (before every repeat of the grid and after the last; with `--baseline`, once, given) and averaged for the cells' throughput_ratio; throughput_ratio_paired is the mean of the cell's runs' ratios, each against the sweeps either side of its repeat (split_bench_runs.csv).", "",
             f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "
             "ratio_wall give the split/server-only ratio under each definition (the module docstring defines them).", "",
             f"Headline (equal ITL): of the runs at RTT {args.rtt_ms[0]:g} ms (every client count, proactive and cohort setting), the one with the highest "
@@ -194,6 +204,34 @@ def cell_means(rows: list[dict]) -> list[dict]:
                 outcomes[name] = outcomes.get(name, 0) + n
         out.append({**cell, "repeats": len(runs), "outcomes": json.dumps(outcomes)})
     return out
+
+
+def mean_sweep(sweeps: list[pd.DataFrame]) -> pd.DataFrame:
+    """The mean of server-only SD sweeps, per (batch, gamma)."""
+    frames = [s.drop(columns=["sweep"], errors="ignore") for s in sweeps]
+    return pd.concat(frames).groupby(["batch", "gamma"], as_index=False).mean()
+
+
+def paired_baseline(sweeps: list[pd.DataFrame], repeat: int) -> pd.DataFrame:
+    """The baseline a run of repeat ``repeat`` is paired with in time: the mean of the sweeps just
+    before and just after its repeat (``sweeps[repeat]`` and ``sweeps[repeat + 1]``, as
+    ``experiments.split_bench`` sweeps before every repeat and after the last); a single given
+    sweep (``--baseline``) pairs with every run."""
+    if len(sweeps) == 1:
+        return sweeps[0]
+    if not 0 <= repeat < len(sweeps) - 1:
+        raise ValueError(f"repeat {repeat} has no sweeps either side of it ({len(sweeps)} sweeps)")
+    return mean_sweep(sweeps[repeat : repeat + 2])
+
+
+def with_paired_ratio(cells: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """``cells`` with ``throughput_ratio_paired`` (``_min``, ``_max``): the mean (and range) over each
+    cell's runs of their ratio against the sweeps either side of their repeat (``runs``, compared
+    with :func:`paired_baseline`). A cell's own ``throughput_ratio`` compares its mean with the mean
+    of all sweeps; the two differ where the host's speed drifted between repeats."""
+    stats = runs.groupby(list(CELL)).throughput_ratio.agg(["mean", "min", "max"])
+    stats.columns = ["throughput_ratio_paired", "throughput_ratio_paired_min", "throughput_ratio_paired_max"]
+    return cells.merge(stats.reset_index(), on=list(CELL), how="left")
 
 
 def compare(row: dict, base: pd.DataFrame, throughput: str) -> dict:

@@ -65,6 +65,10 @@ def test_split_bench_end_to_end(pair, tmp_path):
         assert cell.itl_ms == pytest.approx(mine.itl_ms.mean()) and cell.itl_ms_min == pytest.approx(mine.itl_ms.min())
     assert len(list((tmp_path / "runs").iterdir())) == 4
     assert (df.throughput_ratio > 0).all() and (tmp_path / "split_bench.md").read_text().count("target") >= 2
+    sweeps = pd.read_csv(tmp_path / "baseline_sweeps.csv")  # before each repeat and after the last
+    assert sorted(set(sweeps.sweep)) == [0, 1, 2] and (df.throughput_ratio_paired > 0).all()
+    for _, cell in df.iterrows():  # the paired ratio is the mean of the cell's runs' ratios against their own sweeps
+        assert cell.throughput_ratio_paired == pytest.approx(runs[runs.cohorts == cell.cohorts].throughput_ratio.mean())
 
 
 def test_best_baseline_ranks_by_the_chosen_throughput():
@@ -77,7 +81,7 @@ def test_cpu_sampler_reads_this_process_cpu_inside_a_window():
     import os
     import time
 
-    from experiments.split_bench import CpuSampler
+    from experiments.process_cpu import CpuSampler
 
     sampler = CpuSampler(os.getpid(), period_s=0.005)
     time.sleep(0.05)
@@ -196,3 +200,36 @@ def test_cell_means_keep_every_grid_setting_apart_and_skip_missing_values_in_the
         cell, = cell_means(runs)
         assert cell["itl_ms"] == cell["itl_ms_min"] == cell["itl_ms_max"] == 12.0
         assert cell["within"] == 0.5 and cell["count"] == 3.0  # a bool: the share of True; numpy integers are numbers
+
+
+def test_a_run_is_paired_with_the_sweeps_either_side_of_its_repeat():
+    from experiments.split_bench_analysis import (
+        compare,
+        mean_sweep,
+        paired_baseline,
+        with_paired_ratio,
+    )
+
+    def sweep(speed):  # two configurations; the host's speed scales both
+        return pd.DataFrame({"batch": [4, 8], "gamma": [4, 4], "tokens_per_s": [100.0 * speed, 150.0 * speed],
+                             "tokens_per_cpu_s": [100.0 * speed, 150.0 * speed], "itl_ms": [5.0, 8.0]})
+
+    sweeps = [sweep(1.0), sweep(2.0), sweep(3.0)]  # the host sped up over the grid
+    assert paired_baseline(sweeps, 0).tokens_per_s.tolist() == [150.0, 225.0]  # mean of sweeps 0 and 1
+    assert paired_baseline(sweeps, 1).tokens_per_s.tolist() == [250.0, 375.0]
+    assert paired_baseline(sweeps[:1], 5) is sweeps[0]  # one given sweep pairs with every run
+    with pytest.raises(ValueError, match="repeat 2"):
+        paired_baseline(sweeps, 2)
+    assert mean_sweep([s.assign(sweep=i) for i, s in enumerate(sweeps)]).tokens_per_s.tolist() == [200.0, 300.0]
+    cell = {"rtt_ms": 5.0, "proactive": "on", "cohorts": 1, "clients": 8, "depth": "auto", "itl_ms": 10.0}
+    runs = pd.DataFrame([compare({**cell, "server_tokens_per_cpu_s": 450.0, "server_tokens_per_busy_s": 450.0, "server_tokens_per_s": 450.0},
+                                 paired_baseline(sweeps, r), "cpu") for r in (0, 1)])
+    assert runs.throughput_ratio.tolist() == [2.0, 1.2]  # 450 / 225, 450 / 375: each against its own time
+    cells = pd.DataFrame([compare({**cell, "server_tokens_per_cpu_s": 450.0, "server_tokens_per_busy_s": 450.0, "server_tokens_per_s": 450.0},
+                                  mean_sweep(sweeps), "cpu")])
+    out = with_paired_ratio(cells, runs)
+    assert out.throughput_ratio.iloc[0] == 1.5  # against the mean of all sweeps
+    assert out.throughput_ratio_paired.iloc[0] == pytest.approx(1.6)
+    assert (out.throughput_ratio_paired_min.iloc[0], out.throughput_ratio_paired_max.iloc[0]) == (1.2, 2.0)
+    text = "\n".join(checks(out.assign(baseline_itl_ms=8.0, baseline_batch=8, baseline_gamma=4, server_utilisation=0.5)))
+    assert "paired in time" in text and "1.60x, runs 1.20-2.00x" in text and ">= 1.15x in 1 of 1 (1 by the paired ratio)" in text
