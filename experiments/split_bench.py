@@ -8,7 +8,7 @@ on/off and one or two verification cohorts.
 
 Writes ``DIR/split_bench.csv`` (one row per cell of the grid: the mean of its ``--repeats`` runs),
 ``DIR/split_bench_runs.csv`` (one row per split run, against the sweeps either side of its
-repeat), ``DIR/baseline.csv`` (the server-only SD sweeps' mean), ``DIR/baseline_sweeps.csv``
+repeat; with ``--baseline``, the given one), ``DIR/baseline.csv`` (the server-only SD sweeps' mean), ``DIR/baseline_sweeps.csv``
 (every sweep) and ``DIR/split_bench.md`` (tables and the target checks). Definitions:
 
 - **server throughput** (the headline, ``--throughput``; all three are columns): SpecEdge's point
@@ -181,7 +181,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pin-cpus", choices=["on", "off"], default="on" if len(available_cpus()) >= 2 else "off",
                     help="on (default where 2+ CPUs are available): the server process and the server-only baseline on one CPU, the "
                          "edge process on another (runtime.cpu_pinning), as on a testbed of two devices; off: both anywhere")
-    ap.add_argument("--baseline", type=Path, default=None, help="reuse this baseline.csv (from an earlier run on the same settings) instead of sweeping")
+    ap.add_argument("--baseline", type=Path, default=None, help="reuse this baseline.csv (from an earlier run on the same settings) instead of sweeping (then every run and every cell "
+                    "is compared with it: the paired and the cell ratios use the same baseline)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per split run")
     ap.add_argument("--throughput", choices=list(THROUGHPUT), default=None,
                     help="which server throughput throughput_ratio uses (default: cpu on a CPU server, busy on CUDA; see the definitions above)")

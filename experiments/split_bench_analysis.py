@@ -66,7 +66,9 @@ def best_split(df: pd.DataFrame) -> pd.Series:
 
 
 def checks(df: pd.DataFrame) -> list[str]:
-    """The markdown's target lines: the headline ratio at the first RTT, proactive on vs off, two cohorts vs one."""
+    """The markdown's target lines: the headline ratio at the first RTT (with the paired ratio where
+    ``df`` has ``throughput_ratio_paired``), how many cells there reach 1.15x and the best per client
+    count, proactive on vs off per cell and their tally, two cohorts vs one per cell and their tally."""
     lines = []
     five = df[df.rtt_ms == df.rtt_ms.min()]
     if len(five):
@@ -131,7 +133,11 @@ def markdown(args, cmd: str, df: pd.DataFrame, base: pd.DataFrame, sweeps: int, 
             + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "
                "of its own, as on a testbed of two devices)." if args.cpu_pair else "processes not pinned (`--pin-cpus off`: the edge and the server share the cores)."), "",
             f"Host: {os.cpu_count()} CPUs, load average (1 min) {load[0]:.1f} at the start and {load[1]:.1f} at the end "
-            f"(per run: host_load_1min); server-only SD swept {sweeps} time(s) (before every repeat of the grid and after the last; with `--baseline`, once, given) and averaged for the cells' throughput_ratio; throughput_ratio_paired is the mean of the cell's runs' ratios, each against the sweeps either side of its repeat (split_bench_runs.csv).", "",
+            "(per run: host_load_1min); "
+            + (f"server-only SD from `--baseline {args.baseline}` (given, not swept here: throughput_ratio and throughput_ratio_paired use it alike)."
+               if args.baseline else f"server-only SD swept {sweeps} times (before every repeat of the grid and after the last) and averaged for the "
+               "cells' throughput_ratio; throughput_ratio_paired is the mean of the cell's runs' ratios, each against the sweeps either side of its "
+               "repeat (split_bench_runs.csv, baseline_sweeps.csv)."), "",
             f"Server throughput (throughput_ratio): **{args.throughput}** -- {THROUGHPUT_WORDS[args.throughput]} ratio_cpu, ratio_busy and "
             "ratio_wall give the split/server-only ratio under each definition (the module docstring defines them).", "",
             f"Headline (equal ITL): of the runs at RTT {args.rtt_ms[0]:g} ms (every client count, proactive and cohort setting), the one with the highest "
@@ -216,9 +222,9 @@ def paired_baseline(sweeps: list[pd.DataFrame], repeat: int) -> pd.DataFrame:
     """The baseline a run of repeat ``repeat`` is paired with in time: the mean of the sweeps just
     before and just after its repeat (``sweeps[repeat]`` and ``sweeps[repeat + 1]``, as
     ``experiments.split_bench`` sweeps before every repeat and after the last); a single given
-    sweep (``--baseline``) pairs with every run."""
+    sweep (``--baseline``) pairs with every run (its mean per configuration, as for the cells)."""
     if len(sweeps) == 1:
-        return sweeps[0]
+        return mean_sweep(sweeps)
     if not 0 <= repeat < len(sweeps) - 1:
         raise ValueError(f"repeat {repeat} has no sweeps either side of it ({len(sweeps)} sweeps)")
     return mean_sweep(sweeps[repeat : repeat + 2])
@@ -228,7 +234,9 @@ def with_paired_ratio(cells: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``cells`` with ``throughput_ratio_paired`` (``_min``, ``_max``): the mean (and range) over each
     cell's runs of their ratio against the sweeps either side of their repeat (``runs``, compared
     with :func:`paired_baseline`). A cell's own ``throughput_ratio`` compares its mean with the mean
-    of all sweeps; the two differ where the host's speed drifted between repeats."""
+    of all sweeps; the two differ where the host's speed drifted between repeats, and also because
+    each run is matched with the baseline configuration at its own ITL and a mean of ratios is not
+    the ratio of the means."""
     stats = runs.groupby(list(CELL)).throughput_ratio.agg(["mean", "min", "max"])
     stats.columns = ["throughput_ratio_paired", "throughput_ratio_paired_min", "throughput_ratio_paired_max"]
     return cells.merge(stats.reset_index(), on=list(CELL), how="left")

@@ -47,7 +47,7 @@ step verify_timing "$PY" -m runtime.split.verify_timing --pair "$PAIR" "${DEV[@]
 # the edge drafts on the CPU: with the edge process on the same GPU, the first H200 run saw 50-67 ms per verification batch (time-sharing)
 step split_bench "$PY" -m experiments.split_bench --pair "$PAIR" "${DEV[@]}" --edge-device cpu --edge-dtype float32 --out "$DIR/split_bench" --rtt-ms 5 \
   --proactive on,off --cohorts 1,2 --clients "${GPU_CHECK_CLIENTS:-8}" --requests 2 --max-new-tokens 48 --window-ms "${GPU_CHECK_WINDOW_MS:-5}" --timeout-s 120
-cp "$DIR/split_bench/split_bench.csv" "$DIR/split_bench/split_bench.md" "$DIR/split_bench/baseline.csv" "$DIR/" 2>/dev/null || true
+cp "$DIR/split_bench/split_bench.csv" "$DIR/split_bench/split_bench_runs.csv" "$DIR/split_bench/split_bench.md" "$DIR/split_bench/baseline.csv" "$DIR/split_bench/baseline_sweeps.csv" "$DIR/" 2>/dev/null || true
 step profile_server "$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role server --b 1,4,16 --q 1,5,9,64 --c 64,256,1024 --repeats 3 --no-engine --out "$DIR/profile.yaml"
 step profile_edge "$PY" -m runtime.profile --pair "$PAIR" "${DEV[@]}" --role edge --b 1 --q 1,2,5,64 --c 64,256,1024 --repeats 3 --out "$DIR/profile.yaml"
 GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU')")

@@ -1,6 +1,7 @@
 """Split runtime III: the benchmark's comparison rules and its entry point, and gpu_check.sh
 without CUDA."""
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def test_checks_name_every_target():
     text = "\n".join(checks(df))
     assert "1.30x" in text and "10.0 % lower" in text and "2.00x" in text and "1.75x" in text
     assert "ITL >= 5 % lower in 2 of 2" in text
+    assert "all cells at RTT 5 ms: >= 1.15x in 2 of 4\n" in text + "\n"  # no paired ratio, no client counts: nothing more
     assert ">= 1.5x in 2 of 2; the ceiling 1/u1 reaches 1.5x in 2 of them, and the target is met in 2 of those" in text
     capped = df.assign(server_utilisation=[0.8, 0.99, 0.5, 0.7])  # proactive on: ceiling 1.25x; off: 1.4x of a 2x ceiling
     assert ">= 1.5x in 0 of 2; the ceiling 1/u1 reaches 1.5x in 1 of them, and the target is met in 0 of those" in "\n".join(checks(capped))
@@ -217,7 +219,7 @@ def test_a_run_is_paired_with_the_sweeps_either_side_of_its_repeat():
     sweeps = [sweep(1.0), sweep(2.0), sweep(3.0)]  # the host sped up over the grid
     assert paired_baseline(sweeps, 0).tokens_per_s.tolist() == [150.0, 225.0]  # mean of sweeps 0 and 1
     assert paired_baseline(sweeps, 1).tokens_per_s.tolist() == [250.0, 375.0]
-    assert paired_baseline(sweeps[:1], 5) is sweeps[0]  # one given sweep pairs with every run
+    assert paired_baseline(sweeps[:1], 5).equals(sweeps[0])  # one given sweep pairs with every run
     with pytest.raises(ValueError, match="repeat 2"):
         paired_baseline(sweeps, 2)
     assert mean_sweep([s.assign(sweep=i) for i, s in enumerate(sweeps)]).tokens_per_s.tolist() == [200.0, 300.0]
@@ -233,3 +235,55 @@ def test_a_run_is_paired_with_the_sweeps_either_side_of_its_repeat():
     assert (out.throughput_ratio_paired_min.iloc[0], out.throughput_ratio_paired_max.iloc[0]) == (1.2, 2.0)
     text = "\n".join(checks(out.assign(baseline_itl_ms=8.0, baseline_batch=8, baseline_gamma=4, server_utilisation=0.5)))
     assert "paired in time" in text and "1.60x, runs 1.20-2.00x" in text and ">= 1.15x in 1 of 1 (1 by the paired ratio)" in text
+
+
+@pytest.mark.parametrize("repeats, given", [(1, False), (3, False), (2, True)])
+def test_main_sweeps_the_baseline_before_every_repeat_and_after_the_last(repeats, given, tmp_path, monkeypatch):
+    import types
+
+    import experiments.split_bench as sb
+    import runtime.pair
+
+    events: list[str] = []
+
+    def sweep(speed):
+        return pd.DataFrame({"batch": [2], "gamma": [4], "tokens_per_s": [100.0 * speed], "tokens_per_cpu_s": [100.0 * speed], "itl_ms": [1.0]})
+
+    def fake_sweep(args, pair):
+        events.append("sweep")
+        return sweep(events.count("sweep"))  # the host gets faster with every sweep: 100, 200, 300 ... tok/s
+
+    def fake_row(args, rtt, proactive, cohorts, clients, run):
+        events.append("run")
+        speed = 600.0
+        return {"rtt_ms": rtt, "proactive": proactive, "cohorts": cohorts, "clients": clients, "depth": args.depth, "itl_ms": 5.0,
+                "server_tokens_per_cpu_s": speed, "server_tokens_per_busy_s": speed, "server_tokens_per_s": speed, "server_utilisation": 0.5,
+                "outcomes": json.dumps({"length": 2})}
+
+    monkeypatch.setattr(runtime.pair, "build_pair", lambda **kw: tmp_path)
+    monkeypatch.setattr(runtime.pair, "load_pair", lambda *a, **kw: types.SimpleNamespace())
+    monkeypatch.setattr(sb, "baseline_sweep", fake_sweep)
+    monkeypatch.setattr(sb, "split_run", lambda *a: {})
+    monkeypatch.setattr(sb, "run_row", fake_row)
+    given_args = []
+    if given:
+        sweep(10).to_csv(tmp_path / "given.csv", index=False)
+        given_args = ["--baseline", str(tmp_path / "given.csv")]
+    out = tmp_path / "out"
+    sb.main(["--out", str(out), "--rtt-ms", "5", "--clients", "2", "--proactive", "on", "--cohorts", "1,2", "--repeats", str(repeats),
+             "--pin-cpus", "off", *given_args])
+    per_repeat = ["run", "run"]  # two cells
+    expected = per_repeat * repeats if given else sum((["sweep", *per_repeat] for _ in range(repeats)), []) + ["sweep"]
+    assert events == expected
+    runs, cells = pd.read_csv(out / "split_bench_runs.csv"), pd.read_csv(out / "split_bench.csv")
+    sweeps = pd.read_csv(out / "baseline_sweeps.csv")
+    if given:
+        assert (runs.baseline_tokens_per_s == 1000.0).all() and list(sweeps.sweep) == [0]
+        assert (cells.throughput_ratio_paired == cells.throughput_ratio).all() and "not swept here" in (out / "split_bench.md").read_text()
+    else:
+        assert list(sweeps.sweep) == list(range(repeats + 1))
+        # repeat r's runs against the mean of sweeps r and r + 1: (100 (r + 1) + 100 (r + 2)) / 2 tok/s
+        assert runs.baseline_tokens_per_s.tolist() == [100.0 * r + 150.0 for r in range(repeats) for _ in per_repeat]
+        assert cells.baseline_tokens_per_s.tolist() == [50.0 * (repeats + 2)] * 2  # the mean of all sweeps
+        paired = sum(600.0 / (100.0 * r + 150.0) for r in range(repeats)) / repeats
+        assert cells.throughput_ratio_paired.tolist() == pytest.approx([paired] * 2)
