@@ -64,7 +64,8 @@ Where the split loses on one CPU box (measured; the columns show it):
   (``server_compute_ms``, ``draft_ms``), so one cohort often keeps the server more than 2/3 busy,
   and then the issue's 1.5x is out of reach. With 2 clients, SpecEdge's own setting, a
   verification of one row is as long as the network at 10-40 ms RTT, and a second cohort lifts
-  utilisation past 1.5x (``results/split_bench``: every 2-client cell at 10-40 ms). Utilisation is
+  utilisation past 1.5x (``results/split_bench``: 6 of the 8 2-client cells; the other two, proactive
+  on at 5 and 10 ms, within 0.03 of their ceiling). Utilisation is
   not throughput: a verification of one row costs most of what one of two rows costs here (a
   forward's fixed cost; ``server_compute_ms``), so at 2 clients the second cohort's extra busy
   time buys fewer tokens per server CPU second, not more (``server_tokens_per_cpu_s``). A window
@@ -73,11 +74,11 @@ Where the split loses on one CPU box (measured; the columns show it):
   drafted ahead at all. ``transport_overhead_ms`` is the round trip beyond the emulated WAN
   (``runtime.split.transport_timing`` measures gRPC against the in-process link alone);
 - proactive drafting shortens an iteration only where the server waits for the edge: with two
-  cohorts at 5 ms the server is 91-100 % busy and drafting ahead has little to hide, and at 24-32
+  cohorts at 5 ms the server is 82-100 % busy and drafting ahead has little to hide, and at 24-32
   clients it adds work to the edge's one core (blocks drafted and then thrown away), where the
   clients' own threads already queue (``network_ms`` beyond the RTT);
 - noise: a cell is the mean of ``--repeats`` runs, and the columns ``itl_ms_min`` / ``itl_ms_max``
-  show how far its runs were apart (up to +-28 % on a host whose speed flipped between two
+  show how far its runs were apart (up to 27 % in the published run; +-28 % on a host whose speed flipped between two
   states from one second to the next); the baseline is swept before every repeat of the grid and
   after the last, and ``split_bench_runs.csv`` compares each run with the mean of the two sweeps
   either side of its repeat (paired in time; ``DIR/baseline_sweeps.csv`` holds every sweep), the

@@ -241,12 +241,21 @@ def quick_engine(pair: ModelPair, calibrated: dict, repeats: int = 1, progress: 
                           prompt_tokens=QUICK_ENGINE_PROMPTS, output_tokens=QUICK_ENGINE_OUTPUTS)
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """A safe dumper that writes a list shared by two fields twice, not as ``&id001`` / ``*id001``:
+    a profile is read and edited by people (the quick calibration's curves share one ``q`` list)."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
 def write_profile(profile: dict, out: Path) -> None:
-    """Write atomically: a temporary file beside ``out``, flushed to disk, renamed over it."""
+    """Write atomically: a temporary file beside ``out``, flushed to disk, renamed over it (no YAML
+    anchors: shared objects are written out in full)."""
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(yaml.safe_dump(profile, sort_keys=False, width=200))
+            fh.write(yaml.dump(profile, Dumper=_PlainDumper, sort_keys=False, width=200))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, out)

@@ -201,3 +201,16 @@ def test_server_profile_records_the_device_peak_in_its_dtype(pair, tmp_path, mon
     with pytest.raises(AssertionError, match="stop here"):
         rp.main([*_grid(pair), "--no-engine", "--dtype", "bfloat16", "--out", str(tmp_path / "p.yaml")])
     assert seen == [("cpu", "bfloat16")]
+
+
+def test_write_profile_writes_shared_lists_out_in_full(tmp_path):
+    """The quick calibration's curves share one ``q`` list; the file must not use YAML anchors."""
+    from runtime.profile import write_profile
+
+    q = [1, 5, 32]
+    data = {"calibration": {"llm": {"q": q, "scale": [1.0, 1.1, 1.2]}, "slm": {"q": q, "scale": [2.0, 2.1, 2.2]}}}
+    write_profile(data, tmp_path / "p.yaml")
+    text = (tmp_path / "p.yaml").read_text()
+    assert "&id" not in text and "*id" not in text
+    assert yaml.safe_load(text) == data
+    assert not list(tmp_path.glob(".p.yaml.*"))  # no temporary file left behind
