@@ -356,7 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     write_csv_atomic(pd.concat([s.assign(sweep=i) for i, s in enumerate(sweeps)]), args.out / "baseline_sweeps.csv", index=False)
     base = mean_sweep(sweeps)
     write_csv_atomic(base, args.out / "baseline.csv", index=False)
-    runs = pd.DataFrame([compare(row, paired_baseline(sweeps, row["repeat"]), args.throughput) for row in raw])
+    paired = [paired_baseline(sweeps, r) for r in range(args.repeats)]  # one baseline per repeat, not one per run
+    runs = pd.DataFrame([compare(row, paired[row["repeat"]], args.throughput) for row in raw])
     write_csv_atomic(runs, args.out / "split_bench_runs.csv", index=False)
     df = with_paired_ratio(pd.DataFrame([compare(row, base, args.throughput) for row in cell_means(raw)]), runs)
     write_csv_atomic(df, args.out / "split_bench.csv", index=False)
