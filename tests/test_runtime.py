@@ -145,23 +145,29 @@ def test_profiler_writes_a_profile_the_env_runs_on(built_pair, tmp_path):
     env.step(1)
     # --engine-only refreshes that section and keeps the measured table
     table = out.read_text().split("engine:")[0]
-    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--b", "1,3", "--repeats", "1", "--engine-only", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--b", "3", "--repeats", "1", "--engine-only", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert out.read_text().split("engine:")[0] == table and list(load_profile(out).engine.b) == [1, 3]
-    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--engine-only", "--out", str(tmp_path / "none.yaml")], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert res.returncode != 0 and "needs an existing profile" in res.stderr
+    assert out.read_text().split("engine:")[0] == table and list(load_profile(out).engine.b) == [3]
+    from runtime import profile as profile_mod
+
+    with pytest.raises(SystemExit, match="needs an existing profile"):  # refused before the pair is loaded: in process
+        profile_mod.main(["--pair", str(built_pair), "--engine-only", "--out", str(tmp_path / "none.yaml")])
     # it says where it was measured, and --quick writes a calibrated copy that says where it was calibrated
     import json
 
     recipe = json.loads((built_pair / "pair.json").read_text())["recipe_digest"]
     on = load_profile(out).measured_on
     assert on["pair_recipe"] == recipe and on["dtype"] == "float32" and on["cores"] >= 1 and on["torch"] == torch.__version__
+    # --no-engine: the base's engine section is kept (measuring it after a calibration is
+    # test_machine_profile.py::test_quick_engine_sees_a_slowed_engine's; here it would add ~15 s)
     quick = tmp_path / "quick" / "here.yaml"
-    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--quick", "--base", str(out), "--repeats", "1", "--threads", "1", "--out", str(quick)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--pair", str(built_pair), "--quick", "--no-engine", "--base", str(out), "--repeats", "1", "--threads", "1",
+                          "--out", str(quick)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     cal = load_profile(quick)
     assert cal.calibration is not None and cal.provenance()["threads"] == 1 and cal.name == "here"
     assert cal.latency_source == "table" and list(cal.tau_llm.base.b_grid) == [1, 2]  # the table itself is kept
+    assert list(cal.engine.b) == [3] and "engine overhead" not in res.stdout  # and, with --no-engine, the base's engine section
     assert not list(quick.parent.glob(".*"))  # no temporary file left beside it
 
 
