@@ -13,6 +13,15 @@ The golden hashes also depend on the closed-form models the env calls (``envs.co
 on its rounds; if the models change (another issue's legitimate change), the hashes no longer
 apply and the test is skipped with that reason -- regenerate with
 ``python -m tests.test_env_v1_golden`` *from an env implementation known to be right*.
+
+The fingerprint rounds the models' float outputs to :data:`FINGERPRINT_DIGITS` significant digits
+before hashing: numpy's vectorised ``exp``/``log`` give results a few ulps apart on hosts with and
+without AVX-512 (up to 9e-16 relative here, with ``NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL"``),
+which made an exact-bytes fingerprint skip every case on hosts without AVX-512 although the
+trajectories themselves were bitwise equal there (every observation, mask, reward and ``info``,
+checked on all 300; ``test_fingerprint_ignores_ulps_and_sees_real_changes``). The rounded
+fingerprints were written into the golden file on a host where the exact ones and all 300 hashes
+still matched; the hashes themselves are the ones first recorded.
 :func:`test_scalar_env_matches_the_vector_twin_on_random_trajectories` is the independent check
 that survives model changes (the numpy builder is a separate implementation of the same rules).
 """
@@ -81,28 +90,40 @@ def trajectory_hash(env: EdgeScheduleV1Env, seed: int) -> str:
             return h.hexdigest()[:16]
 
 
+#: significant digits the fingerprint keeps of each float (host-to-host noise is ~1e-15 relative)
+FINGERPRINT_DIGITS = 9
+
+
+def _feed_rounded(h, value) -> None:
+    """``_feed`` of ``value`` with every float rounded to :data:`FINGERPRINT_DIGITS` significant digits."""
+    arr = np.asarray(value)
+    if arr.dtype.kind == "f":
+        arr = np.array([float(f"{v:.{FINGERPRINT_DIGITS}g}") for v in arr.ravel().tolist()], dtype=np.float64).reshape(arr.shape)
+    _feed(h, arr)
+
+
 def model_fingerprint(env: EdgeScheduleV1Env, episodes: int) -> str:
-    """The closed-form models' outputs on the case's rounds (not the env's decisions)."""
+    """The closed-form models' outputs on the case's rounds (not the env's decisions), rounded."""
     h = hashlib.sha256()
     g = env.cfg.max_gamma
     for seed in range(episodes):
         env.reset(seed=seed)
         rnd = env.round
         for arr in (rnd.input_tokens, rnd.output_tokens, rnd.alpha, rnd.uplink_s, rnd.slack_s, rnd.deadline_s, rnd.realized_output_tokens, rnd.realized_alpha):
-            _feed(h, np.asarray(arr))
+            _feed_rounded(h, arr)
         if env.split is not None and rnd.has_edge is not None:
             u = ed_users(env.split, rnd, g)
             for arr in (u.tokens, u.iterations, u.edge_s, u.allowed, u.prefill_s):
-                _feed(h, arr)
+                _feed_rounded(h, arr)
     c = env.cost
     for b in (1, 3, 7):
         for s, n in ((1, 1), (40, 90), (160, 160)):
             for v in (c.ad_time1(b, s, n), c.ad_memory1(b, s, n, b * n), c.memory_budget1(True), c.memory_budget1(False)):
-                _feed(h, v)
+                _feed_rounded(h, v)
             for gg in range(1, g + 1):
-                _feed(h, c.sd_time1(b, s, n, 5, gg))
-                _feed(h, c.sd_memory1(b, s, n, b * n, gg))
-                _feed(h, c.tau_l.tau1(b, float(gg), float(s + gg)))
+                _feed_rounded(h, c.sd_time1(b, s, n, 5, gg))
+                _feed_rounded(h, c.sd_memory1(b, s, n, b * n, gg))
+                _feed_rounded(h, c.tau_l.tau1(b, float(gg), float(s + gg)))
     return h.hexdigest()[:16]
 
 
@@ -128,6 +149,29 @@ def test_trajectories_equal_the_recorded_ones(name):
     got = [trajectory_hash(env, seed) for seed in range(episodes)]
     bad = [i for i, (a, b) in enumerate(zip(got, golden["hashes"], strict=True)) if a != b]
     assert not bad, f"case {name}: trajectories {bad[:10]} differ from the recorded ones ({len(bad)} of {episodes})"
+
+
+def test_fingerprint_ignores_ulps_and_sees_real_changes():
+    """The rounding absorbs what differs between hosts (a few ulps) but not a change in a model's
+    output in its 7th significant digit; ints are hashed exactly."""
+    rng = np.random.default_rng(3)
+    x = rng.lognormal(0.0, 3.0, size=2000)  # spans many decades, like the models' seconds and bytes
+
+    def digest(value) -> str:
+        h = hashlib.sha256()
+        _feed_rounded(h, value)
+        return h.hexdigest()
+
+    # a few ulps, as numpy's exp/log give without AVX-512 (a value within ~1e-15 of a rounding edge
+    # would still flip: ~1e-6 of them, and then the golden test skips, as it did for every host before)
+    ulps = x * (1 + rng.integers(-4, 5, size=x.size) * np.finfo(float).eps)
+    assert np.count_nonzero(ulps != x) > 1000 and digest(ulps) == digest(x)
+    for i in (0, 999, 1999):
+        changed = x.copy()
+        changed[i] *= 1 + 1e-6
+        assert digest(changed) != digest(x)
+    assert digest(np.arange(5)) != digest(np.arange(5) + np.array([0, 0, 1, 0, 0]))
+    assert digest(np.float64(1.0)) == digest(1.0) == digest(np.array(1.0))
 
 
 @pytest.mark.parametrize("name", ["k12_ef05", "k12_ef1_g4", "k10_mixed"])
