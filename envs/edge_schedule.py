@@ -30,7 +30,7 @@ one that names no action at all (negative, ``>= 2 + G``, non-integral such as 1.
 
 ## Observation Space
 
-``Box(0, 1, (14 + G + 8 * (1 + K_max),), float32)``, every entry normalised to ``[0, 1]``.
+``Box(0, 1, (17 + G + 8 * (1 + K_max),), float32)``, every entry normalised to ``[0, 1]``.
 User features (8 each): input / I_hi, predicted output / O_hi, deadline / T_hi, predicted
 acceptance, slack (deadline - downlink) / T_hi, uplink time / 0.1 s (clipped), expected SD tokens
 per iteration at the largest depth / (G + 1), and a presence flag.

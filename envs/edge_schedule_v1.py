@@ -30,7 +30,7 @@ is treated as reject and flagged in ``info["invalid_action"]``.
 
 ## Observation Space
 
-``Box(0, 1, (31 + 2G + 10 * (1 + K_max),), float32)``, all normalised to ``[0, 1]``. User
+``Box(0, 1, (23 + 2G + 10 * (1 + K_max),), float32)``, all normalised to ``[0, 1]``. User
 features (10 each): v0's eight (input, predicted output, deadline, acceptance, slack, uplink, SD
 tokens per iteration at depth G, presence) then has-an-edge and RTT / 0.1 s (clipped).
 
