@@ -191,6 +191,14 @@ class CostModel:
         prefill = self.tau_l.tau1(b, s, s) + self.tau_s.tau1(b, s, s)
         return (prefill, *self._sd_iterations1(b, range(1, g_max + 1), c, draft))
 
+    def sd_parts_are_plain(self) -> bool:
+        """Whether SD's parts are priced by this class's own methods (no subclass overrides them)
+        with none of their optional terms (verify compute, engine overhead): then a caller may
+        inline the same float operations (``envs.scalar_times``)."""
+        cls = type(self)
+        return (cls.sd_parts1 is CostModel.sd_parts1 and cls.sd_parts_all1 is CostModel.sd_parts_all1 and cls._sd_iterations1 is CostModel._sd_iterations1
+                and self.verify_s_per_flop is None and self.engine is None)
+
     def _sd_iterations1(self, b: int, gammas, c: float, draft_step_s: float) -> list[float]:
         """One SD iteration's seconds at each depth of ``gammas`` and mean context ``c``: ``g`` draft
         steps of ``draft_step_s``, the verify pass, a non-overlapped verify's compute and the

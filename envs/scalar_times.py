@@ -81,10 +81,10 @@ def sd_parts_of(cost: CostModel, prefills: dict, iterations: dict) -> Callable[[
 
 
 def _own_sd_parts(cost: CostModel) -> bool:
-    """Whether ``cost`` prices SD's parts by CostModel's own methods, with none of their optional terms."""
-    base = type(cost)
-    return (getattr(base, "sd_parts1", None) is CostModel.sd_parts1 and getattr(base, "sd_parts_all1", None) is CostModel.sd_parts_all1
-            and getattr(base, "_sd_iterations1", None) is CostModel._sd_iterations1 and cost.verify_s_per_flop is None and cost.engine is None)
+    """Whether ``cost`` prices SD's parts by CostModel's own methods, with none of their optional
+    terms (:meth:`CostModel.sd_parts_are_plain`; False for a model that is not a CostModel)."""
+    plain = getattr(cost, "sd_parts_are_plain", None)
+    return plain is not None and plain()
 
 
 def sd_parts_all_of(cost: CostModel, prefills: dict) -> Callable[[int, int, int, int], tuple[float, ...]] | None:

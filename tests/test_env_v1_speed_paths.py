@@ -76,6 +76,23 @@ def test_memo_miss_pricing_equals_the_cost_model(name, cost):
         assert sd_all(b, s, n, 8) == cost.sd_parts_all1(b, s, n, 8)
 
 
+def test_sd_parts_are_inlined_only_for_the_plain_cost_model():
+    """``CostModel.sd_parts_are_plain``: the scalar path inlines SD's parts only for the base
+    class's own methods without optional terms; an override or an engine section keeps the method."""
+    table = load_profile(TABLE)
+    plain = CostModel(dataclasses.replace(table, engine=None))
+    assert plain.sd_parts_are_plain() and sd_parts_of(plain, {}, {}) != plain.sd_parts1
+    assert not CostModel(table).sd_parts_are_plain()  # an engine section
+
+    class Slower(CostModel):
+        def _sd_iterations1(self, b, gammas, c, draft_step_s):
+            return [2 * t for t in super()._sd_iterations1(b, gammas, c, draft_step_s)]
+
+    slower = Slower(dataclasses.replace(table, engine=None))
+    assert not slower.sd_parts_are_plain()
+    assert sd_parts_all_of(slower, {}) == slower.sd_parts_all1 and sd_parts_of(slower, {}, {}) == slower.sd_parts1
+
+
 def test_ad_time_decode_sums_survive_a_growing_table():
     """ad_time_of remembers the decode sums' table entries; the latency model grows its table when a
     longer context comes (rebuilt, geometrically): the remembered entries stay the new table's."""
