@@ -38,13 +38,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.config import EnvConfig
 from envs.model_choices import ModelChoices
 from envs.profile import Profile, load_profile
 
 
-def expected_tokens_per_iteration(alpha, gamma):
+def expected_tokens_per_iteration(alpha: ArrayLike, gamma: ArrayLike) -> np.ndarray:
     """``E = (1 - a^(g+1)) / (1 - a)``: accepted drafts plus the target's bonus/correction token."""
     a = np.asarray(alpha, dtype=float)
     g = np.asarray(gamma, dtype=float)
@@ -53,7 +54,7 @@ def expected_tokens_per_iteration(alpha, gamma):
     return np.where(near_one, g + 1.0, (1.0 - safe ** (g + 1.0)) / (1.0 - safe))
 
 
-def sd_iterations(output_tokens, alpha, gamma):
+def sd_iterations(output_tokens: ArrayLike, alpha: ArrayLike, gamma: ArrayLike) -> np.ndarray:
     """``J_k = ceil(O_k / E_k)`` expected SD iterations to produce ``O_k`` tokens."""
     e = expected_tokens_per_iteration(alpha, gamma)
     return np.ceil(np.asarray(output_tokens, dtype=float) / e - 1e-9).astype(np.int64)
@@ -99,17 +100,19 @@ class CostModel:
         return cls(profile, cfg.kv_memory, cfg.model_choices)
 
     # ---------------------------------------------------------------- memory
-    def memory_budget(self, sd_used):
+    def memory_budget(self, sd_used: ArrayLike) -> np.ndarray:
         """KV bytes available to both modes together: ``Q - reserve - W_L - [SD used] W_S``."""
         return self.memory_bytes - self.reserve_bytes - self.w_l - np.asarray(sd_used, dtype=float) * self.w_s
 
-    def ad_memory(self, b, s_max, n_max, sum_out):
+    def ad_memory(self, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike, sum_out: ArrayLike) -> np.ndarray:
+        """Bytes of KV an AD batch holds (arrays broadcast)."""
         b = np.asarray(b, dtype=float)
         if self.kv_memory == "per_user":
             return (b * s_max + sum_out) * self.kv_l
         return b * (np.asarray(s_max, dtype=float) + n_max) * self.kv_l
 
-    def sd_memory(self, b, s_max, n_max, sum_out, gamma):
+    def sd_memory(self, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike, sum_out: ArrayLike, gamma: ArrayLike) -> np.ndarray:
+        """Bytes an SD batch holds: KV of both models and any per-user workspace (arrays broadcast)."""
         b = np.asarray(b, dtype=float)
         if self.kv_memory == "per_user":
             kv = (b * (np.asarray(s_max, dtype=float) + gamma) + sum_out) * self.kv_sd
@@ -118,7 +121,7 @@ class CostModel:
         return kv + b * self.sd_user_bytes if self.sd_user_bytes else kv
 
     # ---------------------------------------------------------------- time
-    def ad_time(self, b, s_max, n_max):
+    def ad_time(self, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike) -> np.ndarray:
         """``C_A`` in seconds on the whole GPU (0 for an empty batch)."""
         b = np.asarray(b, dtype=np.int64)
         s = np.maximum(np.asarray(s_max, dtype=np.int64), 1)
@@ -129,7 +132,7 @@ class CostModel:
             t = t + np.maximum(n - 1, 0) * self.engine.ad(bb)
         return np.where(b > 0, t, 0.0)
 
-    def sd_time(self, b, s_max, n_max, j_max, gamma):
+    def sd_time(self, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike, j_max: ArrayLike, gamma: ArrayLike) -> np.ndarray:
         """``C_S`` in seconds on the whole GPU (0 for an empty batch)."""
         b = np.asarray(b, dtype=np.int64)
         bb = np.maximum(b, 1)
@@ -139,7 +142,7 @@ class CostModel:
         prefill = self.tau_l.tau(bb, s, s) + self.tau_s.tau(bb, s, s)
         return np.where(b > 0, prefill + np.asarray(j_max, dtype=float) * self.sd_iteration_time(bb, c, g), 0.0)
 
-    def sd_iteration_time(self, b, c, gamma):
+    def sd_iteration_time(self, b: ArrayLike, c: ArrayLike, gamma: ArrayLike) -> np.ndarray:
         """Seconds of one SD iteration on the whole GPU: ``gamma`` draft steps and one verify pass.
 
         ``b`` sequences (>= 1) at mean context ``c`` (tokens); includes the measured engine overhead

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.calibration import ScaleCurve
 from envs.hardware_specs import DeviceSpec, ModelSpec
@@ -18,7 +19,7 @@ from envs.profile_fields import ProfileError, axis_field, require_field
 class LatencyModel:
     """``tau(b, q, c)`` for one model on one device; numpy-broadcasting over its arguments."""
 
-    def tau(self, b, q, c):  # pragma: no cover - interface
+    def tau(self, b: ArrayLike, q: ArrayLike, c: ArrayLike) -> np.ndarray:  # pragma: no cover - interface
         raise NotImplementedError
 
     def tau1(self, b: float, q: float, c: float) -> float:
@@ -35,7 +36,7 @@ class LatencyModel:
     # prefix-sum table over integer contexts makes each one O(1) for every latency source.
     _prefix: np.ndarray | None = None
 
-    def decode_sum(self, b, c_start, n):
+    def decode_sum(self, b: ArrayLike, c_start: ArrayLike, n: ArrayLike) -> np.ndarray:
         """``sum_{i=1..n} tau(b, 1, c_start + i)`` for integer arrays (``n >= 0``)."""
         b = np.asarray(b, dtype=np.int64)
         c_start = np.asarray(c_start, dtype=np.int64)
@@ -72,7 +73,7 @@ class RooflineLatency(LatencyModel):
     layer_overhead_s: float
     _consts: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
-    def tau(self, b, q, c):
+    def tau(self, b: ArrayLike, q: ArrayLike, c: ArrayLike) -> np.ndarray:
         compute = self.model.flops(b, q, c) / (self.flops_efficiency * self.device.flops_per_s)
         memory = self.model.bytes_moved(b, q, c) / (self.bandwidth_efficiency * self.device.bandwidth_bytes_per_s)
         return self.model.layers * self.layer_overhead_s + np.maximum(compute, memory)
@@ -99,7 +100,7 @@ class LinearLatency(LatencyModel):
     per_flop_s: float
     per_byte_s: float
 
-    def tau(self, b, q, c):
+    def tau(self, b: ArrayLike, q: ArrayLike, c: ArrayLike) -> np.ndarray:
         return self.intercept_s + self.per_flop_s * self.model.flops(b, q, c) + self.per_byte_s * self.model.bytes_moved(b, q, c)
 
 
@@ -125,7 +126,7 @@ class TableLatency(LatencyModel):
         w = (x - grid[i]) / (grid[i + 1] - grid[i])
         return i, i + 1, w
 
-    def tau(self, b, q, c):
+    def tau(self, b: ArrayLike, q: ArrayLike, c: ArrayLike) -> np.ndarray:
         b, q, c = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (b, q, c)))
         ib0, ib1, wb = self._bracket(self.b_grid, b)
         iq0, iq1, wq = self._bracket(self.q_grid, q)
@@ -147,7 +148,7 @@ class CalibratedLatency(LatencyModel):
     base: LatencyModel
     curve: ScaleCurve
 
-    def tau(self, b, q, c):
+    def tau(self, b: ArrayLike, q: ArrayLike, c: ArrayLike) -> np.ndarray:
         return self.base.tau(b, q, c) * self.curve.at(q)
 
     def tau1(self, b: float, q: float, c: float) -> float:
