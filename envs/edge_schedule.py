@@ -169,7 +169,7 @@ class RoundArrays:
         self.slack[i] = rnd.slack_s[order]
         self.feats[i] = user_features(rnd, order, cfg)
 
-    def user(self, t: np.ndarray):
+    def user(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         rows = np.arange(len(t))
         tt = np.minimum(t, self.inp.shape[1] - 1)
         return self.inp[rows, tt], self.out[rows, tt], self.alpha[rows, tt], self.up[rows, tt], self.slack[rows, tt]
@@ -224,7 +224,7 @@ def check_render_mode(render_mode: str | None, modes: list[str] = RENDER_MODES) 
     return render_mode
 
 
-def draw(view: PlanView, render_mode: str, cost: CostModel, cfg: EnvConfig):
+def draw(view: PlanView, render_mode: str, cost: CostModel, cfg: EnvConfig) -> str | np.ndarray:
     """One frame of ``view`` in ``render_mode`` (``ansi`` text or an ``rgb_array`` picture)."""
     if render_mode == "ansi":
         return render_ansi(view)
@@ -273,7 +273,7 @@ class EdgeScheduleEnv(gym.Env):
         self._plan = ScalarPlan(cost, self.cfg.max_gamma)
         self._budget = max(cost.memory_budget1(True), 1.0)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         if self._next_cost is not None:  # set_cost_model during the last episode
             self._use_cost_model()
@@ -300,7 +300,7 @@ class EdgeScheduleEnv(gym.Env):
         """Bool (2 + G,): which actions keep the plan feasible for the current user."""
         return np.array(self._masks, dtype=bool)
 
-    def step(self, action):
+    def step(self, action: int | np.integer) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset()")
         a = action_index(action, 2 + self.cfg.max_gamma)
@@ -362,7 +362,7 @@ class EdgeScheduleEnv(gym.Env):
             v = self._plan.gamma / self.cfg.max_gamma
             self._head[2 * BATCH_FEATURES] = 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
 
-    def render(self):
+    def render(self) -> str | np.ndarray | None:
         """``ansi``: a text table; ``rgb_array``: an (H, W, 3) uint8 picture of the plan (envs/render.py)."""
         if self.render_mode is None:
             return None

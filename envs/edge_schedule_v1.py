@@ -233,7 +233,7 @@ class EdgeScheduleV1Env(gym.Env):
         self._plan = SplitScalarPlan(cost, self.cfg.max_gamma)
         self._budget = max(cost.memory_budget1(True), 1.0)
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         if self._next_cost is not None:  # set_cost_model during the last episode
             self._use_cost_model()
@@ -272,7 +272,7 @@ class EdgeScheduleV1Env(gym.Env):
         """Bool (2 + 2G,): which actions keep the plan feasible for the current user."""
         return self._mask_bool.copy()
 
-    def step(self, action):
+    def step(self, action: int | np.integer) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("step() called after the episode ended; call reset()")
         g = self._g
@@ -350,7 +350,7 @@ class EdgeScheduleV1Env(gym.Env):
         obs[HEAD : HEAD + self._n] = self._mask_f32
         return obs
 
-    def render(self):
+    def render(self) -> str | np.ndarray | None:
         if self.render_mode != "ansi":
             return None
         if self._round is None:  # before the first reset (gym.make's wrapper refuses this; the bare env answers it)

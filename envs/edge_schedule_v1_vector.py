@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
+from numpy.typing import ArrayLike
 
 from envs.actions import action_indices
 from envs.edge_schedule_v1 import (
@@ -85,7 +86,7 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
         self._depth[which] = 0
         self._needs_reset[which] = False
 
-    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         rngs, rounds = vector_reset_inputs(self.num_envs, self.cfg.num_users, seed, options)
         if rngs is not None:
             self._rngs = rngs
@@ -96,7 +97,7 @@ class EdgeScheduleV1VectorEnv(VectorEnv):
     def action_masks(self) -> np.ndarray:
         return self._masks.copy()
 
-    def step(self, actions):
+    def step(self, actions: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         g, k = self.cfg.max_gamma, self.cfg.num_users
         actions = action_indices(actions, self.num_envs, self._na)
         resetting = self._needs_reset.copy()

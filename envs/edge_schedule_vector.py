@@ -16,6 +16,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
+from numpy.typing import ArrayLike
 
 from envs.actions import action_indices
 from envs.config import EnvConfig
@@ -144,7 +145,7 @@ class EdgeScheduleVectorEnv(VectorEnv):
         self._modes[which] = REJECT
         self._needs_reset[which] = False
 
-    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         rngs, rounds = vector_reset_inputs(self.num_envs, self.cfg.num_users, seed, options)
         if rngs is not None:
             self._rngs = rngs
@@ -170,7 +171,7 @@ class EdgeScheduleVectorEnv(VectorEnv):
             frames.append(draw(view, self.render_mode, self.cost, self.cfg))
         return tuple(frames)
 
-    def step(self, actions):
+    def step(self, actions: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         # -1 for an action outside Discrete(2 + G): the builder rejects it and it is flagged
         actions = action_indices(actions, self.num_envs, 2 + self.cfg.max_gamma)
         resetting = self._needs_reset.copy()

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.cost_model import CostModel, sd_iterations
 from envs.plan import AD, SD, Plan
@@ -45,7 +46,7 @@ class BatchStats:
     sum_out: np.ndarray  #: sum of predicted outputs (tokens)
 
     @classmethod
-    def of(cls, rnd: Round, mask: np.ndarray, gamma) -> BatchStats:
+    def of(cls, rnd: Round, mask: np.ndarray, gamma: ArrayLike) -> BatchStats:
         """Aggregates of the users where ``mask`` is true (``mask`` is (K,) or (P, K))."""
         m = np.asarray(mask, dtype=bool)
         j = sd_iterations(rnd.output_tokens, rnd.alpha, np.asarray(gamma)[..., None] if np.ndim(gamma) else gamma)
@@ -80,7 +81,7 @@ class FeasibilityReport:
     lam: np.ndarray  #: a valid AD memory share
 
 
-def share_needed(time_s, b, u_max, slack_min):
+def share_needed(time_s: ArrayLike, b: ArrayLike, u_max: ArrayLike, slack_min: ArrayLike) -> np.ndarray:
     """``C_m / beta_m``: the least compute share a batch needs (0 if empty, inf if its budget is <= 0)."""
     budget = slack_min - u_max
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -96,7 +97,7 @@ def share_needed1(time_s: float, b: int, u_max: float, slack_min: float) -> floa
     return time_s / budget if budget > 0 else math.inf
 
 
-def shares_for(ad_share_min, sd_share_min, ad_mem, sd_mem, b_ad, b_sd):
+def shares_for(ad_share_min: ArrayLike, sd_share_min: ArrayLike, ad_mem: ArrayLike, sd_mem: ArrayLike, b_ad: ArrayLike, b_sd: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """A valid ``(z, lam)`` for a feasible plan: the slack left over is split in proportion.
 
     Any ``z`` in ``[C_A/beta_A, 1 - C_S/beta_S]`` works; proportional splitting gives both modes
@@ -110,7 +111,7 @@ def shares_for(ad_share_min, sd_share_min, ad_mem, sd_mem, b_ad, b_sd):
     return z, lam
 
 
-def check_plans(cost: CostModel, rnd: Round, modes, gamma) -> FeasibilityReport:
+def check_plans(cost: CostModel, rnd: Round, modes: np.ndarray, gamma: ArrayLike) -> FeasibilityReport:
     """The exact check for one plan (``modes`` shape (K,)) or many (shape (P, K)) at once."""
     modes = np.asarray(modes)
     ad = BatchStats.of(rnd, modes == AD, gamma)
@@ -127,7 +128,7 @@ def check_plans(cost: CostModel, rnd: Round, modes, gamma) -> FeasibilityReport:
     return FeasibilityReport(feasible, c_a, c_s, r_a, r_s, m_a, m_s, budget, z, lam)
 
 
-def check_plan(cost: CostModel, rnd: Round, plan_or_modes, gamma: int | None = None) -> FeasibilityReport:
+def check_plan(cost: CostModel, rnd: Round, plan_or_modes: Plan | np.ndarray, gamma: int | None = None) -> FeasibilityReport:
     """The exact check for one plan (a :class:`Plan` or a modes array with ``gamma``)."""
     if isinstance(plan_or_modes, Plan):
         return check_plans(cost, rnd, plan_or_modes.modes, plan_or_modes.gamma)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.profile_fields import ProfileError, positive_field, refuse_unknown, require_field
 
@@ -82,14 +83,14 @@ class ModelSpec:
         """K and V for every layer: ``2 * layers * kv_heads * head_dim * dtype_bytes``."""
         return 2.0 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
 
-    def flops(self, b, q, c):
+    def flops(self, b: ArrayLike, q: ArrayLike, c: ArrayLike) -> np.ndarray:
         """FLOPs of one pass (Transformer blocks + LM head on every new token)."""
         d, dkv = self.hidden, self.kv_heads * self.head_dim
         per_token = self.layers * (4.0 * d * d + 4.0 * d * dkv + 6.0 * d * self.ffn_hidden) + 2.0 * d * self.vocab
         attention = self.layers * 4.0 * d * np.asarray(c, dtype=float)
         return np.asarray(b, dtype=float) * np.asarray(q, dtype=float) * (per_token + attention)
 
-    def bytes_moved(self, b, q, c):
+    def bytes_moved(self, b: ArrayLike, q: ArrayLike, c: ArrayLike) -> np.ndarray:
         """Bytes one pass streams: all weights once, plus every sequence's KV read and written."""
         b = np.asarray(b, dtype=float)
         return self.weight_bytes + b * np.asarray(c, dtype=float) * self.kv_bytes_per_token

@@ -242,7 +242,7 @@ class PlanBuilder:
         allowed_depth = (fixed == 0) | (g == fixed)
         return (b_a, s_a, n_a, u_a, sl_a, share_a, mem_a), (b_s, s_s, n_s, j_s, u_s, sl_s, share_s, mem_s), allowed_depth
 
-    def prepare(self, inp, out, alpha, up, slack) -> np.ndarray:
+    def prepare(self, inp: np.ndarray, out: np.ndarray, alpha: np.ndarray, up: np.ndarray, slack: np.ndarray) -> np.ndarray:
         """Evaluate one candidate user per round; returns and caches the (N, 2 + G) bool masks.
 
         Columns: reject (always allowed), AD, SD@1..G. :meth:`apply` commits against the last
@@ -260,7 +260,7 @@ class PlanBuilder:
         self._prepared = (user, cand_a, cand_s, masks)
         return masks
 
-    def apply(self, actions) -> np.ndarray:
+    def apply(self, actions: np.ndarray) -> np.ndarray:
         """Commit one action per round for the last prepared user; invalid actions act as reject.
 
         Returns the (N,) bool array of actions that were valid.

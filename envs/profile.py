@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from numpy.typing import ArrayLike
 
 from envs.calibration import Calibration, provenance_from_dict
 from envs.hardware_specs import DeviceSpec, ModelSpec
@@ -88,10 +89,12 @@ class EngineOverhead:
             arrays.append(a)
         return cls(b, *arrays)
 
-    def ad(self, b):
+    def ad(self, b: ArrayLike) -> np.ndarray:
+        """Seconds of engine host work per AD decode step at batch size ``b``."""
         return np.interp(b, self.b, self.ad_step_s)
 
-    def sd(self, b, gamma):
+    def sd(self, b: ArrayLike, gamma: ArrayLike) -> np.ndarray:
+        """Seconds of engine host work per SD iteration at batch size ``b`` and depth ``gamma``."""
         return np.interp(b, self.b, self.sd_iteration_s) + np.asarray(gamma, dtype=float) * np.interp(b, self.b, self.sd_draft_step_s)
 
 

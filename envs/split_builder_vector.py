@@ -54,7 +54,8 @@ class SplitPlanBuilder:
             arr[sel] = 0
         self._prepared = None
 
-    def prepare(self, inp, out, alpha, up, slack, deadline, ed_j, ed_x, ed_allowed, ed_prefill) -> np.ndarray:
+    def prepare(self, inp: np.ndarray, out: np.ndarray, alpha: np.ndarray, up: np.ndarray, slack: np.ndarray, deadline: np.ndarray, ed_j: np.ndarray,
+                ed_x: np.ndarray, ed_allowed: np.ndarray, ed_prefill: np.ndarray) -> np.ndarray:
         """Masks (N, 2 + 2G) for one candidate user per round; ED rows are (N, G), prefill (N,)."""
         c, g = self.cost, self.gammas[None, :]
         b_a = self.b[0] + 1
@@ -100,7 +101,7 @@ class SplitPlanBuilder:
                           (b_e, s_e, n_e, u_e, t_e, p_e, j_e, q_e, x_e, share_e, mem_e), masks)
         return masks
 
-    def apply(self, actions) -> np.ndarray:
+    def apply(self, actions: np.ndarray) -> np.ndarray:
         """Commit one action per round for the last prepared user; invalid actions act as reject."""
         if self._prepared is None:
             raise RuntimeError("SplitPlanBuilder.apply called before prepare() for this user")

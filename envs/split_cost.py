@@ -81,8 +81,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.draft_tree import PASS_WIDTHS, DraftTree, TreeShape, expected_tokens, tree_shape
+from envs.latency import LatencyModel
 from envs.profile import Profile
 from envs.split_cohorts import (
     Proactive,
@@ -219,7 +221,7 @@ class SplitCostModel:
             return 0.0
         return extra_rows_s(self.tau_l, b, kv_staging_bytes(self.kv_l, self.kv_s, span, context, server_only), "kv_staging_len", self.profile.name)
 
-    def dense_attention_s(self, latency, b: int, context: float) -> float:
+    def dense_attention_s(self, latency: LatencyModel, b: int, context: float) -> float:
         """Seconds SpecEdge's dense attention adds to a pass of ``b`` rows at ``context`` on ``latency``'s roofline (0 when off or ``b <= 1``)."""
         span = self.options.dense_attention_len
         if span is None or b <= 1:
@@ -307,7 +309,7 @@ class SplitCostModel:
         return max(0, int(self.kv_budget_bytes // self.server_kv_bytes(context_max, tree)))
 
     # ------------------------------------------------------------------ steady state of N clients
-    def steady_state(self, num_clients: int, alpha, tree: DraftTree, context: float, rtt_s=None, context_max: float | None = None,
+    def steady_state(self, num_clients: int, alpha: ArrayLike, tree: DraftTree, context: float, rtt_s: ArrayLike | None = None, context_max: float | None = None,
                      pipeline: bool | None = None, iterations: int = 50) -> SteadyState:
         """SpecEdge with ``num_clients`` edge clients (``alpha``, ``rtt_s``: scalars or one per client).
 
@@ -333,7 +335,7 @@ class SplitCostModel:
         return SteadyState(n, period, n * period / float(e.sum()), float(e.sum()) / period, sum(v) / period, float(e.mean()),
                            tuple(v), tuple(edge), mem, mem <= self.kv_budget_bytes)
 
-    def server_only(self, num_clients: int, alpha, tree: DraftTree, context: float, context_max: float | None = None) -> SteadyState:
+    def server_only(self, num_clients: int, alpha: ArrayLike, tree: DraftTree, context: float, context_max: float | None = None) -> SteadyState:
         """Server-only SD: the same draft passes and verify pass, batched on the server, no network."""
         n = check_num_clients(num_clients)
         a = np.broadcast_to(np.asarray(alpha, dtype=float), (n,))
@@ -355,7 +357,8 @@ class SplitCostModel:
                            (period,), (), mem, mem <= self.kv_budget_bytes)
 
     # ------------------------------------------------------------------ depth calibration
-    def calibrated_depth(self, alpha, context: float, rtt_s=None, verify_clients: int = 1, max_depth: int = 8, tree: DraftTree | None = None):
+    def calibrated_depth(self, alpha: ArrayLike, context: float, rtt_s: ArrayLike | None = None, verify_clients: int = 1, max_depth: int = 8,
+                         tree: DraftTree | None = None) -> int | np.ndarray:
         """Per user, the draft depth whose edge iteration best matches the overlapped verify pass.
 
         ``alpha`` and ``rtt_s`` are scalars or arrays (one per user); returns an int or an int array.

@@ -44,6 +44,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.cost_model import sd_iterations
 from envs.feasibility import EPS, check_plans
@@ -154,7 +155,7 @@ def ed_users_arrays(split: SplitCostModel, input_tokens: np.ndarray, output_toke
 
 
 # ------------------------------------------------------------------------- the ED batch
-def ed_time(cost: CostModel, b, s_max, n_max, j_max, q_max):
+def ed_time(cost: CostModel, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike, j_max: ArrayLike, q_max: ArrayLike) -> np.ndarray:
     """``C_E`` in seconds on the whole GPU (0 for an empty batch); numpy."""
     b = np.asarray(b, dtype=np.int64)
     bb = np.maximum(b, 1)
@@ -175,7 +176,7 @@ def ed_time1(cost: CostModel, b: int, s_max: int, n_max: int, j_max: int, q_max:
     return cost.tau_l.tau1(b, s, s) + float(j_max) * cost.tau_l.tau1(b, q, c + q)
 
 
-def ed_memory(cost: CostModel, b, s_max, n_max, sum_out, q_max):
+def ed_memory(cost: CostModel, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike, sum_out: ArrayLike, q_max: ArrayLike) -> np.ndarray:
     """Server KV bytes of the ED batch (the target's KV only)."""
     b = np.asarray(b, dtype=float)
     s = np.asarray(s_max, dtype=float)
@@ -190,12 +191,12 @@ def ed_memory1(cost: CostModel, b: int, s_max: int, n_max: int, sum_out: int, q_
     return float(b) * (float(s_max) + n_max + q_max) * cost.kv_l
 
 
-def ed_budget(t_min, u_max, p_max, j_max, x_max):
+def ed_budget(t_min: ArrayLike, u_max: ArrayLike, p_max: ArrayLike, j_max: ArrayLike, x_max: ArrayLike) -> np.ndarray:
     """``beta_E = min T_k - U_E - P_E - J X_E`` (works on floats and arrays alike)."""
     return t_min - u_max - p_max - j_max * x_max
 
 
-def ed_share(time_s, b, budget):
+def ed_share(time_s: ArrayLike, b: ArrayLike, budget: ArrayLike) -> np.ndarray:
     """``C_E / beta_E`` (0 if empty, inf if the budget is <= 0); numpy."""
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(budget > 0, time_s / np.where(budget > 0, budget, 1.0), np.inf)
@@ -237,7 +238,7 @@ def ed_aggregates(users: EdUsers, rnd: Round, idx: np.ndarray, depth: np.ndarray
     }
 
 
-def check_plan_split(cost: CostModel, users: EdUsers, rnd: Round, modes, gamma: int, ed_depth) -> SplitReport:
+def check_plan_split(cost: CostModel, users: EdUsers, rnd: Round, modes: np.ndarray, gamma: int, ed_depth: ArrayLike) -> SplitReport:
     """The exact check of one plan: ``modes`` (K,) over REJECT/AD/SD/ED, SD depth ``gamma``, ED depths per user."""
     modes = np.asarray(modes)
     depth = np.asarray(ed_depth, dtype=np.int64)

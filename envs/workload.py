@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats
 
 from envs.channel import link_rates_bps, transfer_time_s
@@ -53,7 +54,8 @@ class Round:
         """Time left for uplink + compute: ``T_k - t_d,k`` (predicted downlink)."""
         return self.deadline_s - self.downlink_s
 
-    def subset(self, idx) -> Round:
+    def subset(self, idx: ArrayLike) -> Round:
+        """The round of the users ``idx`` selects (an index array or a boolean mask)."""
         return Round(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx] for f in fields(self)})
 
     def order(self, how: str) -> np.ndarray:
@@ -64,7 +66,7 @@ class Round:
         return np.argsort(key, kind="stable")
 
     @classmethod
-    def from_arrays(cls, cfg: EnvConfig, input_tokens, output_tokens, deadline_s, alpha, distance_m) -> Round:
+    def from_arrays(cls, cfg: EnvConfig, input_tokens: ArrayLike, output_tokens: ArrayLike, deadline_s: ArrayLike, alpha: ArrayLike, distance_m: ArrayLike) -> Round:
         """A round with given users and exact predictions (realised = predicted)."""
         i = np.asarray(input_tokens, dtype=np.int64)
         o = np.asarray(output_tokens, dtype=np.int64)
@@ -85,7 +87,7 @@ class Round:
 
 
     @classmethod
-    def from_requests(cls, input_tokens, output_tokens, deadline_s, alpha, uplink_s, downlink_s) -> Round:
+    def from_requests(cls, input_tokens: ArrayLike, output_tokens: ArrayLike, deadline_s: ArrayLike, alpha: ArrayLike, uplink_s: ArrayLike, downlink_s: ArrayLike) -> Round:
         """A round of measured requests with given link times (no radio model; realised = predicted).
 
         ``input_tokens`` (>= 1) and ``output_tokens`` (>= 1, the predicted output) per request,
