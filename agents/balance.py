@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.scheduler import Scheduler
@@ -50,7 +51,7 @@ class SplitChoice:
     grid_points_solved: int
 
 
-def search_splits(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values, share_total: float = 1.0,
+def search_splits(cost: CostModel, rnd: Round, gamma: int, z_values: ArrayLike, lam_values: ArrayLike, share_total: float = 1.0,
                   memory_taken: float = 0.0) -> SplitChoice | None:
     """BALANCE's grid search over ``z`` x ``lam`` with ``share_total`` of the GPU's compute and
     ``memory_taken`` bytes of KV already used elsewhere (``None`` when no grid point was solved).
@@ -125,7 +126,7 @@ def search_splits(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values,
     return SplitChoice(best[0], best[1], best[2], solved)
 
 
-def split_search(cost: CostModel, rnd: Round, gamma: int, z_values, lam_values) -> Plan:
+def split_search(cost: CostModel, rnd: Round, gamma: int, z_values: ArrayLike, lam_values: ArrayLike) -> Plan:
     """Best plan over the given ``z`` x ``lam`` candidates on the whole GPU
     (:func:`search_splits`; ``plan.extra["grid_points_solved"]``)."""
     choice = search_splits(cost, rnd, gamma, z_values, lam_values)

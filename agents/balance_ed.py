@@ -30,15 +30,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from agents.balance import Balance, grid, search_splits, split_search
 from agents.ed_batch import EdOption, cheapest_option, ed_options, round_ed_users, split_model
+from envs.cost_model import CostModel
 from envs.plan import ED, REJECT, Plan
 from envs.split_plan import EdUsers, check_plan_split
 from envs.workload import Round
 
 
-def split_search_within(cost, rnd: Round, gamma: int, z_values, lam_values, share_total: float, memory_taken: float) -> tuple[np.ndarray, float, float]:
+def split_search_within(cost: CostModel, rnd: Round, gamma: int, z_values: ArrayLike, lam_values: ArrayLike, share_total: float, memory_taken: float) -> tuple[np.ndarray, float, float]:
     """BALANCE's ``(z, lam)`` search over ``rnd``'s users with ``share_total`` of the GPU and
     ``memory_taken`` bytes of KV already used elsewhere: ``(modes, z, lam)`` of the best plan.
 
@@ -57,7 +59,7 @@ def split_search_within(cost, rnd: Round, gamma: int, z_values, lam_values, shar
     return choice.modes, choice.z, choice.lam
 
 
-def modes_for_rest(cost, rnd: Round, gamma: int, z_values, lam_values, ed_idx: np.ndarray, option: EdOption) -> np.ndarray:
+def modes_for_rest(cost: CostModel, rnd: Round, gamma: int, z_values: ArrayLike, lam_values: ArrayLike, ed_idx: np.ndarray, option: EdOption) -> np.ndarray:
     """AD/SD modes (K,) for the users not in ``ed_idx``, by BALANCE within what ED ``option`` leaves."""
     rest = np.setdiff1d(np.arange(rnd.num_users), ed_idx)
     modes = np.zeros(rnd.num_users, dtype=np.int8)
@@ -67,7 +69,7 @@ def modes_for_rest(cost, rnd: Round, gamma: int, z_values, lam_values, ed_idx: n
     return modes
 
 
-def nested_ed_sets(cost, users: EdUsers, rnd: Round, share_total: float = 1.0) -> list[np.ndarray]:
+def nested_ed_sets(cost: CostModel, users: EdUsers, rnd: Round, share_total: float = 1.0) -> list[np.ndarray]:
     """Growing ED sets: edge-capable users by their least share alone (ascending), each added if
     the set stays feasible with ``share_total`` of the GPU and the AD-only KV budget. Starts with ``[]``."""
     cand = np.flatnonzero(users.allowed.any(axis=1))
@@ -94,7 +96,7 @@ def spaced(items: list, most: int) -> list:
     return [items[i] for i in pick]
 
 
-def plan_with_ed(cost, users: EdUsers, rnd: Round, gamma: int, ed_idx: np.ndarray, option: EdOption, modes_rest: np.ndarray) -> Plan:
+def plan_with_ed(cost: CostModel, users: EdUsers, rnd: Round, gamma: int, ed_idx: np.ndarray, option: EdOption, modes_rest: np.ndarray) -> Plan:
     """The v1 plan of AD/SD modes ``modes_rest`` plus ED users ``ed_idx`` at ``option``'s depths, with
     shares from the exact check (``envs.split_plan``)."""
     modes = modes_rest.copy()

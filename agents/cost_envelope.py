@@ -24,6 +24,7 @@ only shrinks in the up-set, so ``envelope / beta`` bounds the compute share from
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.cost_model import CostModel, sd_iterations
 from envs.plan import AD
@@ -120,7 +121,7 @@ class CostEnvelope:
             return float("inf")
         return self.cost_lb(mode, b, lv) / beta
 
-    def level_of(self, attr: str, values) -> np.ndarray:
+    def level_of(self, attr: str, values: ArrayLike) -> np.ndarray:
         """Level indices of aggregate values (values not in the round map to the next level up)."""
         lv = self.levels[attr]
         if attr == "slack":
@@ -129,7 +130,7 @@ class CostEnvelope:
             idx = np.searchsorted(lv, np.asarray(values), side="left")
         return np.clip(idx, 0, len(lv) - 1)
 
-    def cost_lb_arrays(self, mode: int, size, i_in, i_out, i_iter=None) -> np.ndarray:
+    def cost_lb_arrays(self, mode: int, size: ArrayLike, i_in: ArrayLike, i_out: ArrayLike, i_iter: ArrayLike | None = None) -> np.ndarray:
         """:meth:`cost_lb` for broadcasting arrays of sizes (1..K) and level indices."""
         size = np.clip(size, 0, self.k)
         if mode == AD:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from envs.cost_model import CostModel
 from envs.profile import Profile
 from envs.split_cost import SplitCostModel
 from envs.split_plan import (
@@ -60,7 +61,7 @@ class EdOption:
     memory_bytes: float
 
 
-def ed_options(cost, users: EdUsers, rnd: Round, idx: np.ndarray) -> list[EdOption]:
+def ed_options(cost: CostModel, users: EdUsers, rnd: Round, idx: np.ndarray) -> list[EdOption]:
     """The Pareto-optimal ``(share, memory)`` ways to run ED users ``idx`` (empty if none is feasible).
 
     Sorted by share ascending (memory then descending). Users not allowed at any depth make the
@@ -122,7 +123,7 @@ def cheapest_option(options: list[EdOption], share_left: float, memory_left: flo
     return None
 
 
-def fixed_depth_option(cost, users: EdUsers, rnd: Round, idx: np.ndarray, depth: np.ndarray) -> EdOption:
+def fixed_depth_option(cost: CostModel, users: EdUsers, rnd: Round, idx: np.ndarray, depth: np.ndarray) -> EdOption:
     """What ED users ``idx`` take at the given depths (``depth`` aligned with ``idx``; share inf if not allowed)."""
     idx = np.asarray(idx, dtype=np.int64)
     depth = np.asarray(depth, dtype=np.int64)

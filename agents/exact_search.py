@@ -80,7 +80,8 @@ def _grown(env: CostEnvelope, cost: CostModel, builder: PlanBuilder, i: int, fit
     return share, mem
 
 
-def node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, ctx: tuple, level: int, batch: int = 50_000, must: np.ndarray | None = None):
+def node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, ctx: tuple, level: int, batch: int = 50_000,
+               must: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Refresh which remaining users still fit each partial plan, and bound its best completion.
 
     Valid because feasible sets are downward closed and costs are bounded below by
@@ -133,7 +134,8 @@ def node_bound(builder: PlanBuilder, alive: np.ndarray, admitted: np.ndarray, ct
     return alive, np.where(dead, -1, admitted + np.minimum(best, n_alive))
 
 
-def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 20_000, envelope: CostEnvelope | None = None, symmetry: bool = True):
+def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 0, time_limit_s: float = float("inf"), chunk: int = 20_000,
+                      envelope: CostEnvelope | None = None, symmetry: bool = True) -> tuple[np.ndarray | None, bool, int]:
     """Best plan with draft depth ``gamma`` serving more than ``incumbent`` users.
 
     Depth-first over users, breadth-first (vectorised) within chunks of at most ``chunk`` partial

@@ -36,6 +36,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,7 +46,10 @@ from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.edge_schedule import EdgeScheduleEnv, user_features
 from envs.plan import AD, SD
-from envs.workload import make_rounds, sample_round, stream_seed_sequence
+from envs.workload import Round, make_rounds, sample_round, stream_seed_sequence
+
+if TYPE_CHECKING:  # sb3_contrib loads torch: imported where a model is made
+    from sb3_contrib import MaskablePPO
 
 
 @dataclass
@@ -79,7 +83,7 @@ def expert_action(mode: int, gamma: int) -> int:
     return 0 if mode not in (AD, SD) else (1 if mode == AD else 1 + gamma)
 
 
-def greedy_modes(env: EdgeScheduleEnv, rnd, first: int, second: int) -> np.ndarray:
+def greedy_modes(env: EdgeScheduleEnv, rnd: Round, first: int, second: int) -> np.ndarray:
     """Modes (original order) of admitting each user with action ``first`` if allowed, else ``second``, else reject."""
     env.reset(options={"round": rnd})
     for _ in range(rnd.num_users):
@@ -88,7 +92,7 @@ def greedy_modes(env: EdgeScheduleEnv, rnd, first: int, second: int) -> np.ndarr
     return np.asarray(info["modes"], dtype=np.int8)
 
 
-def expert_modes(env: EdgeScheduleEnv, cost: CostModel, rnd, gamma: int) -> tuple[np.ndarray, int]:
+def expert_modes(env: EdgeScheduleEnv, cost: CostModel, rnd: Round, gamma: int) -> tuple[np.ndarray, int]:
     """The expert's plan for a round: the best of BALANCE at depth ``gamma`` and the two greedy
     admissions in the policy's user order (SD@gamma first, AD first); ties go to BALANCE. Returns the
     modes (original order) and BALANCE's number served."""
@@ -102,7 +106,7 @@ def expert_modes(env: EdgeScheduleEnv, cost: CostModel, rnd, gamma: int) -> tupl
     return best, int((balance != 0).sum())
 
 
-def replay_round(env: EdgeScheduleEnv, rnd, modes: np.ndarray, gamma: int, noise: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def replay_round(env: EdgeScheduleEnv, rnd: Round, modes: np.ndarray, gamma: int, noise: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Decisions of one round with the expert plan ``modes`` as the labels (module docstring, step 1).
 
     With probability ``noise`` the action taken flips between the label and reject (admit instead
@@ -194,7 +198,7 @@ def decisions(cfg: ImitationConfig, plans_dir: Path, noise_seed: int, ks: list[i
     return out
 
 
-def new_model(cfg: ImitationConfig, seed: int):
+def new_model(cfg: ImitationConfig, seed: int) -> MaskablePPO:
     """A MaskablePPO model with the set policy (untrained), on EdgeSchedule-v0 with ``cfg.env()``."""
     from sb3_contrib import MaskablePPO
 
@@ -208,7 +212,7 @@ def new_model(cfg: ImitationConfig, seed: int):
                        policy_kwargs={"net_arch": list(cfg.net_arch), **set_policy_kwargs(features, env_cfg.max_gamma)})
 
 
-def play(model, cfg: ImitationConfig, k: int, rounds: int, seed: int, split: str = "validation") -> float:
+def play(model: MaskablePPO, cfg: ImitationConfig, k: int, rounds: int, seed: int, split: str = "validation") -> float:
     """Mean served fraction of the policy (cached actor) on ``rounds`` rounds of ``split`` at K = ``k``."""
     from agents.set_policy_fast import CachedSetActor
 

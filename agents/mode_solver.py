@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from envs.cost_model import CostModel, sd_iterations
 from envs.plan import AD
@@ -76,7 +77,7 @@ class ModeTable:
     def num_tuples(self) -> int:
         return len(self.s_thr)
 
-    def requirements(self, avail_sorted: np.ndarray, min_users: int = 0):
+    def requirements(self, avail_sorted: np.ndarray, min_users: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per row and eligible rank: the compute share and KV tokens a batch of that size needs.
 
         ``share_req[t, r]`` is the share needed by the ``r+1`` eligible users with the largest
@@ -340,7 +341,7 @@ def solve_mode(tab: ModeTable, avail: np.ndarray, share: float, mem: float, at_l
     return tab.order[best_set]
 
 
-def upper_bound_grid(tab: ModeTable, shares, mems) -> np.ndarray:
+def upper_bound_grid(tab: ModeTable, shares: ArrayLike, mems: ArrayLike) -> np.ndarray:
     """Upper bounds on the single-mode optimum with every user available, for all ``shares`` x ``mems``."""
     shares = np.asarray(shares, dtype=float)
     mems = np.asarray(mems, dtype=float)

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvStepReturn
 
+from envs.config import EnvConfig
 from envs.edge_schedule_vector import EdgeScheduleVectorEnv
-from envs.workload import train_env_seeds
+from envs.workload import Round, train_env_seeds
 
 FINAL_KEYS = ("served", "admitted_ad", "admitted_sd", "rejected", "late", "gamma", "z", "lam")
 
@@ -40,12 +41,13 @@ class EdgeScheduleSB3VecEnv(VecEnv):
         self._t0 = time.time()
 
     @staticmethod
-    def make_vector_env(num_envs: int, env_kwargs: dict[str, Any]):
+    def make_vector_env(num_envs: int, env_kwargs: dict[str, Any]) -> EdgeScheduleVectorEnv:
         """The native vector env this adapter drives (subclasses drive another)."""
         return EdgeScheduleVectorEnv(num_envs=num_envs, autoreset_mode="same_step", **env_kwargs)
 
     @property
-    def cfg(self):
+    def cfg(self) -> EnvConfig:
+        """The environments' configuration (the vector env's)."""
         return self.venv.cfg
 
     def seed(self, seed: int | None = None) -> list[int]:
@@ -55,7 +57,7 @@ class EdgeScheduleSB3VecEnv(VecEnv):
         self._seeds = train_env_seeds(int(seed), self.num_envs, self.stage, self.start_step)
         return list(self._seeds)
 
-    def reset(self, rounds=None):
+    def reset(self, rounds: Sequence[Round] | None = None) -> np.ndarray:
         seeds = list(self._seeds) if self._seeds[0] is not None else None
         obs, _ = self.venv.reset(seed=seeds, options={"rounds": rounds} if rounds is not None else None)
         self._reset_seeds()
@@ -99,7 +101,7 @@ class EdgeScheduleSB3VecEnv(VecEnv):
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         setattr(self.venv, attr_name, value)
 
-    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
+    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any) -> list[Any]:
         idx = list(self._get_indices(indices))
         if method_name == "action_masks":
             masks = self.venv.action_masks()
@@ -107,7 +109,7 @@ class EdgeScheduleSB3VecEnv(VecEnv):
         result = getattr(self.venv, method_name)(*method_args, **method_kwargs)
         return [result for _ in idx]
 
-    def env_is_wrapped(self, wrapper_class, indices: VecEnvIndices = None) -> list[bool]:
+    def env_is_wrapped(self, wrapper_class: type, indices: VecEnvIndices = None) -> list[bool]:
         return [False for _ in self._get_indices(indices)]
 
     def get_images(self) -> Sequence[np.ndarray | None]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.logger import KVWriter
 
 from agents.artefacts import write_csv_atomic, write_text_atomic
@@ -81,7 +82,7 @@ class ProgressLine(KVWriter):
         pass
 
 
-def wandb_run(logger_cfg: dict, out: Path, config: dict, name: str):
+def wandb_run(logger_cfg: dict, out: Path, config: dict, name: str) -> Any | None:
     """A W&B run in ``out/wandb`` (offline unless configured), or None when W&B is off.
 
     ``group`` and ``job_type`` come from ``logger.wandb``; a second call on the same ``out``
@@ -106,7 +107,7 @@ def wandb_run(logger_cfg: dict, out: Path, config: dict, name: str):
     return run
 
 
-def log_policy_artifact(run, folder: Path, metadata: dict[str, Any], aliases: tuple[str, ...] = ("best",)) -> str:
+def log_policy_artifact(run: Any, folder: Path, metadata: dict[str, Any], aliases: tuple[str, ...] = ("best",)) -> str:
     """Log the policy folder's ``model.zip``, ``policy.json`` and ``policy.onnx`` as a W&B ``model`` artifact; returns its name."""
     import wandb
 
@@ -134,7 +135,7 @@ def hparams_of(cfg: Any) -> dict[str, int | float | str | bool]:
     return hp
 
 
-def attach_writers(model, out: Path, logger_cfg: dict, run, append: bool = False, hparams: dict[str, Any] | None = None, step: int = 0) -> None:
+def attach_writers(model: BaseAlgorithm, out: Path, logger_cfg: dict, run: Any | None, append: bool = False, hparams: dict[str, Any] | None = None, step: int = 0) -> None:
     """Point ``model``'s SB3 logger at ``out/progress.csv``, stdout (``logger.stdout``: ``table``,
     ``line`` or ``off``), ``out/tb/`` and ``run``.
 
