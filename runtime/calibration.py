@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import TYPE_CHECKING
 
 from envs.cost_model import CostModel
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike
 
 MODES = ("ad", "sd")
 SETTLED = 3  #: samples per mode after which the measured spread alone sets the margin (``first_rel_sd`` no longer applies)
@@ -80,10 +85,10 @@ class CalibratedCostModel(CostModel):
         super().__init__(base.profile, base.kv_memory, base.choices)  # same profile, memory model and modelling choices; only the times are scaled
         self.calibration = calibration
 
-    def ad_time(self, b, s_max, n_max):
+    def ad_time(self, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike) -> np.ndarray:
         return super().ad_time(b, s_max, n_max) * self.calibration.factor["ad"]
 
-    def sd_time(self, b, s_max, n_max, j_max, gamma):
+    def sd_time(self, b: ArrayLike, s_max: ArrayLike, n_max: ArrayLike, j_max: ArrayLike, gamma: ArrayLike) -> np.ndarray:
         return super().sd_time(b, s_max, n_max, j_max, gamma) * self.calibration.factor["sd"]
 
     def ad_time1(self, b: int, s_max: int, n_max: int) -> float:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ from runtime.sampling import RowSampler, inverse_cdf
 # ------------------------------------------------------------------------------------- helpers
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(prompts: list[list[int]], pad_id: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     width = max(len(p) for p in prompts)
@@ -72,7 +73,7 @@ def _forward(model, ids, mask, positions, cache):
     return model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).logits
 
 
-def prefill(model, prompts: list[list[int]], pad_id: int = 0):
+def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_id: int = 0) -> torch.Tensor:
     """One prefill pass over ``prompts`` exactly as both engines run theirs -- left padding, attention
     mask, explicit position ids, a fresh cache -- for profilers that time it; returns the logits.
     (With rows of different lengths the mask is not all ones, so the pass cannot take the plain
@@ -141,19 +142,19 @@ def drain(steps: Generator[None, None, GenerationResult], after_step: Callable[[
             after_step()
 
 
-def generate_ad(model, prompts: list[list[int]], max_new_tokens: int | list[int], **kwargs) -> GenerationResult:
+def generate_ad(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int | list[int], **kwargs: Any) -> GenerationResult:
     """Batched autoregressive decoding with a KV cache (all of :func:`ad_steps` at once)."""
     return drain(ad_steps(model, prompts, max_new_tokens, **kwargs))
 
 
-def generate_sd(target, draft, prompts: list[list[int]], gamma: int, max_new_tokens: int | list[int], **kwargs) -> GenerationResult:
+def generate_sd(target: torch.nn.Module, draft: torch.nn.Module, prompts: list[list[int]], gamma: int, max_new_tokens: int | list[int], **kwargs: Any) -> GenerationResult:
     """Batched speculative decoding (all of :func:`sd_steps` at once)."""
     return drain(sd_steps(target, draft, prompts, gamma, max_new_tokens, **kwargs))
 
 
 @torch.no_grad()
 def ad_steps(
-    model,
+    model: torch.nn.Module,
     prompts: list[list[int]],
     max_new_tokens: int | list[int],
     temperature: float | Sequence[float] = 0.0,
@@ -215,8 +216,8 @@ def _crop(cache, mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def sd_steps(
-    target,
-    draft,
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
     prompts: list[list[int]],
     gamma: int,
     max_new_tokens: int | list[int],

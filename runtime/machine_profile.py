@@ -31,6 +31,7 @@ recalibrated behind the user's back; a measured one from elsewhere still warns, 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
 import logging
@@ -38,11 +39,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from envs.profile import PROFILE_DIR, Profile, load_profile
 from runtime.fingerprint import fingerprint_key, machine_fingerprint
+
+if TYPE_CHECKING:
+    from runtime.pair import ModelPair
 
 log = logging.getLogger("specsched.profile")
 
@@ -62,12 +67,10 @@ def default_base(threads: int) -> str:
     return "cpu1_specsched-pair" if int(threads) == 1 else "cpu_specsched-pair"
 
 
-def add_planning_profile_args(ap, auto_means: str) -> None:
+def add_planning_profile_args(ap: argparse.ArgumentParser, auto_means: str) -> None:
     """The options an experiment picks its planning profile with: ``--profile`` (``auto`` or a NAME /
     .yaml PATH), ``--auto-profile/--no-auto-profile`` and ``--remeasure-profile``; ``auto_means``
     says what ``auto`` resolves to (for the help). Check them with :func:`check_planning_profile_args`."""
-    import argparse
-
     ap.add_argument("--profile", default=AUTO, help=f"the profile the server and the simulator plan with: auto ({auto_means}) or a NAME / .yaml PATH used as it is")
     ap.add_argument("--auto-profile", action=argparse.BooleanOptionalAction, default=True,
                     help="with --profile auto: measure (once, cached) a calibration of the shipped table on this machine; off: the shipped table as it is")
@@ -75,7 +78,7 @@ def add_planning_profile_args(ap, auto_means: str) -> None:
                     help="with --profile auto: measure this machine's calibration again even if cached (e.g. the cached one was measured on a busy machine)")
 
 
-def check_planning_profile_args(ap, args) -> None:
+def check_planning_profile_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``ap.error`` on contradicting options of :func:`add_planning_profile_args`."""
     if args.profile != AUTO and (not args.auto_profile or args.remeasure_profile):
         ap.error("--no-auto-profile and --remeasure-profile only apply to --profile auto (a named profile is always used as it is)")
@@ -201,7 +204,7 @@ def _load_entry(path: Path, base_sha: str, key: str, method: str) -> Profile | N
     return prof
 
 
-def measure_quick(pair, base: dict, fingerprint: dict, progress: bool) -> dict:
+def measure_quick(pair: ModelPair, base: dict, fingerprint: dict, progress: bool) -> dict:
     """The sections the quick profile writes over ``base``, measured on ``pair``: ``calibration``
     (``runtime.profile.quick_calibration``) and ``engine`` (``runtime.profile.quick_engine``, against it)."""
     from runtime.profile import QUICK_PREFILL_B, quick_calibration, quick_engine
@@ -223,7 +226,7 @@ def _check_edge_here(base: Path) -> None:
                          f"the latter), got {base}: calibrate such an edge on its own device (runtime.profile --role edge)")
 
 
-def resolve_profile(requested: str | Path, *, pair, device: str = "cpu", dtype: str = "float32", threads: int | None = None, auto: bool = True,
+def resolve_profile(requested: str | Path, *, pair: ModelPair | None, device: str = "cpu", dtype: str = "float32", threads: int | None = None, auto: bool = True,
                     base: str | Path | None = None, refresh: bool = False, cache_dir: Path | None = None,
                     measure: Callable[..., dict] = measure_quick, progress: bool = True, edge_here: bool = False) -> PlanningProfile:
     """The profile to plan with (see the module docstring).

@@ -10,6 +10,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from tqdm import tqdm
 
 from runtime.pair_recipe import CODE_PROMPTS, PROSE_PROMPTS, PairRecipe
 from runtime.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from runtime.tokenizer import Tokenizer
 
 
 def corpus(max_files: int | None = None) -> tuple[bytes, bytes]:
@@ -74,7 +78,7 @@ def _train(model, step_loss, steps: int, lr: float, desc: str, progress: bool) -
 
 
 @torch.no_grad()
-def bits_per_byte(model, data: np.ndarray, seq_len: int, windows: int = 32) -> float:
+def bits_per_byte(model: torch.nn.Module, data: np.ndarray, seq_len: int, windows: int = 32) -> float:
     """Held-out cross-entropy in bits per byte on ``windows`` fixed random windows of ``data``."""
     rng = np.random.default_rng(123)
     batch = next(_batches(data, seq_len, windows, rng))
@@ -84,7 +88,7 @@ def bits_per_byte(model, data: np.ndarray, seq_len: int, windows: int = 32) -> f
 
 
 @torch.no_grad()
-def greedy_acceptance(target, draft, tokenizer, prompts: list[str], new_tokens: int = 64) -> float:
+def greedy_acceptance(target: torch.nn.Module, draft: torch.nn.Module, tokenizer: Tokenizer, prompts: list[str], new_tokens: int = 64) -> float:
     """Argmax agreement of the draft along the target's greedy continuation (alpha for greedy SD)."""
     from runtime.engines import generate_ad
 
@@ -115,7 +119,7 @@ def _deterministic(threads: int, seed: int):
             torch.set_num_threads(old_threads)
 
 
-def train_pair(recipe: PairRecipe, progress: bool):
+def train_pair(recipe: PairRecipe, progress: bool) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
     """Train the target, then distil the draft from it: ``(target, draft, meta)``."""
     from transformers import LlamaForCausalLM
 

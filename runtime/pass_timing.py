@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 
-def sync_device(device) -> None:
+def sync_device(device: str | torch.device) -> None:
     """Wait for the device's queued work (a no-op on CPU), so wall-clock timings cover it."""
     if str(device).startswith("cuda"):
         # the device itself: without an argument synchronize() waits for the *current* device
@@ -21,7 +21,7 @@ def sync_device(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def model_spec(model, name: str) -> dict:
+def model_spec(model: torch.nn.Module, name: str) -> dict:
     """The architecture numbers a profile's ``llm`` / ``slm`` section records (counts; bytes per parameter)."""
     cfg = model.config
     heads = cfg.num_attention_heads
@@ -77,7 +77,7 @@ def device_spec(device: str, dtype: str = "float32") -> dict:
 
 
 @torch.no_grad()
-def time_pass(model, b: int, q: int, c: int, repeats: int) -> float:
+def time_pass(model: torch.nn.Module, b: int, q: int, c: int, repeats: int) -> float:
     """Median seconds of one forward pass of ``q`` tokens per row over ``c - q`` cached tokens."""
     from transformers import DynamicCache
 
@@ -110,7 +110,7 @@ def padded_lengths(b: int, s: int) -> list[int]:
 
 
 @torch.no_grad()
-def time_prefill(model, b: int, s: int, repeats: int) -> float:
+def time_prefill(model: torch.nn.Module, b: int, s: int, repeats: int) -> float:
     """Median seconds of a prefill as the engines run it (``runtime.engines.prefill``): ``b``
     left-padded prompts of :func:`padded_lengths` with their attention mask and position ids.
 

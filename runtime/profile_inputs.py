@@ -11,14 +11,18 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
 
 from runtime.pair import ModelPair
 
+if TYPE_CHECKING:
+    from envs.profile import Profile
 
-def check_pair_matches(pair: ModelPair, profile, roles=("target", "draft"), hint: str = "measure a profile of this pair") -> None:
+
+def check_pair_matches(pair: ModelPair, profile: Profile, roles: tuple[str, ...] = ("target", "draft"), hint: str = "measure a profile of this pair") -> None:
     """``ValueError`` unless the pair's models are the ones ``profile`` (a ``Profile``) describes:
     the target its ``llm``, the draft its ``slm`` (parameter and layer counts). A table measured on
     one model and priced as another's is wrong without any error, so every writer that adds to an
@@ -67,7 +71,7 @@ def check_device(device: str) -> None:
             raise SystemExit(f"--device {device}: this machine has CUDA devices cuda:0 to cuda:{torch.cuda.device_count() - 1}")
 
 
-def read_profile(path: Path, flag: str):
+def read_profile(path: Path, flag: str) -> tuple[dict, Profile]:
     """``(dict, Profile)`` of the profile at ``path``, validated -- before the pair is loaded and
     anything measured (it used to be read after the measurement: a broken file cost the whole run)."""
     from envs.profile import Profile
@@ -79,7 +83,7 @@ def read_profile(path: Path, flag: str):
         raise SystemExit(f"{flag} {path} is not a valid profile: {exc}") from None
 
 
-def check_existing_profile(pair: ModelPair, old, out: Path, role: str, engine_only: bool, quick: bool) -> None:
+def check_existing_profile(pair: ModelPair, old: Profile, out: Path, role: str, engine_only: bool, quick: bool) -> None:
     """Refuse (``SystemExit``) a run that would add to or keep a section of ``old`` (a ``Profile``)
     measured on other models than ``pair``'s: ``--role edge`` writes the draft's table as the
     profile's slm; ``--engine-only``'s residual is engine time minus the profile's tables; a server

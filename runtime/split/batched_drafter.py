@@ -48,13 +48,13 @@ from runtime.split.drafter import DraftChain
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
-def supports(draft) -> bool:
+def supports(draft: torch.nn.Module) -> bool:
     """Whether the batched forward can run ``draft``: a Llama-architecture causal LM (the module
     names and the residual layout this module's forward assumes)."""
     return getattr(draft.config, "model_type", None) in SUPPORTED_MODEL_TYPES
 
 
-def check_supported(draft) -> None:
+def check_supported(draft: torch.nn.Module) -> None:
     """Raise ``ValueError`` unless :func:`supports` ``draft``."""
     if not supports(draft):
         raise ValueError(f"a batched draft device needs a draft of model_type in {SUPPORTED_MODEL_TYPES}, got {getattr(draft.config, 'model_type', None)!r}; "

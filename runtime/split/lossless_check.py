@@ -18,6 +18,7 @@ import argparse
 import json
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,8 +32,11 @@ from runtime.split.pair_args import add_pair_args, load_pair_from_args
 from runtime.split.transport import LocalLink
 from runtime.split.verifier import BatchVerifier
 
+if TYPE_CHECKING:
+    from runtime.pair import ModelPair
 
-def split_outputs(pair, prompts: list[list[int]], max_new: int, clients: int, depth: int, batched_drafts: bool = False) -> list[list[int]]:
+
+def split_outputs(pair: ModelPair, prompts: list[list[int]], max_new: int, clients: int, depth: int, batched_drafts: bool = False) -> list[list[int]]:
     """The split's outputs; ``batched_drafts``: the clients share one batched draft device
     (:class:`~runtime.split.batched_drafter.BatchedDrafter`), else each drafts with the model's own forward."""
     batcher = VerificationBatcher(BatchVerifier(pair.target), cohorts=2, window_s=0.002)
@@ -58,14 +62,14 @@ def split_outputs(pair, prompts: list[list[int]], max_new: int, clients: int, de
 
 
 @torch.no_grad()
-def top2_margin(target, context: list[int]) -> float:
+def top2_margin(target: torch.nn.Module, context: list[int]) -> float:
     device = next(target.parameters()).device
     logits = target(input_ids=torch.tensor([context], device=device)).logits[0, -1].float()
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
 
 
-def compare(target, prompts, reference, outputs, tolerance: float) -> dict:
+def compare(target: torch.nn.Module, prompts: list[list[int]], reference: list[list[int]], outputs: list[list[int]], tolerance: float) -> dict:
     identical, ties, failures = 0, [], []
     for i, (p, ref, out) in enumerate(zip(prompts, reference, outputs, strict=True)):
         if out == ref:

@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -45,6 +46,9 @@ import torch
 from agents.artefacts import write_csv_atomic, write_text_atomic
 from runtime.split.pair_args import add_pair_args, load_pair_from_args
 from runtime.split.verifier import BatchVerifier, Session, VerifyRequest
+
+if TYPE_CHECKING:
+    from runtime.pair import ModelPair
 
 SCHEDULES = ("repeat", "growing", "revisit")
 
@@ -80,7 +84,7 @@ def time_calls(verifier: BatchVerifier, batch: int, pasts: list[int], depth: int
     return times
 
 
-def run(target, batches: list[int], buckets: list[int], depth: int, start: int, stop: int, step: int, repeats: int,
+def run(target: torch.nn.Module, batches: list[int], buckets: list[int], depth: int, start: int, stop: int, step: int, repeats: int,
         cudnn: tuple[bool, ...] = (False,)) -> pd.DataFrame:
     """Every (cuDNN attention on/off, bucket, batch) in turn; with cuDNN on, the growing schedule
     starts ``step / 2`` later, so its shapes are new to it too (no plan left from the other setting)."""
@@ -176,7 +180,7 @@ def _engine(target, draft, prompts: list[list[int]], gamma: int, max_new: int) -
             "iterations": max(res.iterations) if res.iterations else 0}, res.generated
 
 
-def vs_engine(pair, batches: list[int], depths: list[int], max_new: int, repeats: int = 2) -> pd.DataFrame:
+def vs_engine(pair: ModelPair, batches: list[int], depths: list[int], max_new: int, repeats: int = 2) -> pd.DataFrame:
     """CPU milliseconds per emitted token, split verifier vs SD engine, per ``(B, depth)``; the two
     sides alternate ``repeats`` times (a shared machine's load drifts over both alike)."""
     from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
