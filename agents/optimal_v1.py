@@ -16,6 +16,7 @@ depth on small rounds. Limited to ``max_users`` (default 8) users: 4^8 = 65,536 
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,11 @@ from envs.plan import AD, REJECT, SD, Plan
 from envs.split_plan import EdUsers
 from envs.workload import Round
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from envs.cost_model import CostModel
+
 
 def _assignments(n: int) -> np.ndarray:
     """All 3^n assignments of reject / AD / SD to ``n`` users, shape (3^n, n)."""
@@ -35,7 +41,7 @@ def _assignments(n: int) -> np.ndarray:
     return np.array(list(itertools.product((REJECT, AD, SD), repeat=n)), dtype=np.int8)
 
 
-def exhaustive_v1(cost, users: EdUsers, rnd: Round, gammas) -> tuple[np.ndarray, int, np.ndarray, object] | None:
+def exhaustive_v1(cost: CostModel, users: EdUsers, rnd: Round, gammas: Sequence[int]) -> tuple[np.ndarray, int, np.ndarray, object] | None:
     """The best plan over ``gammas``: ``(modes with ED users marked, gamma, ED indices, ED option)``.
 
     None only if the round is empty. Ties keep the first found (smallest gamma, ED sets in

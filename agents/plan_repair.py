@@ -7,7 +7,7 @@ plans at once), so the result is always feasible.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from envs.cost_model import CostModel, sd_iterations
 from envs.feasibility import check_plans, share_needed, shares_for
 from envs.plan import AD, SD, Plan
 from envs.workload import Round
+
+if TYPE_CHECKING:
+    from envs.feasibility import FeasibilityReport
 
 
 def _excess(rep) -> np.ndarray:
@@ -149,7 +152,7 @@ def _if_more(cost: CostModel, rnd: Round, modes: np.ndarray, served: int, most: 
 
 
 def six_mixed_plan(cost: CostModel, rnd: Round, gamma: int, most: int, window: int = SIX_WINDOW, passes: int = SIX_PASSES,
-                   margin: int | None = SIX_SEARCH_MARGIN):
+                   margin: int | None = SIX_SEARCH_MARGIN) -> tuple[np.ndarray, FeasibilityReport, int] | None:
     """The ``improve_mixed6_all_pairs`` post-step's last stage after plans serving ``most`` users: the
     six-parameter mixed re-pack (SD at ``gamma``), its line searches run only when its start grid
     serves at least ``most - margin`` (None: always). ``(modes, report, gamma)`` when its plan serves

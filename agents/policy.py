@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from envs.edge_schedule import EdgeScheduleEnv
 from envs.plan import DEFAULT_DRAFT_DEPTH, Plan
 from envs.workload import Round
 
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
+
 #: fields of the env config that shape the observation: taken from the policy, not the caller
 OBSERVATION_FIELDS = ("max_users", "max_gamma", "user_order", "input_tokens", "output_tokens", "deadline_s")
 #: what policy.json's "post_step" may name (None: absent): agents.plan_repair.POST_STEP_OPTIONS
@@ -32,7 +35,8 @@ POST_STEPS = (None, *POST_STEP_OPTIONS)
 ALGOS = ("dqn", "maskable_ppo", "ppo")  #: the SB3 algorithms a policy folder may hold
 
 
-def algo_class(name: str):
+def algo_class(name: str) -> type[BaseAlgorithm]:
+    """The stable-baselines3 class of algorithm ``name`` (one of ``ALGOS``)."""
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import DQN, PPO
 

@@ -10,6 +10,7 @@ it to ``envs.feasibility.check_plans`` on every prefix).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from envs.cost_model import CostModel, sd_iterations
 from envs.feasibility import EPS, share_needed
 from envs.plan import AD, SD
 from envs.workload import Round
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 #: how the re-packs rank candidates serving as many users: key = users - TIE_WEIGHT x fullness (the
 #: larger of compute share and memory used, 0..1), so the emptier plan wins (0 = the first found)
@@ -28,7 +32,7 @@ def _leading_run(fits: np.ndarray) -> np.ndarray:
     return np.where(fits.all(axis=1), fits.shape[1], np.argmin(fits, axis=1))
 
 
-def longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple, sd_used) -> tuple[np.ndarray, np.ndarray]:
+def longest_prefixes(cost: CostModel, rnd: Round, order: np.ndarray, eligible: np.ndarray, mode: int, gamma: int, other: tuple, sd_used: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Per candidate row of ``eligible`` (C, K) over the users in ``order``: how many of its eligible
     users (in that order) fit as one batch of ``mode`` beside a batch using ``other`` (share, bytes;
     scalars or one per row; ``sd_used`` likewise), and how full that plan is (the larger of compute

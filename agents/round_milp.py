@@ -226,7 +226,7 @@ class RoundMILP:
         return np.asarray(bad, dtype=np.int64)
 
     # ------------------------------------------------------------------ solving
-    def solve(self, time_limit_s: float, at_least: int = 0, at_most: int | None = None):
+    def solve(self, time_limit_s: float, at_least: int = 0, at_most: int | None = None) -> tuple[str, np.ndarray | None, int]:
         """Solve the relaxation serving ``>= at_least`` users. Returns ``(status, modes, bound)``.
 
         ``status``: 'optimal' (``modes`` is the relaxation's optimum, ``bound`` its value),

@@ -12,7 +12,7 @@ generator. Training rounds come from the **train** stream exactly as for v0
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
@@ -20,12 +20,15 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 from agents.sb3_vec_env import EdgeScheduleSB3VecEnv
 from envs.edge_schedule_v1_vector import INFO_KEYS, EdgeScheduleV1VectorEnv
 
+if TYPE_CHECKING:
+    from envs.edge_schedule_v1_vector import EdgeScheduleV1VectorEnv
+
 
 class EdgeScheduleV1SB3VecEnv(EdgeScheduleSB3VecEnv):
     """``num_envs`` EdgeSchedule-v1 rounds for SB3; ``env_kwargs`` are v1's keyword arguments."""
 
     @staticmethod
-    def make_vector_env(num_envs: int, env_kwargs: dict[str, Any]):
+    def make_vector_env(num_envs: int, env_kwargs: dict[str, Any]) -> EdgeScheduleV1VectorEnv:
         return EdgeScheduleV1VectorEnv(num_envs=num_envs, **env_kwargs)
 
     def step_wait(self) -> VecEnvStepReturn:

@@ -57,7 +57,7 @@ SIZE_SCALE = math.log1p(1000.0)
 PROGRESS = USER_FEATURES + 2 * BATCH_FEATURES + 2  #: index of the progress t / K in the observation  #: the set-size feature is log(1 + n) / SIZE_SCALE (independent of max_users)
 
 
-def round_size_feature(progress, remaining):
+def round_size_feature(progress: torch.Tensor | np.ndarray | float, remaining: torch.Tensor | np.ndarray | float) -> torch.Tensor | np.ndarray | float:
     """``log(1 + K) / SIZE_SCALE`` of the round size ``K = (n + 1) / (1 - t / K)`` recovered from the
     progress ``t / K`` and the ``n`` users to come (the observation has no K; torch or numpy)."""
     k = (remaining + 1.0) / (1.0 - progress).clip(min=1e-3) if hasattr(progress, "clip") else (remaining + 1.0) / max(1.0 - progress, 1e-3)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import nn
@@ -34,6 +35,9 @@ from agents.set_policy import (
     round_size_feature,
 )
 from envs.edge_schedule import USER_FEATURES
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
 
 Layer = Callable[[np.ndarray], np.ndarray]
 
@@ -64,7 +68,7 @@ def _run(layers: list[Layer], x: np.ndarray) -> np.ndarray:
     return x
 
 
-def supports(model) -> bool:
+def supports(model: BaseAlgorithm) -> bool:
     """True for an SB3 actor-critic policy whose actor uses :class:`SetFeaturesExtractor`."""
     policy = getattr(model, "policy", None)
     return hasattr(policy, "action_net") and isinstance(getattr(policy, "pi_features_extractor", None), SetFeaturesExtractor)

@@ -39,7 +39,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from omegaconf import OmegaConf
@@ -58,6 +58,9 @@ from agents.train_log import attach_writers, hparams_of, log_policy_artifact, wa
 from envs.config import refuse_renamed_overrides
 from envs.workload import make_rounds
 
+if TYPE_CHECKING:
+    from stable_baselines3.common.base_class import BaseAlgorithm
+
 # conf/train.yaml: ``hydra.run.dir: ${specsched_or:${output_dir},outputs/train/...}`` -- the run's
 # whole record (.hydra/, log, artefacts) goes to output_dir when it is set
 if not OmegaConf.has_resolver("specsched_or"):
@@ -66,7 +69,7 @@ if not OmegaConf.has_resolver("specsched_or"):
 
 
 # ------------------------------------------------------------------------------------------ train
-def rollout_timesteps(model, n_envs: int) -> int:
+def rollout_timesteps(model: BaseAlgorithm, n_envs: int) -> int:
     """Timesteps ``model.learn`` adds per collection: it stops only at whole collections."""
     from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 

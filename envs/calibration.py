@@ -23,8 +23,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 #: what a provenance (``measured_on``) value may be
 _SCALARS = (str, int, float, bool, type(None))
@@ -62,7 +66,7 @@ class ScaleCurve:
             raise ValueError(f"profile field '{where}.scale' must be {len(q)} positive finite factors (one per q), got {d['scale']!r}")
         return cls(tuple(q), tuple(scale))
 
-    def at(self, q):
+    def at(self, q: ArrayLike) -> np.ndarray:
         """The scale at ``q`` (numpy arrays broadcast)."""
         qp, sp = np.asarray(self.q), np.asarray(self.scale)
         q = np.asarray(q, dtype=float)

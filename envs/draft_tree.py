@@ -25,8 +25,12 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 PASS_WIDTHS = ("beams", "kept")
 
@@ -129,7 +133,7 @@ def tree_shape(alpha: float, tree: DraftTree) -> TreeShape:
     return _shape(float(alpha), tree)
 
 
-def expected_tokens(alpha, tree: DraftTree):
+def expected_tokens(alpha: ArrayLike, tree: DraftTree) -> np.ndarray:
     """Expected tokens per iteration (accepted drafts + bonus); numpy over ``alpha``."""
     if tree.is_chain:
         a = np.asarray(alpha, dtype=float)

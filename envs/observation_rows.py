@@ -11,8 +11,13 @@ it and neither should import the other's internals). Also the batch features bot
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from envs.plan_builder import ScalarPlan
+    from envs.split_builder import SplitScalarPlan
 
 
 def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) -> np.ndarray:
@@ -32,7 +37,7 @@ def observation_rows(feats: np.ndarray, k_max: int, obs_size: int, tail: int) ->
     return rows
 
 
-def batch_features(plan, m: int, num_users: int, scales: tuple[float, float, float], budget_bytes: float) -> list[float]:
+def batch_features(plan: ScalarPlan | SplitScalarPlan, m: int, num_users: int, scales: tuple[float, float, float], budget_bytes: float) -> list[float]:
     """Batch ``m``'s six observation features, clipped to [0, 1]: its size over K, longest input and
     output over ``scales``' input / output ranges, compute share, KV bytes over ``budget_bytes``, and
     its least slack over ``scales``' deadline range (the range itself while the batch is empty).

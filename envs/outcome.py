@@ -24,6 +24,7 @@ not modelled as an out-of-memory event (a paged KV allocator would absorb or pre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from envs.cost_model import CostModel, sd_iterations
 from envs.plan import AD, SD, Plan
 from envs.step_sharing import step_finish_times
 from envs.workload import Round
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Outcome:
         return int(self.served.sum())
 
 
-def simulate_sd_iterations(rng: np.random.Generator, output_tokens, alpha, gamma: int) -> np.ndarray:
+def simulate_sd_iterations(rng: np.random.Generator, output_tokens: ArrayLike, alpha: ArrayLike, gamma: int) -> np.ndarray:
     """Draw the SD iterations each user needs, token by token.
 
     Each iteration the draft's tokens are accepted one after another with probability ``alpha``

@@ -13,6 +13,7 @@ user they take exactly v0's decisions (``envs.plan_builder``; AD/SD arithmetic i
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from itertools import compress
 
 import numpy as np
@@ -106,7 +107,8 @@ class SplitScalarPlan:
                 for memo in memos:
                     memo.clear()
 
-    def prepare(self, inp: int, out: int, alpha: float, up: float, slack: float, deadline: float = math.inf, ed=None) -> list[bool]:
+    def prepare(self, inp: int, out: int, alpha: float, up: float, slack: float, deadline: float = math.inf,
+                ed: tuple[Sequence[int], Sequence[float], Sequence[bool], float] | None = None) -> list[bool]:
         """Masks for one user; ``ed`` = (J row, X row, allowed row, prefill) over depths 1..G, or None."""
         b, s_max, n_max, u_max, slack_min, sum_out, sh, mm = self.b, self.s_max, self.n_max, self.u_max, self.slack_min, self.sum_out, self.share, self.mem
         per_user, kv_l, kv_sd, sd_user = self._kv

@@ -35,8 +35,13 @@ SpecEdge's passes grow with the batch. Roofline latencies only (a measured table
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from envs.draft_tree import DraftTree, TreeShape
 from envs.hardware_specs import ModelSpec
+
+if TYPE_CHECKING:
+    from envs.latency import LatencyModel
 
 SERVER_ONLY_WIDTHS = ("tree", "padded")
 SPECEDGE_MAX_LEN = 2048  #: SpecEdge's ``max_len`` (KV slots per row; its configs' ``base.max_len``)
@@ -62,7 +67,7 @@ def kv_staging_bytes(kv_llm: float, kv_slm: float, span: int, context: float, se
     return (kv_llm + kv_slm) * (span + c) if server_only else kv_llm * (6.0 * span + c)
 
 
-def extra_rows_s(latency, b: int, per_row_bytes: float, option: str, profile: str) -> float:
+def extra_rows_s(latency: LatencyModel, b: int, per_row_bytes: float, option: str, profile: str) -> float:
     """Seconds of ``per_row_bytes`` for each of the ``b - 1`` rows beyond the first on ``latency``'s roofline (0 if ``b <= 1``)."""
     if b <= 1:
         return 0.0

@@ -49,6 +49,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agents.artefacts import write_text_atomic
 from runtime.edge_profile import CalibratedStart, calibrated_start
@@ -60,8 +61,15 @@ from runtime.split.edge_client import EdgeClient, RequestOutcome
 from runtime.split.pair_args import add_pair_args, load_pair_from_args
 from runtime.split.transport import DelayedLink, GrpcLink
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def run_clients(client, n: int, name: str) -> float:
+    import torch
+
+    from runtime.pair import ModelPair
+
+
+def run_clients(client: Callable[[int], object], n: int, name: str) -> float:
     """Run ``client(i)`` for i < n, each on its own thread, and return the wall time until all end (s)."""
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,), name=f"{name}-{i}") for i in range(n)]
@@ -177,7 +185,7 @@ def summarise(outcomes: list[RequestOutcome], wall_s: float) -> dict:
             "server_compute_ms": statistics.fmean(log.server_compute_ms for log in logs) if logs else None}
 
 
-def make_draft_device(kind: str, draft) -> SharedDraftDevice | BatchedDrafter | None:
+def make_draft_device(kind: str, draft: torch.nn.Module) -> SharedDraftDevice | BatchedDrafter | None:
     """The draft device this process's clients share (``--shared-device``): ``batched``, ``on``
     (one after another), ``off`` (none: each client drafts with the model's own forward) or
     ``auto`` (batched when the draft's architecture supports it, else on)."""
@@ -188,7 +196,7 @@ def make_draft_device(kind: str, draft) -> SharedDraftDevice | BatchedDrafter | 
     return SharedDraftDevice() if kind == "on" else None
 
 
-def run_placed(args: argparse.Namespace, pair, prompts: list[list[int]]) -> None:
+def run_placed(args: argparse.Namespace, pair: ModelPair, prompts: list[list[int]]) -> None:
     """``--placement on``: every request through the live server's planner (one outcome each)."""
     from runtime.split_placement import EdgeUser
 

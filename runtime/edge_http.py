@@ -32,6 +32,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
 
@@ -57,6 +58,11 @@ from runtime.openai_schemas import (
 )
 from runtime.serve_config import ServeConfig
 from runtime.textstream import TextStream
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from runtime.tokenizer import Tokenizer
 
 #: HTTP status and error code of a job that did not finish
 FAILED = {"error": (502, "verification_server_error"), "timeout": (504, "verification_timeout"), "cancelled": (499, "client_closed_request"),
@@ -144,7 +150,7 @@ class EdgeHTTP:
         await self.asgi(scope, receive, send)
 
     @staticmethod
-    def parse(schema, body: bytes):
+    def parse(schema: type[BaseModel], body: bytes) -> BaseModel:
         """A validated request, or :class:`BadRequest` naming the field (the server's messages)."""
         req = parse_request(schema, body, served_by="this edge")
         if req.top_p != 1.0:
@@ -168,7 +174,7 @@ class EdgeHTTP:
         return True
 
 
-def serve(listen: str, pool: EdgePool, tokenizer, server: str, max_tokens_limit: int, max_prompt_tokens: int,
+def serve(listen: str, pool: EdgePool, tokenizer: Tokenizer, server: str, max_tokens_limit: int, max_prompt_tokens: int,
           on_listening: Callable[[str], None] = lambda url: print(f"listening on {url}", flush=True), close_timeout_s: float = 30.0,
           header_timeout_s: float = ServeConfig.header_timeout_s) -> EdgePool:
     """Serve the endpoint until SIGINT / SIGTERM, then close the pool (waiting jobs end with

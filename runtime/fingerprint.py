@@ -19,10 +19,14 @@ import os
 import platform
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from envs.profile import Profile
+
+if TYPE_CHECKING:
+    from runtime.pair import ModelPair
 
 #: the fields compared, in the order a warning lists them
 FIELDS = ("cpu_model", "gpu_name", "cores", "threads", "torch", "dtype", "pair_recipe")
@@ -53,7 +57,7 @@ def pair_recipe(pair_dir: str | Path | None) -> str | None:
         return None
 
 
-def machine_fingerprint(device: str = "cpu", dtype: str = "float32", threads: int | None = None, pair=None) -> dict:
+def machine_fingerprint(device: str = "cpu", dtype: str = "float32", threads: int | None = None, pair: ModelPair | None = None) -> dict:
     """This machine as a profile's ``measured_on`` records it.
 
     ``threads`` defaults to torch's current CPU thread count; ``pair`` is a ``ModelPair`` or a pair

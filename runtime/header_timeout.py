@@ -21,7 +21,7 @@ from runtime.openai_schemas import error_body
 HEADER_GRACE = 6  #: header_timeout_s periods a connection with unread bytes waiting may get (the loop is behind, not the client)
 
 
-def unread_bytes_waiting(transport) -> bool:
+def unread_bytes_waiting(transport: asyncio.Transport) -> bool:
     """Whether the kernel holds bytes of this connection that the event loop has not read yet."""
     sock = transport.get_extra_info("socket")
     if sock is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest  # module level: FastAPI resolves annotations by name
 from pydantic import ValidationError
@@ -16,6 +17,7 @@ from runtime.openai_schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
     ChatMessageOut,
@@ -28,6 +30,13 @@ from runtime.openai_schemas import (
     error_body,
     plain_chat_prompt,
 )
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    from pydantic import BaseModel
+
+    from runtime.tokenizer import Tokenizer
 
 MODEL_ID = "specsched"
 
@@ -56,7 +65,7 @@ def validation_message(err: ValidationError) -> tuple[str, str | None]:
     return (f"'{loc}': {first.get('msg')}" if loc else str(first.get("msg"))), loc
 
 
-def parse_request(schema, body: bytes, served_by: str = "this server"):
+def parse_request(schema: type[BaseModel], body: bytes, served_by: str = "this server") -> BaseModel:
     """``body`` validated against ``schema`` (a request model of :mod:`runtime.openai_schemas`), or
     :class:`BadRequest`: 400 naming the field or the unsupported parameter, 404 for another model."""
     try:
@@ -72,7 +81,7 @@ def parse_request(schema, body: bytes, served_by: str = "this server"):
     return req
 
 
-def chat_prompt(tokenizer, messages: list[tuple[str, str]]) -> str:
+def chat_prompt(tokenizer: Tokenizer, messages: list[tuple[str, str]]) -> str:
     """The pair's chat template where its tokenizer has one, the documented plain template otherwise."""
     hf = getattr(tokenizer, "tok", None)
     if hf is not None and getattr(hf, "chat_template", None):
@@ -80,7 +89,7 @@ def chat_prompt(tokenizer, messages: list[tuple[str, str]]) -> str:
     return plain_chat_prompt(messages)
 
 
-def chat_messages(req) -> list[tuple[str, str]]:
+def chat_messages(req: ChatCompletionRequest) -> list[tuple[str, str]]:
     """A chat request's ``(role, text)`` pairs, or :class:`BadRequest` for content parts it cannot take."""
     try:
         return [(m.role, m.text()) for m in req.messages]
@@ -88,7 +97,7 @@ def chat_messages(req) -> list[tuple[str, str]]:
         raise BadRequest(400, str(err), err.param, "unsupported_parameter") from None
 
 
-def encode_prompt(tokenizer, text: str, param: str, max_prompt_tokens: int, limit_name: str) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, text: str, param: str, max_prompt_tokens: int, limit_name: str) -> list[int]:
     """Token ids of ``text`` (the request field ``param``), or :class:`BadRequest`: not Unicode, no
     tokens, or more than ``max_prompt_tokens`` (the setting ``limit_name``)."""
     try:
@@ -134,14 +143,14 @@ class StreamChunks:
         return f"data: {json.dumps(data)}\n\n"
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None, summary: dict | None = None):
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None, summary: dict | None = None) -> JSONResponse:
     """OpenAI's error body (plus the ``specsched`` summary when given) as a JSON response."""
     from fastapi.responses import JSONResponse
 
     return JSONResponse(error_body(status, message, param, code, summary), status_code=status)
 
 
-def add_openai_routes(app, handle: Callable, health: Callable[[], dict], created: int) -> None:
+def add_openai_routes(app: FastAPI, handle: Callable, health: Callable[[], dict], created: int) -> None:
     """The routes and error handlers the server and the edge share: ``POST /v1/completions`` and
     ``/v1/chat/completions`` (``await handle(request, chat=...)``), ``GET /v1/models``, ``GET /health``
     (``health()``'s body; 503 while its ``status`` is ``closing``), and OpenAI error bodies for

@@ -121,7 +121,8 @@ class ModelPair:
     path: Path | None = None
 
     @property
-    def device(self):
+    def device(self) -> torch.device:
+        """Where the target's weights are."""
         return next(self.target.parameters()).device
 
 

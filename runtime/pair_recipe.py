@@ -6,8 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from runtime.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
 
 #: prompts for measuring acceptance by type: the pair is trained on code, so prose is off-domain
 CODE_PROMPTS = [
@@ -34,7 +38,7 @@ class ModelShape:
     kv_heads: int
     intermediate: int
 
-    def config(self, vocab: int, max_positions: int):
+    def config(self, vocab: int, max_positions: int) -> LlamaConfig:
         from transformers import LlamaConfig
 
         return LlamaConfig(

@@ -51,6 +51,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -74,6 +75,9 @@ from runtime.profile_inputs import (
     read_profile,
 )
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 #: the quick calibration's points (see the module docstring)
 QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5), (128, 512)
 #: the quick calibration's prefill lengths (passes with q = c: the whole prompt at once)
@@ -86,7 +90,7 @@ QUICK_ENGINE_B, QUICK_ENGINE_TRIALS = (1, 4, 8), 3  # the residual is a small di
 QUICK_ENGINE_PROMPTS, QUICK_ENGINE_OUTPUTS = (8, 160), (8, 80)
 
 
-def measure(pair: ModelPair, b_grid, q_grid, c_grid, repeats: int, progress: bool = True) -> dict:
+def measure(pair: ModelPair, b_grid: Sequence[int], q_grid: Sequence[int], c_grid: Sequence[int], repeats: int, progress: bool = True) -> dict:
     out = {}
     for key, model in (("llm", pair.target), ("slm", pair.draft)):
         tau = np.zeros((len(b_grid), len(q_grid), len(c_grid)))
@@ -108,7 +112,7 @@ class _Sink:
         self.tokens.extend(new)
 
 
-def measure_engine(pair: ModelPair, profile: dict, b_grid, repeats: int, gammas=(2, 6), trials: int = 4, seed: int = 0, progress: bool = True,
+def measure_engine(pair: ModelPair, profile: dict, b_grid: Sequence[int], repeats: int, gammas: Sequence[int] = (2, 6), trials: int = 4, seed: int = 0, progress: bool = True,
                    prompt_tokens: tuple[int, int] = (16, 128), output_tokens: tuple[int, int] = (8, 64)) -> dict:
     """Engine overhead per batch size: engine wall time minus the cost model's prediction from
     ``profile`` (its table, and its ``calibration`` when it has one).
@@ -191,8 +195,8 @@ def roofline_fit(profile: dict) -> dict:
     return fits
 
 
-def quick_calibration(pair: ModelPair, base: dict, b=QUICK_B, q=QUICK_Q, c=QUICK_C, prefill=QUICK_PREFILL, repeats: int = 3, measured_on: dict | None = None,
-                      progress: bool = True, prefill_b=None) -> dict:
+def quick_calibration(pair: ModelPair, base: dict, b: Sequence[int] = QUICK_B, q: Sequence[int] = QUICK_Q, c: Sequence[int] = QUICK_C, prefill: Sequence[int] = QUICK_PREFILL, repeats: int = 3, measured_on: dict | None = None,
+                      progress: bool = True, prefill_b: Sequence[int] | None = None) -> dict:
     """A ``calibration`` section for profile dict ``base``: measured / predicted pass time on this machine.
 
     Steps: every ``b`` x ``q`` x ``c`` point (``time_pass``); prefills: ``(b, s, s)`` for every ``b``

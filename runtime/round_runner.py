@@ -19,6 +19,7 @@ import copy
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,10 @@ from runtime.machine_profile import resolve_profile
 from runtime.metrics import ServeMetrics
 from runtime.pair import ModelPair
 from runtime.serve_config import ServeConfig, check_profile_matches_pair, policy_profile_warning
+
+if TYPE_CHECKING:
+    from agents.scheduler import Scheduler
+    from envs.plan import Plan
 
 log = logging.getLogger("specsched.serve")
 PROBE_PROMPT = "def probe(values):\n    total = 0\n    for v in values:\n"
@@ -89,12 +94,12 @@ class RoundRunner:
         self.probe_s = 0.0  #: wall time of the last speed probe (the warm-up's at first: an upper estimate)
         self.cancel = threading.Event()
 
-    def make_scheduler(self):
+    def make_scheduler(self) -> Scheduler:
         """The round planner (a hook: runtime.split_rounds plans with a v1 scheduler)."""
         cfg = self.cfg
         return make_scheduler(cfg.scheduler, self.cost, EnvConfig.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
 
-    def place_other(self, req: LiveRequest, index: int, plan, loop) -> bool:
+    def place_other(self, req: LiveRequest, index: int, plan: Plan, loop: asyncio.AbstractEventLoop) -> bool:
         """A plan's mode other than AD / SD for ``req`` (row ``index``): True if taken care of, else it is
         rejected. A hook: runtime.split_rounds hands ED users to their edges."""
         return False

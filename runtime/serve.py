@@ -38,6 +38,7 @@ the cores (``torch`` threads = cores / 2 each, unless ``threads`` is set).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -47,6 +48,11 @@ from runtime.executor import run_parallel, run_shared
 from runtime.header_timeout import header_timeout_protocol
 from runtime.rounds import RoundServer
 from runtime.serve_config import ServeConfig
+
+if TYPE_CHECKING:
+    import socket
+
+    from runtime.pair import ModelPair
 
 __all__ = ["ServeConfig", "ServeApp", "RoundServer", "SpecSchedServer", "create_app", "make_server", "run_parallel", "run_shared", "main"]
 
@@ -66,7 +72,7 @@ class SpecSchedServer(uvicorn.Server):
                                         timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5))
         self.serve_app = app
 
-    async def shutdown(self, sockets=None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.serve_app.rounds.shutdown()
         await super().shutdown(sockets)
 
@@ -76,7 +82,7 @@ class SpecSchedServer(uvicorn.Server):
         return f"http://{host}:{port}"
 
 
-def make_server(cfg: ServeConfig, pair=None, log_level: str = "warning") -> SpecSchedServer:
+def make_server(cfg: ServeConfig, pair: ModelPair | None = None, log_level: str = "warning") -> SpecSchedServer:
     """A ready-to-run server (config validated, pair loaded unless given); ``run()`` serves until
     SIGTERM / Ctrl-C or ``should_exit``."""
     return SpecSchedServer(create_app(cfg, pair), host=cfg.host, port=cfg.port, log_level=log_level)

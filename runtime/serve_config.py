@@ -14,11 +14,16 @@ one planning.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from envs.config import EnvConfig, resolve_draft_depth
 from envs.profile import Profile, load_profile
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 #: schedulers that plan the ED mode (EdgeSchedule-v1): the only ones placement=split accepts
 SPLIT_SCHEDULERS = ("balance_ed", "edge_first", "policy")
@@ -36,7 +41,7 @@ class SplitSettings:
     max_clients: int = 64  #: concurrent gRPC streams (placement + verification)
 
     @classmethod
-    def from_value(cls, value) -> SplitSettings:
+    def from_value(cls, value: SplitSettings | Mapping[str, Any] | None) -> SplitSettings:
         """From a mapping (Hydra's ``split.*``) or an instance; raises ``ValueError`` naming the field."""
         if isinstance(value, cls):
             s = value
@@ -201,7 +206,7 @@ class ServeConfig:
                              f"(it searches every plan of a round), got {self.max_round}; set max_round={limit}")
 
 
-def check_profile_matches_pair(profile: Profile, target_config, draft_config) -> None:
+def check_profile_matches_pair(profile: Profile, target_config: PretrainedConfig, draft_config: PretrainedConfig) -> None:
     """Refuse a profile whose model dimensions or vocabulary differ from the loaded pair's
     (``*_config``: the Hugging Face configs); planning with it would time another model."""
     fields = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "vocab": "vocab_size"}

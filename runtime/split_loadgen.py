@@ -17,9 +17,14 @@ from __future__ import annotations
 import argparse
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
+
+if TYPE_CHECKING:
+    from runtime.split_placement import EdgeUser
+    from runtime.tokenizer import Tokenizer
 
 
 def draw_round(rng: np.random.Generator, r: int, edge_users: int, http_users: int, tokens: tuple[int, int], deadline_s: tuple[float, float],
@@ -35,7 +40,7 @@ def draw_round(rng: np.random.Generator, r: int, edge_users: int, http_users: in
     return users
 
 
-def run_round(users: list[dict], edges: list, url: str, tok) -> None:
+def run_round(users: list[dict], edges: list[EdgeUser], url: str, tok: Tokenizer) -> None:
     """All users of a round at once (edge user ``i`` of the round on ``edges[i]``); fills each dict with what happened."""
 
     def edge(u: dict, i: int) -> None:
@@ -96,7 +101,7 @@ def add_round_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
 
 
-def check_ranges(ap: argparse.ArgumentParser, args) -> None:
+def check_ranges(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The options shared with experiments.split_sim_vs_real, checked before anything starts."""
     for name, lo in (("rounds", 1), ("edge_users", 0), ("http_users", 0)):
         if getattr(args, name) < lo:

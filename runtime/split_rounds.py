@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -69,6 +69,14 @@ from runtime.split.verifier import BatchVerifier
 from runtime.split_placement import SERVICE as PLACEMENT_SERVICE
 from runtime.split_placement import PlacementMsg, PlaceMsg
 from runtime.textstream import TextStream
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from google.protobuf.message import Message
+
+    from agents.scheduler import Scheduler
+    from envs.plan import Plan
 
 log = logging.getLogger("specsched.serve")
 KINDS = ("edge", "http")
@@ -112,7 +120,7 @@ class SplitRoundServer(RoundServer):
         self.first_message_s = FIRST_MESSAGE_S
 
     # ------------------------------------------------------------------------- planning
-    def make_scheduler(self):
+    def make_scheduler(self) -> Scheduler:
         if self.cfg.scheduler == "policy":  # a v1 policy (ServeConfig checked its env id)
             from agents.policy_v1 import PolicyV1Scheduler
 
@@ -142,7 +150,7 @@ class SplitRoundServer(RoundServer):
             req.ed_alone_s = min(times, default=float("inf"))
         return min(fastest, req.ed_alone_s * self.calibration.factor["sd"])
 
-    def place_other(self, req: LiveRequest, index: int, plan, loop) -> bool:
+    def place_other(self, req: LiveRequest, index: int, plan: Plan, loop: asyncio.AbstractEventLoop) -> bool:
         if plan.modes[index] != ED or not isinstance(req, EdgeRequest) or plan.ed_depth is None:
             return False
         if req.outcome is not None:  # it ended while its round was planned (its edge hung up): nothing to place
@@ -264,7 +272,7 @@ class SplitRoundServer(RoundServer):
             return f"report tokens: token ids must lie in [0, {vocab})"
         return None
 
-    def place(self, request_iterator, context):
+    def place(self, request_iterator: Iterator[Message], context: grpc.ServicerContext) -> Iterator[Message]:
         """One edge request over its bidirectional placement stream (a gRPC worker thread).
 
         Every wait is bounded: the request's first message by ``first_message_s``; everything after

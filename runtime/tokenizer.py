@@ -75,6 +75,6 @@ def load_tokenizer(folder: str | Path) -> ByteTokenizer | HFTokenizer:
     return HFTokenizer(folder)
 
 
-def check_same_tokenizer(a, b, where: tuple[str, str] = ("target", "draft")) -> None:
+def check_same_tokenizer(a: Tokenizer, b: Tokenizer, where: tuple[str, str] = ("target", "draft")) -> None:
     if a.fingerprint() != b.fingerprint():
         raise ValueError(f"the {where[0]} and {where[1]} tokenizers differ (vocab sizes {a.vocab_size} and {b.vocab_size}); speculative decoding needs one shared vocabulary")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -24,6 +25,11 @@ from runtime.split.batcher import VerificationBatcher
 from runtime.split.messages import SERVICE, VerdictMsg, VerifyMsg, msg_to_request, reply_to_msg
 from runtime.split.verifier import InvalidRequest
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from google.protobuf.message import Message
+
 
 class VerifierService:
     def __init__(self, batcher: VerificationBatcher, reply_timeout_s: float = 60.0):
@@ -31,7 +37,7 @@ class VerifierService:
         self.streams_opened = 0
         self._count_lock = threading.Lock()  # streams open on many gRPC threads at once: += alone can lose a count
 
-    def verify(self, request_iterator, context):
+    def verify(self, request_iterator: Iterator[Message], context: grpc.ServicerContext) -> Iterator[Message]:
         client = uuid.uuid4().hex
         self.batcher.join(client)
         with self._count_lock:

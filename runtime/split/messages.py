@@ -9,10 +9,14 @@ sample-and-match rule needs none, see :mod:`.acceptance`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from runtime.split.verifier import VerifyRequest
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 PACKAGE = "specsched.split"
 SERVICE = f"{PACKAGE}.Verifier"
@@ -59,18 +63,18 @@ class Reply:
     cohort: int = 0
 
 
-def request_to_msg(req: VerifyRequest, seq: int, sent_at: float):
+def request_to_msg(req: VerifyRequest, seq: int, sent_at: float) -> Message:
     return VerifyMsg(seq=seq, prompt=list(req.prompt), drafts=list(req.drafts), committed=req.committed,
                      temperature=req.temperature, seed=req.seed, sent_at=sent_at)
 
 
-def msg_to_request(msg, client: str) -> VerifyRequest:
+def msg_to_request(msg: Message, client: str) -> VerifyRequest:
     return VerifyRequest(client, tuple(msg.drafts), tuple(msg.prompt), int(msg.committed), float(msg.temperature), int(msg.seed))
 
 
-def reply_to_msg(reply: Reply, seq: int):
+def reply_to_msg(reply: Reply, seq: int) -> Message:
     return VerdictMsg(seq=seq, **{k: getattr(reply, k) for k in Reply.__dataclass_fields__})
 
 
-def msg_to_reply(msg) -> Reply:
+def msg_to_reply(msg: Message) -> Reply:
     return Reply(**{k: getattr(msg, k) for k in Reply.__dataclass_fields__})

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from runtime.pair import ModelPair
 
 
 def add_pair_args(ap: argparse.ArgumentParser) -> None:
@@ -18,7 +22,7 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
                     "machine, the edge and the server each on cores of their own, as on a testbed of two devices")
 
 
-def load_pair_from_args(args: argparse.Namespace):
+def load_pair_from_args(args: argparse.Namespace) -> ModelPair:
     from runtime.pair import PairQualityError, build_pair, device_dtype_problem, load_pair
 
     if args.threads < 1:

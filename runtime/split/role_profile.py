@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,11 +22,16 @@ from tqdm import tqdm
 
 from runtime.pass_timing import device_spec, time_pass
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from runtime.pair import ModelPair
+
 #: sections a server-role measurement keeps from an existing profile
 SPLIT_SECTIONS = ("edge", "network")
 
 
-def edge_section(pair, device: str, dtype: str, b_grid, q_grid, c_grid, repeats: int, measured_on: dict, progress: bool = True) -> dict:
+def edge_section(pair: ModelPair, device: str, dtype: str, b_grid: Sequence[int], q_grid: Sequence[int], c_grid: Sequence[int], repeats: int, measured_on: dict, progress: bool = True) -> dict:
     """The ``edge`` section: this device and the draft model's measured pass times on it."""
     tau = np.zeros((len(b_grid), len(q_grid), len(c_grid)))  # (b, q, c) seconds
     points = [(i, j, k) for i in range(len(b_grid)) for j in range(len(q_grid)) for k in range(len(c_grid))]

@@ -31,7 +31,7 @@ def bucketed(n: int, bucket: int) -> int:
     return -(-n // bucket) * bucket
 
 
-def stack_past(pasts: list[ClientKV | None], bucket: int = 1):
+def stack_past(pasts: list[ClientKV | None], bucket: int = 1) -> tuple[DynamicCache, int]:
     """A cache holding every row's past, left-padded to the longest (rounded up to a multiple of
     ``bucket``); returns ``(cache, width)``. Rows without a past (a first request) are all
     padding; with no past at all the cache is empty."""
@@ -54,7 +54,7 @@ def stack_past(pasts: list[ClientKV | None], bucket: int = 1):
     return DynamicCache(ddp_cache_data=layers), width
 
 
-def split_rows(cache, width: int, past_lengths: list[int], keep: list[int]) -> list[ClientKV]:
+def split_rows(cache: DynamicCache, width: int, past_lengths: list[int], keep: list[int]) -> list[ClientKV]:
     """Each row's KV after a forward: its own past plus the first ``keep[i]`` query columns."""
     out = []
     layers = [(layer.keys, layer.values) for layer in cache.layers]  # each (B, kv_heads, P + N, head_dim)

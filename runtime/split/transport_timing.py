@@ -19,12 +19,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agents.artefacts import write_text_atomic
 from runtime.split.batcher import VerificationBatcher
 from runtime.split.grpc_server import start_server
 from runtime.split.transport import GrpcLink, LocalLink
 from runtime.split.verifier import Verdict, VerifyRequest
+
+if TYPE_CHECKING:
+    from runtime.split.transport import VerifierLink
 
 
 class InstantVerifier:
@@ -48,7 +52,7 @@ class InstantVerifier:
         return out
 
 
-def round_trips(link, requests: int, depth: int, timeout_s: float = 10.0) -> tuple[list[float], float]:
+def round_trips(link: VerifierLink, requests: int, depth: int, timeout_s: float = 10.0) -> tuple[list[float], float]:
     """Milliseconds of each of ``requests`` sequential round trips, and CPU ms per round trip."""
     committed, times = 4, []
     prompt = (1, 2, 3, 4)
