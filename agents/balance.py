@@ -6,7 +6,8 @@ For every candidate ``(z, lam)`` on a grid that includes 0 and 1 (``grid_step``,
 2. AD users are chosen optimally with compute share ``z`` and KV budget ``lam * M_rem``
    (:func:`agents.mode_solver.solve_mode`);
 3. SD users are chosen optimally among the rest with ``1 - z`` and ``(1 - lam) * M_rem``;
-4. the pair serving the most users wins (ties: the earlier grid point, z descending).
+4. the pair serving the most users wins; a tie goes to the point visited first: the SD-only corner
+   ``(0, 0)``, then the AD-only corner ``(1, 1)``, then the grid by ``z`` descending, ``lam`` ascending.
 
 Grid points are visited best-first and skipped when a cheap upper bound on AD + SD cannot beat
 the incumbent, so the number served equals a full grid scan's, only faster. The AD-only

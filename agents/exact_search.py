@@ -150,6 +150,8 @@ def exhaustive_search(cost: CostModel, rnd: Round, gamma: int, incumbent: int = 
     subtrees; the plan returned is then one of the largest, not necessarily the first in order.
     """
     k = rnd.num_users
+    if k == 0:  # no plan serves more than the incumbent (>= 0); the envelope needs a user
+        return None, True, 0
     start = time.perf_counter()
     # tight users first: infeasible branches die early
     order = np.argsort(rnd.slack_s - rnd.uplink_s, kind="stable")

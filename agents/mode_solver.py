@@ -138,13 +138,14 @@ def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: 
     keep = elig.any(axis=1)
     elig = elig[keep]
     # rows with the same eligible set are dominated by the one at that set's own maxima
-    s_thr = np.where(elig, inp[None, :], 0).max(axis=1)
-    t_thr = np.where(elig, second[None, :], 0).max(axis=1)
+    # initial=0: the same maxima (every kept row has a member); a round with no users has no rows
+    s_thr = np.where(elig, inp[None, :], 0).max(axis=1, initial=0)
+    t_thr = np.where(elig, second[None, :], 0).max(axis=1, initial=0)
     _, first = np.unique(np.stack([s_thr, t_thr], axis=1), axis=0, return_index=True)
     first = np.sort(first)
     elig, s_thr, t_thr = elig[first], s_thr[first], t_thr[first]
     b = np.arange(k + 1)[None, :]
-    n_hi = np.where(elig, out[None, :], 0).max(axis=1)
+    n_hi = np.where(elig, out[None, :], 0).max(axis=1, initial=0)
     padded = cost.kv_memory == "padded"
     if mode == AD:
         n_lo = t_thr
@@ -159,8 +160,8 @@ def build_table(cost: CostModel, rnd: Round, mode: int, gamma: int, optimistic: 
     else:
         big = np.iinfo(np.int64).max
         # a batch with these maxima holds a user at J and one at S: N is at least their outputs
-        at_j = np.where(elig & (second[None, :] == t_thr[:, None]), out[None, :], big).min(axis=1)
-        at_s = np.where(elig & (inp[None, :] == s_thr[:, None]), out[None, :], big).min(axis=1)
+        at_j = np.where(elig & (second[None, :] == t_thr[:, None]), out[None, :], big).min(axis=1, initial=big)
+        at_s = np.where(elig & (inp[None, :] == s_thr[:, None]), out[None, :], big).min(axis=1, initial=big)
         n_lo = np.maximum(at_j, at_s)
         # ... and b users, so N is at least the b-th smallest eligible output (KV order is O order)
         ranked = np.sort(np.where(elig, out[None, :], big), axis=1)

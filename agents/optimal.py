@@ -65,7 +65,13 @@ def _plan_from_modes(cost: CostModel, rnd: Round, modes, gamma: int, extra: dict
 
 
 def split_upper_bound(cost: CostModel, rnd: Round, gamma: int, step: float = 0.01, incumbent: int = 0) -> int:
-    """Certified upper bound on the optimum with draft depth ``gamma`` (see the module docstring)."""
+    """Certified upper bound on the optimum with draft depth ``gamma`` (see the module docstring).
+
+    ``incumbent`` (users served by a plan already found) prunes: once every cell left has a cheap
+    bound of at most ``incumbent``, their exact solves cannot raise the answer above it, so the
+    largest cheap bound left stands in for them. The result is still a valid bound whatever
+    ``incumbent`` is; it equals the unpruned one whenever either exceeds ``incumbent``, so a caller
+    certifying ``bound <= incumbent`` decides exactly as without pruning."""
     k = rnd.num_users
     everyone = np.ones(k, dtype=bool)
     ad_tab = build_table(cost, rnd, AD, gamma)
@@ -77,7 +83,6 @@ def split_upper_bound(cost: CostModel, rnd: Round, gamma: int, step: float = 0.0
     # cheap bounds first for every cell corner, exact single-mode optima only where needed
     ad_cheap = upper_bound_grid(ad_tab, g, g * rem_sd)  # (z1, l1)
     sd_cheap = upper_bound_grid(sd_tab, 1.0 - g, (1.0 - g) * rem_sd)  # (z0, l0)
-    best = max(ad_only, sd_only, incumbent)
     cells = []
     for i in range(len(g) - 1):
         for j in range(len(g) - 1):
@@ -89,6 +94,9 @@ def split_upper_bound(cost: CostModel, rnd: Round, gamma: int, step: float = 0.0
     for cheap, i, j in cells:
         if cheap <= bound:
             break
+        if cheap <= incumbent:  # cells are in descending cheap bound: none left can beat the incumbent
+            bound = max(bound, cheap)
+            break
         a = ad_cache.get((i + 1, j + 1))
         if a is None:
             a = ad_cache[(i + 1, j + 1)] = len(solve_mode(ad_tab, everyone, float(g[i + 1]), float(g[j + 1]) * rem_sd))
@@ -96,7 +104,7 @@ def split_upper_bound(cost: CostModel, rnd: Round, gamma: int, step: float = 0.0
         if s is None:
             s = sd_cache[(i, j)] = len(solve_mode(sd_tab, everyone, 1.0 - float(g[i]), (1.0 - float(g[j])) * rem_sd))
         bound = max(bound, min(a + s, k))
-    return max(bound, best if best <= bound else bound)
+    return bound
 
 
 class Optimal(Scheduler):
@@ -170,6 +178,10 @@ def certify(cost: CostModel, rnd: Round, gamma: int, time_limit_s: float, warm: 
     k = rnd.num_users
     trace: list[dict] = []
     state = {"best": np.zeros(k, dtype=np.int8), "lower": 0, "upper": k}
+    if k == 0:  # nothing to decide: the empty plan is optimal (and the envelope needs a user)
+        trace.append({"t_s": round(time.perf_counter() - start, 4), "lower": 0, "upper": 0, "event": "no users"})
+        extra = {"upper_bound": 0, "gap": 0, "optimal": True, "certified": True, "trace": trace, "milp_solves": 0, "cuts": 0}
+        return _plan_from_modes(cost, rnd, state["best"], gamma, extra)
 
     def left() -> float:
         return time_limit_s - (time.perf_counter() - start)

@@ -462,13 +462,36 @@ def test_exhaustive_scheduler_limits_and_extras():
 
 
 # ------------------------------------------------------------------------------ the split bound
-def test_split_upper_bound_covers_the_optimum_and_ignores_the_incumbent():
+def test_split_upper_bound_covers_the_optimum_and_the_incumbent_only_prunes(monkeypatch):
+    """With an incumbent the bound stays valid, equals the unpruned one where either exceeds the
+    incumbent (so certifying ``bound <= incumbent`` decides alike), and solves fewer cells."""
+    import agents.optimal as optimal
+
+    calls = {"n": 0}
+    solve = optimal.solve_mode
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(optimal, "solve_mode", counted)
+    fewer = 0
     for i, (cost, rnd) in enumerate(CASES):
         gamma = 1 + i % 4
         opt = brute_optimum(cost, rnd, gamma)
+        calls["n"] = 0
         ub = split_upper_bound(cost, rnd, gamma, 0.25)
+        full = calls["n"]
         assert opt <= ub <= rnd.num_users
-        assert split_upper_bound(cost, rnd, gamma, 0.25, incumbent=rnd.num_users) == ub
+        for incumbent in range(rnd.num_users + 1):
+            calls["n"] = 0
+            pruned = split_upper_bound(cost, rnd, gamma, 0.25, incumbent=incumbent)
+            assert opt <= pruned <= rnd.num_users and calls["n"] <= full
+            assert (pruned <= incumbent) == (ub <= incumbent)  # the certification decides alike
+            if pruned > incumbent or ub > incumbent:
+                assert pruned == ub
+            fewer += calls["n"] < full
+    assert fewer > 0  # the incumbent does prune somewhere
 
 
 def test_split_upper_bound_hand_values():

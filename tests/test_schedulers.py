@@ -173,3 +173,18 @@ def test_optimal_reports_gap_under_time_limit():
     assert plan.extra["gap"] == plan.extra["upper_bound"] - plan.admitted
     assert plan.extra["optimal"] == (plan.extra["gap"] == 0)
     assert plan.extra["upper_bound"] <= cfg.num_users
+
+
+@pytest.mark.parametrize("kv_memory", ["per_user", "padded"])
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_a_round_with_no_users_gets_the_empty_plan(name, kv_memory):
+    """K = 0 (a round that lost every user, or a server window with nobody in it): every scheduler
+    returns an empty, feasible plan (BALANCE's per-mode tables and the exact searches' envelope
+    used to raise on it)."""
+    cfg = EnvConfig(num_users=5, kv_memory=kv_memory)
+    cost = CostModel.from_config(cfg)
+    empty = sample_round(np.random.default_rng(0), cfg).subset(np.array([], dtype=int))
+    plan = make_scheduler(name, cost, 8, seed=0).plan(empty)
+    assert plan.modes.shape == (0,) and plan.admitted == 0 and check_plan(cost, empty, plan).feasible
+    if name in ("exhaustive", "optimal"):
+        assert plan.extra["upper_bound"] == 0 and plan.extra["gap"] == 0
