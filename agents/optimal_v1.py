@@ -16,6 +16,7 @@ depth on small rounds. Limited to ``max_users`` (default 8) users: 4^8 = 65,536 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,8 +30,6 @@ from envs.split_plan import EdUsers
 from envs.workload import Round
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from envs.cost_model import CostModel
 
 

@@ -48,6 +48,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,8 +63,6 @@ from runtime.split.pair_args import add_pair_args, load_pair_from_args
 from runtime.split.transport import DelayedLink, GrpcLink
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import torch
 
     from runtime.pair import ModelPair

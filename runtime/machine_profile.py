@@ -290,7 +290,7 @@ def resolve_profile(requested: str | Path, *, pair: ModelPair | None, device: st
     data["name"] = entry.stem
     data["derived_from"] = {"base": str(base), "base_sha256": base_sha, "method": method, "note": "runtime.machine_profile: the base table with a quick calibration (and engine overhead, when measured) measured on this machine"}
     prof = Profile.from_dict(data, name=entry.stem)  # validate before writing
-    from runtime.profile import write_profile
+    from runtime.profile_inputs import write_profile
 
     write_profile(data, entry)
     return PlanningProfile(entry, "measured", base, fp, prof, measure_s=took)

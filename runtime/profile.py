@@ -47,15 +47,12 @@ written to a temporary file and renamed: a killed run leaves the previous file i
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import yaml
 from tqdm import tqdm
 
 from runtime.fingerprint import machine_fingerprint
@@ -73,10 +70,8 @@ from runtime.profile_inputs import (
     check_out_path,
     check_pair_matches,
     read_profile,
+    write_profile,
 )
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
 #: the quick calibration's points (see the module docstring)
 QUICK_B, QUICK_Q, QUICK_C = (1, 8), (1, 5), (128, 512)
@@ -243,29 +238,6 @@ def quick_engine(pair: ModelPair, calibrated: dict, repeats: int = 1, progress: 
     """
     return measure_engine(pair, calibrated, QUICK_ENGINE_B, repeats, trials=QUICK_ENGINE_TRIALS, progress=progress,
                           prompt_tokens=QUICK_ENGINE_PROMPTS, output_tokens=QUICK_ENGINE_OUTPUTS)
-
-
-class _PlainDumper(yaml.SafeDumper):
-    """A safe dumper that writes a list shared by two fields twice, not as ``&id001`` / ``*id001``:
-    a profile is read and edited by people (the quick calibration's curves share one ``q`` list)."""
-
-    def ignore_aliases(self, data) -> bool:
-        return True
-
-
-def write_profile(profile: dict, out: Path) -> None:
-    """Write atomically: a temporary file beside ``out``, flushed to disk, renamed over it (no YAML
-    anchors: shared objects are written out in full)."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(yaml.dump(profile, Dumper=_PlainDumper, sort_keys=False, width=200))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _profile_path(name_or_path: str | Path) -> Path:

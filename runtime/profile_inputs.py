@@ -1,4 +1,5 @@
-"""What a profiling run is given, checked before it measures (``runtime.profile``'s inputs).
+"""What a profiling run is given, checked before it measures (``runtime.profile``'s inputs), and
+how it writes its profile (:func:`write_profile`).
 
 Loading a real pair takes minutes and measuring it more: every check here fails before that, with
 a message naming the flag -- the output path, the device and dtype, and every existing profile the
@@ -101,3 +102,26 @@ def check_existing_profile(pair: ModelPair, old: Profile, out: Path, role: str, 
         check_pair_matches(pair, old, roles, hint=hint)
     except ValueError as exc:
         raise SystemExit(f"--out {out}: {exc}") from None
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """A safe dumper that writes a list shared by two fields twice, not as ``&id001`` / ``*id001``:
+    a profile is read and edited by people (the quick calibration's curves share one ``q`` list)."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def write_profile(profile: dict, out: Path) -> None:
+    """Write atomically: a temporary file beside ``out``, flushed to disk, renamed over it (no YAML
+    anchors: shared objects are written out in full)."""
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(yaml.dump(profile, Dumper=_PlainDumper, sort_keys=False, width=200))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -38,6 +38,7 @@ the cores (``torch`` threads = cores / 2 each, unless ``threads`` is set).
 from __future__ import annotations
 
 import logging
+import socket
 from typing import TYPE_CHECKING
 
 import uvicorn
@@ -50,8 +51,6 @@ from runtime.rounds import RoundServer
 from runtime.serve_config import ServeConfig
 
 if TYPE_CHECKING:
-    import socket
-
     from runtime.pair import ModelPair
 
 __all__ = ["ServeConfig", "ServeApp", "RoundServer", "SpecSchedServer", "create_app", "make_server", "run_parallel", "run_shared", "main"]

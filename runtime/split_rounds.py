@@ -46,6 +46,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +72,6 @@ from runtime.split_placement import PlacementMsg, PlaceMsg
 from runtime.textstream import TextStream
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from google.protobuf.message import Message
 
     from agents.scheduler import Scheduler

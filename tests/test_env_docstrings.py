@@ -14,7 +14,7 @@ from envs import edge_schedule, edge_schedule_v1
 
 def _formula(doc: str) -> tuple[int, int, int]:
     """``(constant, per G, per user)`` of the docstring's ``Box(0, 1, (a + bG + c * (1 + K_max),), ...)``."""
-    m = re.search(r"``Box\(0, 1, \((\d+) \+ (\d*) ?\*? ?G \+ (\d+) \* \(1 \+ K_max\),\), float32\)``", doc.replace("2G", "2 * G"))
+    m = re.search(r"``Box\(0, 1, \((\d+) \+ (\d*)G \+ (\d+) \* \(1 \+ K_max\),\), float32\)``", doc)
     assert m, "the docstring's Box(...) formula is missing or in another form"
     return int(m.group(1)), int(m.group(2) or 1), int(m.group(3))
 

@@ -205,7 +205,7 @@ def test_server_profile_records_the_device_peak_in_its_dtype(pair, tmp_path, mon
 
 def test_write_profile_writes_shared_lists_out_in_full(tmp_path):
     """The quick calibration's curves share one ``q`` list; the file must not use YAML anchors."""
-    from runtime.profile import write_profile
+    from runtime.profile_inputs import write_profile
 
     q = [1, 5, 32]
     data = {"calibration": {"llm": {"q": q, "scale": [1.0, 1.1, 1.2]}, "slm": {"q": q, "scale": [2.0, 2.1, 2.2]}}}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,6 @@ from runtime.split.messages import SERVICE, VerdictMsg, VerifyMsg, msg_to_reques
 from runtime.split.verifier import InvalidRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from google.protobuf.message import Message
 
 

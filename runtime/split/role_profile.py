@@ -12,6 +12,7 @@ already has.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,8 +24,6 @@ from tqdm import tqdm
 from runtime.pass_timing import device_spec, time_pass
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from runtime.pair import ModelPair
 
 #: sections a server-role measurement keeps from an existing profile
