@@ -177,6 +177,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="runtime.edge --shared-device: batched (auto with a Llama draft), the edge's clients' draft steps run as one "
                          "batched forward on its one device; on, they draft one after another (staggered arrivals); off, they draft "
                          "concurrently with the model's own forward (interleaved on one thread)")
+    ap.add_argument("--proactive-priority", choices=["yield", "equal"], default="yield",
+                    help="runtime.edge --proactive-priority: with a batched draft device, yield (a step with on-demand rows leaves the "
+                         "proactive rows out) or equal (every row in every step)")
     # on one machine the edge and the server share its cores: unpinned, the edge's (proactive) drafting
     # slowed the server's forwards by 6-25 % (server_compute_ms, proactive on vs off); a testbed has two devices
     ap.add_argument("--pin-cpus", choices=["on", "off"], default="on" if len(available_cpus()) >= 2 else "off",
@@ -255,7 +258,7 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, clients: int, fold
         edge_cmd = [sys.executable, "-m", "runtime.edge", *_pair_flags(args, edge=True), "--server", addr, "--threads", "1", "--clients", str(clients),
                     "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), "--rtt-ms", str(rtt),
                     "--jitter-ms", str(args.jitter_ms), "--bandwidth-mbps", str(args.bandwidth_mbps), "--proactive", proactive,
-                    "--depth", str(args.depth), "--shared-device", args.shared_device, "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
+                    "--depth", str(args.depth), "--shared-device", args.shared_device, "--proactive-priority", args.proactive_priority, "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
         edge = subprocess.run(edge_cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=args.timeout_s)
         if edge.returncode != 0:
             raise RuntimeError(f"the edge failed ({edge.returncode}): {edge.stderr[-1500:]}")

@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "batched forward (runtime.split.batched_drafter; Llama drafts); on: they share it one after another, proactive "
                          "drafting yields to on-demand drafting (runtime.split.draft_device); off: every client drafts whenever it likes "
                          "with the model's own forward (one device per client, as SpecEdge's edges, when the host has the cores)")
+    ap.add_argument("--proactive-priority", choices=["yield", "equal"], default="yield",
+                    help="with a batched draft device: yield (a draft step with on-demand rows leaves the proactive rows out until none "
+                         "waits) or equal (every row in every step); see runtime.split.batched_drafter")
     ap.add_argument("--gil-switch-ms", type=float, default=0.5,
                     help="this process's GIL switch interval (CPython's default is 5 ms): how long one client's drafting may keep "
                          "another's verdict waiting")
@@ -184,14 +187,17 @@ def summarise(outcomes: list[RequestOutcome], wall_s: float) -> dict:
             "server_compute_ms": statistics.fmean(log.server_compute_ms for log in logs) if logs else None}
 
 
-def make_draft_device(kind: str, draft: torch.nn.Module) -> SharedDraftDevice | BatchedDrafter | None:
+def make_draft_device(kind: str, draft: torch.nn.Module, proactive_priority: str = "yield") -> SharedDraftDevice | BatchedDrafter | None:
     """The draft device this process's clients share (``--shared-device``): ``batched``, ``on``
     (one after another), ``off`` (none: each client drafts with the model's own forward) or
-    ``auto`` (batched when the draft's architecture supports it, else on)."""
+    ``auto`` (batched when the draft's architecture supports it, else on). ``proactive_priority``
+    (``yield`` | ``equal``, ``--proactive-priority``) applies to a batched device; ``on`` always yields."""
+    if proactive_priority not in ("yield", "equal"):
+        raise ValueError(f"proactive_priority must be 'yield' or 'equal', got {proactive_priority!r}")
     if kind == "auto":
         kind = "batched" if supports(draft) else "on"
     if kind == "batched":
-        return BatchedDrafter(draft)
+        return BatchedDrafter(draft, speculation_yields=proactive_priority == "yield")
     return SharedDraftDevice() if kind == "on" else None
 
 
@@ -200,7 +206,7 @@ def run_placed(args: argparse.Namespace, pair: ModelPair, prompts: list[list[int
     from runtime.split_placement import EdgeUser
 
     results, lock = [], threading.Lock()
-    draft_device = make_draft_device(args.shared_device, pair.draft)
+    draft_device = make_draft_device(args.shared_device, pair.draft, args.proactive_priority)
 
     def client(i: int) -> None:
         try:
@@ -291,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     start = initial_depth(args, prompts)
     outcomes: list[RequestOutcome] = []
     lock = threading.Lock()
-    draft_device = make_draft_device(args.shared_device, pair.draft)  # this process's clients share one draft device
+    draft_device = make_draft_device(args.shared_device, pair.draft, args.proactive_priority)  # this process's clients share one draft device
 
     connected: set[int] = set()  #: clients that have reached the server once
 

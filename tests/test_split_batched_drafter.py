@@ -36,13 +36,14 @@ def script(seed: int, steps: int = 12):
     return [rng.randrange(40) for _ in range(rng.randrange(1, 30))], out
 
 
-def play(session, prompt_and_ops) -> list[list[int]]:
-    """Run a script on a session; the chains it drafted, in order (the comparison's record)."""
+def play(session, prompt_and_ops, speculative: bool = False) -> list[list[int]]:
+    """Run a script on a session; the chains it drafted, in order (the comparison's record).
+    ``speculative``: the extra tokens are drafted as proactive drafting drafts them."""
     _, ops = prompt_and_ops
     record = []
     for d, extra, accepted, guess, other in ops:
         session.propose(d)
-        session.extend(len(session.chain) + extra)
+        session.extend(len(session.chain) + extra, speculative=speculative)
         record.append(list(session.chain))
         bonus = session.chain[accepted] if guess and len(session.chain) > accepted else other
         session.commit(d, accepted, bonus)
@@ -74,16 +75,16 @@ def busy_with(device, entered, prompt=(1, 2, 3)):
     return session, thread
 
 
-@pytest.mark.parametrize("initial_capacity", [4, 256])
-def test_drafts_equal_the_models_own_forward_with_many_sessions_at_once(draft, initial_capacity):
+@pytest.mark.parametrize(("initial_capacity", "speculation_yields"), [(4, True), (256, True), (4, False)])
+def test_drafts_equal_the_models_own_forward_with_many_sessions_at_once(draft, initial_capacity, speculation_yields):
     scripts = [script(seed) for seed in range(10)]
     expected = [play(DraftSession(draft, s[0]), s) for s in scripts]
-    device = BatchedDrafter(draft, initial_capacity=initial_capacity)  # 4: the pool grows mid-run
+    device = BatchedDrafter(draft, initial_capacity=initial_capacity, speculation_yields=speculation_yields)  # 4: the pool grows mid-run
     got = [None] * len(scripts)
 
     def run(i):
         session = device.session(scripts[i][0])
-        got[i] = play(session, scripts[i])
+        got[i] = play(session, scripts[i], speculative=i % 2 == 0)  # half the sessions' extra tokens are speculative
         session.close()
 
     try:
@@ -116,6 +117,101 @@ def test_waiting_sessions_join_one_step(draft, monkeypatch):
     assert sizes[:4] == [1, 4, 4, 4]  # the four waiting sessions' blocks ran together, three steps
     assert all(len(s.chain) == 3 for s in others) and len(first.chain) == 1
     assert all(s.wait_seconds > 0 for s in others)
+
+
+def record_step_kinds(device, monkeypatch):
+    """Gate the device's steps (as gate_steps) and record each step's rows as ``speculative`` flags."""
+    gate, entered, kinds = threading.Event(), threading.Event(), []
+    step = device._step
+
+    def gated(batch):
+        kinds.append([row.speculative for row in batch])
+        entered.set()
+        gate.wait(10)
+        return step(batch)
+
+    monkeypatch.setattr(device, "_step", gated)
+    return gate, entered, kinds
+
+
+def speculating_then_on_demand(device, monkeypatch):
+    """A session drafts 8 speculative tokens; while its first step runs, another asks for a block
+    of 3 on demand. Returns the steps' kinds and the two sessions."""
+    gate, entered, kinds = record_step_kinds(device, monkeypatch)
+    spec = device.session([1, 2, 3])
+    t_spec = threading.Thread(target=spec.extend, args=(8,), kwargs={"speculative": True})
+    t_spec.start()
+    assert entered.wait(10)
+    demand = device.session([4, 5])
+    t_demand = threading.Thread(target=demand.extend, args=(3,))
+    t_demand.start()
+    while device.queued < 1:
+        time.sleep(0.001)
+    gate.set()
+    t_spec.join(10), t_demand.join(10)
+    device.close()
+    return kinds, spec, demand
+
+
+def test_speculative_rows_yield_to_on_demand_rows(draft, monkeypatch):
+    """The default: while an on-demand block is being drafted the speculating row sits out, and it
+    resumes once no on-demand row waits; both chains are the model's own."""
+    device = BatchedDrafter(draft)
+    kinds, spec, demand = speculating_then_on_demand(device, monkeypatch)
+    assert kinds == [[True], [False], [False], [False], *[[True]] * 7]
+    assert device.yielded == 3 and device.rows == device.steps == 11
+    assert spec.chain == DraftSession(draft, [1, 2, 3]).propose(8)
+    assert demand.chain == DraftSession(draft, [4, 5]).propose(3)
+
+
+def test_without_yielding_both_kinds_share_every_step(draft, monkeypatch):
+    device = BatchedDrafter(draft, speculation_yields=False)
+    kinds, spec, demand = speculating_then_on_demand(device, monkeypatch)
+    assert kinds == [[True], [True, False], [True, False], [True, False], *[[True]] * 4]
+    assert device.yielded == 0 and device.rows == 11 and device.steps == 8
+    assert spec.chain == DraftSession(draft, [1, 2, 3]).propose(8)
+    assert demand.chain == DraftSession(draft, [4, 5]).propose(3)
+
+
+def test_a_yielding_row_still_stops_when_its_verdict_arrives(draft, monkeypatch):
+    """A speculative row held back by on-demand rows ends as soon as its stop() is true, without
+    another step (its caller is waiting on the verdict, not on the device)."""
+    device = BatchedDrafter(draft)
+    gate, entered, kinds = record_step_kinds(device, monkeypatch)
+    verdict = threading.Event()
+    spec = device.session([1, 2, 3])
+    t_spec = threading.Thread(target=spec.extend, args=(50,), kwargs={"stop": verdict.is_set, "speculative": True})
+    t_spec.start()
+    assert entered.wait(10)
+    demand = device.session([4, 5])
+    t_demand = threading.Thread(target=demand.extend, args=(40,))
+    t_demand.start()
+    while device.queued < 1:
+        time.sleep(0.001)
+    verdict.set()
+    gate.set()
+    t_spec.join(10)
+    assert not t_spec.is_alive() and len(spec.chain) == 1  # its one step before the on-demand row came
+    t_demand.join(10)
+    device.close()
+    assert all(k == [False] for k in kinds[1:]) and len(demand.chain) == 40
+
+
+def test_edge_clients_draft_proactively_as_speculative_rows():
+    """EdgeClient marks its proactive drafting speculative (its on-demand blocks not), so the
+    batched device can hold it back; the output stays greedy AD's."""
+    target, close, _ = tiny_trio(max_positions=512)
+    batcher = VerificationBatcher(BatchVerifier(target), window_s=0.002)
+    device = BatchedDrafter(close)
+    flags, submit = [], device._submit
+    device._submit = lambda session, upto, stop, speculative=False: (flags.append((stop is not None, speculative)), submit(session, upto, stop, speculative))[1]
+    edge = EdgeClient(close, LocalLink(batcher), depth=3, proactive=True, draft_device=device)
+    out = edge.generate([1, 2, 3], 16)
+    assert out.tokens == generate_ad(target, [[1, 2, 3]], [16]).tokens[0]
+    assert (False, False) in flags and (True, True) in flags and all(spec == has_stop for has_stop, spec in flags)
+    edge.link.close()
+    batcher.stop()
+    device.close()
 
 
 def test_stop_ends_a_speculating_row_within_a_step(draft):

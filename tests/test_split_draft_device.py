@@ -340,7 +340,7 @@ class _FakeSession(DraftChain):
         super().__init__([1, 2])
         self.chain = list(chain)
 
-    def extend(self, upto, stop=None):
+    def extend(self, upto, stop=None, speculative=False):
         while len(self.chain) < upto and not (stop is not None and stop()):
             self.record_draft(7)
 

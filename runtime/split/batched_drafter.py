@@ -14,8 +14,19 @@ The device is a thread of its own that batches continuously, as a serving engine
 :meth:`BatchedDraftSession.extend` (a block on demand, or proactive drafting until the verdict
 arrives) joins the running batch as one row and stays in it, one token per step, until its chain is
 long enough or its ``stop()`` is true; then its caller wakes. Rows join at the next step (up to
-``max_batch`` rows, oldest first), on-demand and proactive rows alike: an extra row costs a fraction
-of a step, and a row waits for at most the step already running. A per-token hand-off between the
+``max_batch`` rows, oldest first), and a row waits for at most the step already running.
+
+Speculation yields (``speculation_yields=True``, the default; ``runtime.edge --proactive-priority``):
+a step that has on-demand rows (a block a client is about to send) carries only those, and the
+proactive rows (:meth:`BatchedDraftSession.extend` with ``speculative=True``) stay in the batch
+and step whenever no on-demand row waits. Why: with two cohorts one cohort's clients draft their
+next blocks while the other's verification is in flight, i.e. while that cohort drafts proactively;
+with both in one step every step is wider and slower, the on-demand blocks reach the server later,
+and proactive drafting raised the ITL it exists to lower (``results/split_bench``, stop 34: up to
+12 % worse with two cohorts). A speculative token is worth less than an on-demand one (it is wasted
+on a miss), so it is the one that waits, as with ``--shared-device on``
+(:mod:`runtime.split.draft_device`). ``False`` runs both kinds in every step (an extra row costs a
+fraction of a step). A per-token hand-off between the
 client's thread and the device's (a first version) halved the batch: most clients were still
 waking up to ask for their next token when the step began. Rows with one new token (decode) run in
 one forward, rows with several (a prompt) in a second.
@@ -70,6 +81,7 @@ class _Row:
     stop: Callable[[], bool] | None
     queued_at: float  #: perf_counter, s
     result: Future
+    speculative: bool = False  #: proactive drafting: yields to on-demand rows when the device says so
     joined: bool = False
 
     def finished(self) -> bool:
@@ -82,10 +94,16 @@ class BatchedDrafter:
     docstring). Thread-safe; :meth:`close` stops it and fails whatever is still queued.
 
     Counters: ``steps`` (forwards), ``rows`` (session-steps they carried), so ``rows / steps`` is
-    the mean batch.
+    the mean batch; ``yielded`` (speculative row-steps held back for on-demand rows).
+
+    Args:
+        draft: the draft model (a Llama-architecture causal LM, :func:`supports`).
+        max_batch: the most rows one step carries.
+        initial_capacity: KV positions per slot at first (the pool doubles as needed).
+        speculation_yields: a step with on-demand rows leaves the speculative rows out (module docstring).
     """
 
-    def __init__(self, draft, max_batch: int = 64, initial_capacity: int = 256) -> None:
+    def __init__(self, draft, max_batch: int = 64, initial_capacity: int = 256, speculation_yields: bool = True) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         check_supported(draft)
@@ -96,6 +114,7 @@ class BatchedDrafter:
         self.head_dim = self.layers[0].self_attn.head_dim
         self.kv_heads = draft.config.num_key_value_heads
         self.max_batch = max_batch
+        self.speculation_yields = bool(speculation_yields)
         self._capacity = max(1, initial_capacity)
         self._pool_k: list[torch.Tensor] = []  #: per layer (slots, capacity, kv_heads, head_dim)
         self._pool_v: list[torch.Tensor] = []
@@ -107,6 +126,7 @@ class BatchedDrafter:
         self._closed = False
         self.steps = 0
         self.rows = 0
+        self.yielded = 0
         self._thread = threading.Thread(target=self._serve, name="batched-drafter", daemon=True)
         self._thread.start()
 
@@ -134,8 +154,8 @@ class BatchedDrafter:
         with self._lock:
             self._free_slots.append(slot)
 
-    def _submit(self, session: BatchedDraftSession, upto: int, stop: Callable[[], bool] | None) -> Future:
-        row = _Row(session, upto, stop, time.perf_counter(), Future())
+    def _submit(self, session: BatchedDraftSession, upto: int, stop: Callable[[], bool] | None, speculative: bool = False) -> Future:
+        row = _Row(session, upto, stop, time.perf_counter(), Future(), speculative)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batched draft device is closed")
@@ -185,24 +205,35 @@ class BatchedDrafter:
                 if done:
                     row.result.set_result(None)
                     continue
-                if not row.joined:
-                    row.joined = True
-                    row.session.wait_seconds += started - row.queued_at
                 batch.append(row)
             running = batch
             if not batch:
                 continue
+            step = self._stepping(batch)
+            for row in step:
+                if not row.joined:
+                    row.joined = True
+                    row.session.wait_seconds += started - row.queued_at
             try:
-                tokens = self._step(batch)
+                tokens = self._step(step)
             except Exception as exc:  # noqa: BLE001 - a failed step fails its rows' requests, not the device
-                for row in batch:
+                for row in batch:  # the held-back rows too: the device's state is unknown after a failed step
                     row.result.set_exception(exc)
                 running = []
                 continue
             self.steps += 1
-            self.rows += len(batch)
-            for row, token in zip(batch, tokens, strict=True):
+            self.rows += len(step)
+            self.yielded += len(batch) - len(step)
+            for row, token in zip(step, tokens, strict=True):
                 row.session.record_draft(token)
+
+    def _stepping(self, batch: list[_Row]) -> list[_Row]:
+        """The rows the next step carries: all of ``batch``, or only its on-demand rows when
+        speculation yields and there are any (the speculative ones stay in the running batch)."""
+        if not self.speculation_yields:
+            return batch
+        on_demand = [row for row in batch if not row.speculative]
+        return on_demand or batch
 
     @torch.no_grad()
     def _step(self, batch: list[_Row]) -> list[int]:
@@ -286,15 +317,16 @@ class BatchedDraftSession(DraftChain):
         self._closed = False
         self._inflight: Future | None = None
 
-    def extend(self, upto: int, stop: Callable[[], bool] | None = None) -> None:
+    def extend(self, upto: int, stop: Callable[[], bool] | None = None, speculative: bool = False) -> None:
         """Join the device's running batch until the chain holds ``upto`` tokens or ``stop()`` is
-        true (the device asks before each step); blocks until then."""
+        true (the device asks before each step); blocks until then. ``speculative``: proactive
+        drafting, which yields to on-demand rows if the device says so (:class:`BatchedDrafter`)."""
         if self._closed:
             raise RuntimeError("this draft session is closed")
         if len(self.chain) >= upto or (stop is not None and stop()):
             return
         t0 = time.perf_counter()
-        self._inflight = self.drafter._submit(self, upto, stop)
+        self._inflight = self.drafter._submit(self, upto, stop, speculative)
         try:
             self.drafter._wait(self._inflight)
         finally:

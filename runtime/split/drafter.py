@@ -44,8 +44,10 @@ class DraftChain:
         self.wait_seconds = 0.0  #: of that, time waiting for a shared device to take the request (0 with a device of its own)
         self.draft_steps = 0
 
-    def extend(self, upto: int, stop: Callable[[], bool] | None = None) -> None:
-        """Draft until the chain holds ``upto`` tokens, or ``stop()`` (asked before each step) is true."""
+    def extend(self, upto: int, stop: Callable[[], bool] | None = None, speculative: bool = False) -> None:
+        """Draft until the chain holds ``upto`` tokens, or ``stop()`` (asked before each step) is true.
+        ``speculative`` marks proactive drafting, which a shared device may hold back for on-demand
+        drafting (:class:`~runtime.split.batched_drafter.BatchedDrafter`); a device of one's own ignores it."""
         raise NotImplementedError
 
     def _crop_kv(self, valid: int) -> None:
@@ -106,7 +108,7 @@ class DraftSession(DraftChain):
         self.cache = DynamicCache()
 
     @torch.no_grad()
-    def extend(self, upto: int, stop: Callable[[], bool] | None = None) -> None:
+    def extend(self, upto: int, stop: Callable[[], bool] | None = None, speculative: bool = False) -> None:
         while len(self.chain) < upto and not (stop is not None and stop()):
             t0 = time.perf_counter()
             unseen = self.unseen()

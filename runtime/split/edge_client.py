@@ -159,7 +159,7 @@ class EdgeClient:
             fut = self.link.submit(req)
             p0, ps0 = session.draft_seconds, session.draft_steps
             if self.proactive and self.arbiter is None:  # the guessed bonus and one more block, or until the verdict
-                session.extend(2 * depth + 1, stop=fut.done)
+                session.extend(2 * depth + 1, stop=fut.done, speculative=True)
             elif self.proactive:
                 wake = threading.Event()  # a speculator asleep on the busy shared device stops at once
                 fut.add_done_callback(lambda _f, wake=wake: wake.set())
