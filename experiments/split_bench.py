@@ -76,7 +76,18 @@ Where the split loses on one CPU box (measured; the columns show it):
 - proactive drafting shortens an iteration only where the server waits for the edge: with two
   cohorts at 5 ms the server is 82-100 % busy and drafting ahead has little to hide, and at 24-32
   clients it adds work to the edge's one core (blocks drafted and then thrown away), where the
-  clients' own threads already queue (``network_ms`` beyond the RTT);
+  clients' own threads already queue (``network_ms`` beyond the RTT). Where it *raises* the ITL
+  with two cohorts, the depth controller is why, not the drafting: with proactive drafting on, the
+  first iteration already gives the controller a draft time, its first step lands above the middle
+  of the range and its first probe goes down (to depth 2; with it off the controller waits, then
+  probes up to 8), so over these 64-token requests its mean depth is ~0.5 lower
+  (``mean_depth``, ``accepted_per_iteration``; e.g. 6.72 vs 7.21 at 16 clients in
+  ``results/split_bench/ab_yield_vs_equal``), and a server-bound cohort's ITL is its period over
+  fewer tokens. At a fixed depth 8 (``--depth 8``, ``results/split_bench/fixed_depth8``) the two
+  cohorts' proactive on vs off is +3.5 % (8 clients) and +0.4 % (16 clients) instead of a loss.
+  Changing the controller's probing was not done. Whether the proactive rows of a batched draft
+  device yield to on-demand rows (``--proactive-priority``) changed nothing beyond the noise
+  (``results/split_bench/ab_yield_vs_equal``);
 - noise: a cell is the mean of ``--repeats`` runs, and the columns ``itl_ms_min`` / ``itl_ms_max``
   show how far its runs were apart (up to 27 % in the published run; +-28 % on a host whose speed flipped between two
   states from one second to the next); the baseline is swept before every repeat of the grid and
@@ -177,9 +188,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="runtime.edge --shared-device: batched (auto with a Llama draft), the edge's clients' draft steps run as one "
                          "batched forward on its one device; on, they draft one after another (staggered arrivals); off, they draft "
                          "concurrently with the model's own forward (interleaved on one thread)")
-    ap.add_argument("--proactive-priority", choices=["yield", "equal"], default="yield",
-                    help="runtime.edge --proactive-priority: with a batched draft device, yield (a step with on-demand rows leaves the "
-                         "proactive rows out) or equal (every row in every step)")
+    ap.add_argument("--depth-probe", choices=["inside", "cheaper"], default="inside",
+                    help="runtime.edge --depth-probe: which way the depth controller probes (results/split_bench/ab_probe_cheaper)")
+    ap.add_argument("--proactive-priority", choices=["equal", "yield"], default="equal",
+                    help="runtime.edge --proactive-priority: with a batched draft device, equal (every row in every step) or yield (a "
+                         "step with on-demand rows leaves the proactive rows out; results/split_bench/ab_yield_vs_equal)")
     # on one machine the edge and the server share its cores: unpinned, the edge's (proactive) drafting
     # slowed the server's forwards by 6-25 % (server_compute_ms, proactive on vs off); a testbed has two devices
     ap.add_argument("--pin-cpus", choices=["on", "off"], default="on" if len(available_cpus()) >= 2 else "off",
@@ -258,7 +271,7 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, clients: int, fold
         edge_cmd = [sys.executable, "-m", "runtime.edge", *_pair_flags(args, edge=True), "--server", addr, "--threads", "1", "--clients", str(clients),
                     "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), "--rtt-ms", str(rtt),
                     "--jitter-ms", str(args.jitter_ms), "--bandwidth-mbps", str(args.bandwidth_mbps), "--proactive", proactive,
-                    "--depth", str(args.depth), "--shared-device", args.shared_device, "--proactive-priority", args.proactive_priority, "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
+                    "--depth", str(args.depth), "--shared-device", args.shared_device, "--proactive-priority", args.proactive_priority, "--depth-probe", args.depth_probe, "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
         edge = subprocess.run(edge_cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=args.timeout_s)
         if edge.returncode != 0:
             raise RuntimeError(f"the edge failed ({edge.returncode}): {edge.stderr[-1500:]}")

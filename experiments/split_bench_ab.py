@@ -6,6 +6,11 @@ falls on both sides alike.
     git worktree add /tmp/before <commit>
     python -m experiments.split_bench_ab --a /tmp/before --b . --out /tmp/ab --clients 8,16,32 --repeats 2
 
+or of one checkout with and without a switch (``--a-args`` / ``--b-args``: extra
+``experiments.split_bench`` arguments for that side only):
+
+    python -m experiments.split_bench_ab --a . --b . --b-args "--depth-probe cheaper" --out /tmp/ab
+
 Writes ``DIR/ab.csv`` (one row per run) and ``DIR/ab.md``: per configuration the mean ITL of each
 side, B / A, and per side proactive on vs off (the issue's ">= 5 % lower ITL" check). Every run
 reuses one server-only baseline (``--baseline``; the ITLs do not depend on it).
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shlex
 import subprocess
 import sys
 import time
@@ -45,7 +51,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--preset", default="full", help="the project's pair (experiments.split_bench --preset)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client (experiments.split_bench --requests)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--a-args", default="", help="extra experiments.split_bench arguments for side A only (one string, shell-quoted)")
+    ap.add_argument("--b-args", default="", help="extra experiments.split_bench arguments for side B only")
     args = ap.parse_args(argv)
+    try:
+        args.extra = {"a": shlex.split(args.a_args), "b": shlex.split(args.b_args)}
+    except ValueError as exc:
+        raise SystemExit(f"--a-args / --b-args: {exc}") from None
     args.proactive = [p for p in args.proactive.split(",") if p]
     for side in (args.a, args.b):
         if not (side / "experiments" / "split_bench.py").is_file():
@@ -59,14 +71,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_one(side: Path, out: Path, args, clients: int, proactive: str, cohorts: int) -> dict:
+def run_one(side: Path, out: Path, args, clients: int, proactive: str, cohorts: int, extra: list[str] = ()) -> dict:
     cmd = [sys.executable, "-m", "experiments.split_bench", "--out", str(out), "--rtt-ms", f"{args.rtt_ms:g}", "--clients", str(clients),
            "--proactive", proactive, "--cohorts", str(cohorts), "--baseline", str(args.baseline.resolve()), "--preset", args.preset,
-           "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens)]
+           "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), *extra]
     done = subprocess.run(cmd, cwd=side, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"split_bench failed in {side} ({done.returncode}): {done.stderr[-1500:]}")
     return pd.read_csv(out / "split_bench.csv").iloc[0].to_dict()
+
+
+def _with(extra: list[str]) -> str:
+    return f"; with `{shlex.join(extra)}`" if extra else ""
 
 
 def describe_checkout(side: Path) -> str:
@@ -102,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     for k, (rep, clients, proactive, cohorts) in enumerate(grid, 1):
         for name, side in (("a", args.a), ("b", args.b)):
             t0 = time.perf_counter()
-            run = run_one(side, args.out / name / f"n{clients}_p{proactive}_c{cohorts}_r{rep}", args, clients, proactive, cohorts)
+            run = run_one(side, args.out / name / f"n{clients}_p{proactive}_c{cohorts}_r{rep}", args, clients, proactive, cohorts, args.extra[name])
             rows.append({"side": name, "repeat": rep, "clients": clients, "proactive": proactive, "cohorts": cohorts,
                          **{c: run.get(c) for c in ("itl_ms", "server_utilisation", "mean_batch", "proactive_hit_rate", "draft_ms",
                                                       "device_wait_ms", "network_ms", "queue_wait_ms", "throughput_ratio", "host_load_1min")}})
@@ -113,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     table, lines = summarise(df)
     cmd = "python -m experiments.split_bench_ab " + " ".join(argv if argv is not None else sys.argv[1:])
     md = ["# Paired A/B of two checkouts on the split benchmark", "", f"Command: `{cmd}`", "",
-          f"A: `{args.a}` ({describe_checkout(args.a)}), B: `{args.b}` ({describe_checkout(args.b)}); RTT {args.rtt_ms:g} ms; {args.repeats} repeat(s), each configuration run from A then B at once; "
+          f"A: `{args.a}` ({describe_checkout(args.a)}{_with(args.extra['a'])}), B: `{args.b}` ({describe_checkout(args.b)}{_with(args.extra['b'])}); RTT {args.rtt_ms:g} ms; {args.repeats} repeat(s), each configuration run from A then B at once; "
           "mean ITL over the repeats (`ab.csv` has every run).", "", table.to_markdown(index=False, floatfmt=".3g"), "", *lines, ""]
     write_text_atomic(args.out / "ab.md", "\n".join(md))
     print("\n".join(md))

@@ -56,7 +56,7 @@ from agents.artefacts import write_text_atomic
 from runtime.edge_profile import CalibratedStart, calibrated_start
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
 from runtime.split.batched_drafter import BatchedDrafter, supports
-from runtime.split.depth import DepthController
+from runtime.split.depth import PROBES, DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
 from runtime.split.pair_args import add_pair_args, load_pair_from_args
@@ -95,14 +95,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="on: submit each request to runtime.serve placement=split (its plan decides the mode and depth); off: straight to runtime.split_server")
     ap.add_argument("--deadline-s", type=float, default=10.0, help="with --placement on: each request's deadline, seconds from submission")
     ap.add_argument("--max-depth", type=int, default=8)
+    ap.add_argument("--depth-probe", choices=list(PROBES), default="inside",
+                    help="with --depth auto: which way the depth controller's probes go (runtime.split.depth): inside (towards the "
+                         "middle of the range) or cheaper (towards the depth its estimates predict more tokens/s for)")
     ap.add_argument("--shared-device", choices=["auto", "batched", "on", "off"], default="auto",
                     help="auto: batched when the draft supports it (a Llama draft), else on; batched: the clients share this process's draft device, which drafts every waiting client's next token in one "
                          "batched forward (runtime.split.batched_drafter; Llama drafts); on: they share it one after another, proactive "
                          "drafting yields to on-demand drafting (runtime.split.draft_device); off: every client drafts whenever it likes "
                          "with the model's own forward (one device per client, as SpecEdge's edges, when the host has the cores)")
-    ap.add_argument("--proactive-priority", choices=["yield", "equal"], default="yield",
-                    help="with a batched draft device: yield (a draft step with on-demand rows leaves the proactive rows out until none "
-                         "waits) or equal (every row in every step); see runtime.split.batched_drafter")
+    ap.add_argument("--proactive-priority", choices=["equal", "yield"], default="equal",
+                    help="with a batched draft device: equal (every row in every step) or yield (a draft step with on-demand rows leaves "
+                         "the proactive rows out until none waits; no measured gain on CPU); see runtime.split.batched_drafter")
     ap.add_argument("--gil-switch-ms", type=float, default=0.5,
                     help="this process's GIL switch interval (CPython's default is 5 ms): how long one client's drafting may keep "
                          "another's verdict waiting")
@@ -187,7 +190,7 @@ def summarise(outcomes: list[RequestOutcome], wall_s: float) -> dict:
             "server_compute_ms": statistics.fmean(log.server_compute_ms for log in logs) if logs else None}
 
 
-def make_draft_device(kind: str, draft: torch.nn.Module, proactive_priority: str = "yield") -> SharedDraftDevice | BatchedDrafter | None:
+def make_draft_device(kind: str, draft: torch.nn.Module, proactive_priority: str = "equal") -> SharedDraftDevice | BatchedDrafter | None:
     """The draft device this process's clients share (``--shared-device``): ``batched``, ``on``
     (one after another), ``off`` (none: each client drafts with the model's own forward) or
     ``auto`` (batched when the draft's architecture supports it, else on). ``proactive_priority``
@@ -262,8 +265,8 @@ def depth_for(args: argparse.Namespace, start: CalibratedStart | None) -> int | 
     if args.depth != "auto":
         return args.depth
     if start is None:
-        return DepthController(1, args.max_depth, initial=min(4, args.max_depth))
-    return DepthController(1, args.max_depth, initial=start.depth, prior_alpha=start.alpha)
+        return DepthController(1, args.max_depth, initial=min(4, args.max_depth), probe=args.depth_probe)
+    return DepthController(1, args.max_depth, initial=start.depth, prior_alpha=start.alpha, probe=args.depth_probe)
 
 
 def write_reports(args: argparse.Namespace, outcomes: list[RequestOutcome], wall_s: float, start: CalibratedStart | None) -> None:

@@ -75,7 +75,7 @@ def busy_with(device, entered, prompt=(1, 2, 3)):
     return session, thread
 
 
-@pytest.mark.parametrize(("initial_capacity", "speculation_yields"), [(4, True), (256, True), (4, False)])
+@pytest.mark.parametrize(("initial_capacity", "speculation_yields"), [(4, False), (256, False), (4, True)])
 def test_drafts_equal_the_models_own_forward_with_many_sessions_at_once(draft, initial_capacity, speculation_yields):
     scripts = [script(seed) for seed in range(10)]
     expected = [play(DraftSession(draft, s[0]), s) for s in scripts]
@@ -154,9 +154,9 @@ def speculating_then_on_demand(device, monkeypatch):
 
 
 def test_speculative_rows_yield_to_on_demand_rows(draft, monkeypatch):
-    """The default: while an on-demand block is being drafted the speculating row sits out, and it
-    resumes once no on-demand row waits; both chains are the model's own."""
-    device = BatchedDrafter(draft)
+    """speculation_yields: while an on-demand block is being drafted the speculating row sits out,
+    and it resumes once no on-demand row waits; both chains are the model's own."""
+    device = BatchedDrafter(draft, speculation_yields=True)
     kinds, spec, demand = speculating_then_on_demand(device, monkeypatch)
     assert kinds == [[True], [False], [False], [False], *[[True]] * 7]
     assert device.yielded == 3 and device.rows == device.steps == 11
@@ -165,7 +165,8 @@ def test_speculative_rows_yield_to_on_demand_rows(draft, monkeypatch):
 
 
 def test_without_yielding_both_kinds_share_every_step(draft, monkeypatch):
-    device = BatchedDrafter(draft, speculation_yields=False)
+    """The default: every row in every step."""
+    device = BatchedDrafter(draft)
     kinds, spec, demand = speculating_then_on_demand(device, monkeypatch)
     assert kinds == [[True], [True, False], [True, False], [True, False], *[[True]] * 4]
     assert device.yielded == 0 and device.rows == 11 and device.steps == 8
@@ -176,7 +177,7 @@ def test_without_yielding_both_kinds_share_every_step(draft, monkeypatch):
 def test_a_yielding_row_still_stops_when_its_verdict_arrives(draft, monkeypatch):
     """A speculative row held back by on-demand rows ends as soon as its stop() is true, without
     another step (its caller is waiting on the verdict, not on the device)."""
-    device = BatchedDrafter(draft)
+    device = BatchedDrafter(draft, speculation_yields=True)
     gate, entered, kinds = record_step_kinds(device, monkeypatch)
     verdict = threading.Event()
     spec = device.session([1, 2, 3])
@@ -486,3 +487,14 @@ def test_a_dead_device_thread_fails_its_waiters_instead_of_hanging(draft):
     with pytest.raises(RuntimeError, match="stopped"):
         s.extend(3, stop=fatal)
     assert not device._thread.is_alive()
+
+
+def test_the_edge_process_builds_its_device_with_the_priority_asked_for(draft):
+    from runtime.edge import make_draft_device
+
+    for priority, yields in (("equal", False), ("yield", True)):
+        device = make_draft_device("batched", draft, priority)
+        assert isinstance(device, BatchedDrafter) and device.speculation_yields is yields
+        device.close()
+    with pytest.raises(ValueError, match="proactive_priority"):
+        make_draft_device("batched", draft, "first")

@@ -79,3 +79,38 @@ def test_a_relative_out_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = parse_args(["--a", str(ROOT), "--b", str(ROOT), "--out", "rel/ab", "--baseline", str(base)])
     assert args.out == tmp_path / "rel" / "ab"
+
+
+def test_each_side_gets_its_own_extra_arguments(tmp_path, monkeypatch):
+    """--a-args / --b-args reach that side's split_bench only (an A/B of a switch in one checkout),
+    and the report says which side ran with what."""
+    import experiments.split_bench_ab as ab
+
+    base = tmp_path / "baseline.csv"
+    base.write_text("batch,gamma,tokens_per_s,tokens_per_cpu_s,itl_ms\n1,2,100,100,5\n")
+    commands, real_run = [], subprocess.run
+
+    def fake_run(cmd, **kwargs):
+        if cmd[0] == "git":  # describe_checkout
+            return real_run(cmd, **kwargs)
+        commands.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        pd.DataFrame([{"itl_ms": 5.0 if "cheaper" in cmd else 6.0}]).to_csv(out / "split_bench.csv", index=False)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    ab.main(["--a", str(ROOT), "--b", str(ROOT), "--b-args", "--depth-probe cheaper", "--out", str(tmp_path / "ab"), "--clients", "2",
+             "--proactive", "on", "--cohorts", "1", "--repeats", "1", "--baseline", str(base)])
+    split = [c for c in commands if "experiments.split_bench" in c]
+    assert len(split) == 2 and "--depth-probe" not in split[0] and split[1][-2:] == ["--depth-probe", "cheaper"]
+    df = pd.read_csv(tmp_path / "ab" / "ab.csv")
+    assert list(df.side) == ["a", "b"] and list(df.itl_ms) == [6.0, 5.0]
+    assert "with `--depth-probe cheaper`" in (tmp_path / "ab" / "ab.md").read_text()
+
+
+def test_unbalanced_quotes_in_side_arguments_fail_fast(tmp_path):
+    base = tmp_path / "baseline.csv"
+    base.write_text("batch,gamma,tokens_per_s,tokens_per_cpu_s,itl_ms\n1,2,100,100,5\n")
+    with pytest.raises(SystemExit, match="--a-args / --b-args"):
+        parse_args(["--a", str(ROOT), "--b", str(ROOT), "--out", str(tmp_path / "o"), "--baseline", str(base), "--b-args", "--x 'open"])

@@ -242,3 +242,23 @@ def test_a_profile_the_rule_cannot_use_is_refused_naming_why(profile, alpha, wor
     with pytest.raises(SystemExit) as exc:
         initial_depth(args, [[1] * 8])
     assert words in str(exc.value) and "--profile" in str(exc.value)
+
+
+def test_a_cheaper_probe_goes_where_the_estimates_predict_more_tokens():
+    """probe="cheaper": once the controller can predict tokens/s, a probe from the upper middle
+    goes up when deep drafts look best (the inside rule goes down to 2: what proactive drafting's
+    first draft time led to in the split benchmark); before that it probes as "inside" does."""
+    fast = SCENARIOS["fast_edge"]  # best depth >= 7
+
+    def first_probe(probe: str, with_draft_time: bool) -> int:
+        ctl = DepthController(1, 8, initial=4, probe=probe)
+        return ctl.observe(fast.t_draft if with_draft_time else None, fast.rtt, fast.verify_s(4), 4, 4)
+
+    assert first_probe("inside", True) == 2  # a step of +2 to 6, then 6 - 4: towards the middle
+    assert first_probe("cheaper", True) == 8  # 6 + 4, clamped: the side predicted better
+    assert first_probe("cheaper", False) == first_probe("inside", False) == 8  # no draft time yet: 4 stays, probes up
+
+
+def test_an_unknown_probe_rule_is_refused():
+    with pytest.raises(ValueError, match="probe must be one of"):
+        DepthController(probe="random")

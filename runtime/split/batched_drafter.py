@@ -16,17 +16,18 @@ arrives) joins the running batch as one row and stays in it, one token per step,
 long enough or its ``stop()`` is true; then its caller wakes. Rows join at the next step (up to
 ``max_batch`` rows, oldest first), and a row waits for at most the step already running.
 
-Speculation yields (``speculation_yields=True``, the default; ``runtime.edge --proactive-priority``):
-a step that has on-demand rows (a block a client is about to send) carries only those, and the
-proactive rows (:meth:`BatchedDraftSession.extend` with ``speculative=True``) stay in the batch
-and step whenever no on-demand row waits. Why: with two cohorts one cohort's clients draft their
-next blocks while the other's verification is in flight, i.e. while that cohort drafts proactively;
-with both in one step every step is wider and slower, the on-demand blocks reach the server later,
-and proactive drafting raised the ITL it exists to lower (``results/split_bench``, stop 34: up to
-12 % worse with two cohorts). A speculative token is worth less than an on-demand one (it is wasted
-on a miss), so it is the one that waits, as with ``--shared-device on``
-(:mod:`runtime.split.draft_device`). ``False`` runs both kinds in every step (an extra row costs a
-fraction of a step). A per-token hand-off between the
+Speculation can yield (``speculation_yields=True``; ``runtime.edge --proactive-priority yield``):
+a step that has on-demand rows (a block a client is about to send) then carries only those, and
+the proactive rows (:meth:`BatchedDraftSession.extend` with ``speculative=True``) stay in the batch
+and step whenever no on-demand row waits, as with ``--shared-device on``
+(:mod:`runtime.split.draft_device`). The idea: with two cohorts one cohort drafts its next blocks
+on demand while the other drafts proactively, and a wider step delays the blocks the server waits
+for. Measured, it changes nothing beyond the noise (``results/split_bench/ab_yield_vs_equal``:
+paired, 2-32 clients, 1-2 cohorts, 2 repeats: ITL yield/equal 0.92-1.05 with proactive drafting
+on, 0.91-1.09 with it off, where yielding cannot act): an extra row costs a fraction of a step on
+this draft. So the default is ``False`` (every row in every step), as in the published runs.
+Proactive drafting's ITL cost with two cohorts comes from elsewhere: the depth controller's start
+(``experiments.split_bench``'s docstring). A per-token hand-off between the
 client's thread and the device's (a first version) halved the batch: most clients were still
 waking up to ask for their next token when the step began. Rows with one new token (decode) run in
 one forward, rows with several (a prompt) in a second.
@@ -103,7 +104,7 @@ class BatchedDrafter:
         speculation_yields: a step with on-demand rows leaves the speculative rows out (module docstring).
     """
 
-    def __init__(self, draft, max_batch: int = 64, initial_capacity: int = 256, speculation_yields: bool = True) -> None:
+    def __init__(self, draft, max_batch: int = 64, initial_capacity: int = 256, speculation_yields: bool = False) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         check_supported(draft)

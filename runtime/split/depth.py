@@ -30,8 +30,14 @@ min_spread)``, kept >= 0, and used only once the depths seen have ``spread`` (we
 squared deviations from their mean) >= ``min_spread``; before that the verify time is the mean
 seen, at every depth. A controller sitting at one depth cannot learn ``v1``, so it probes: on
 its iterations 1, 2, 4, 8, ... (a back-off: early, when the estimates are poorest, then rarer)
-while the spread is short, it drafts one block ``probe_step`` away (towards the inside of the
-range) and returns to its depth next iteration.
+while the spread is short, it drafts one block ``probe_step`` away and returns to its depth next
+iteration. Which way (``probe``): ``inside`` (the default) towards the inside of the range;
+``cheaper`` towards the side the current estimates predict more tokens/s for (``inside`` while
+they cannot, i.e. before the first draft time and verdict). Why the switch: a probe costs
+tokens, and an ``inside`` probe from depth 5-6 goes down to 1-2 when the best depth is 8; with
+proactive drafting the first iteration already yields a draft time, the controller's first step
+lands there, and over short requests that probe lowered the mean depth (``experiments.split_bench``'s
+docstring; ``results/split_bench/ab_probe_cheaper``).
 
 **Choice.** The predicted tokens/s of every depth; the depths within ``tolerance`` (relative) of
 the best form a band (the objective is flat near its top, and with verification growing in depth
@@ -50,11 +56,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+PROBES = ("inside", "cheaper")  #: which way a probe goes (DepthController's ``probe``)
+
 
 class DepthController:
     def __init__(self, min_depth: int = 1, max_depth: int = 8, initial: int = 4, smoothing: float = 0.3, max_step: int = 2,
                  prior_alpha: float = 0.7, prior_weight: float = 1.0, memory: float = 0.98, tolerance: float = 0.03,
-                 probe_step: int = 4, min_spread: float = 4.0):
+                 probe_step: int = 4, min_spread: float = 4.0, probe: str = "inside"):
         if not 1 <= min_depth <= initial <= max_depth:
             raise ValueError(f"need 1 <= min_depth <= initial <= max_depth, got {min_depth}, {initial}, {max_depth}")
         if not 0 < smoothing <= 1 or max_step < 1:
@@ -62,11 +70,13 @@ class DepthController:
         if not 0 < prior_alpha < 1 or prior_weight < 0 or not 0 < memory <= 1:
             raise ValueError(f"prior_alpha must lie in (0, 1) (got {prior_alpha}), prior_weight >= 0 (got {prior_weight}), "
                              f"memory in (0, 1] (got {memory})")
+        if probe not in PROBES:
+            raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
         if not 0 <= tolerance < 1 or probe_step < 1 or min_spread < 0:
             raise ValueError(f"tolerance must lie in [0, 1) (got {tolerance}), probe_step >= 1 (got {probe_step}), min_spread >= 0 (got {min_spread})")
         self.min_depth, self.max_depth, self.smoothing, self.max_step = min_depth, max_depth, smoothing, max_step
         self.prior_alpha, self.prior_weight, self.memory, self.tolerance = prior_alpha, prior_weight, memory, tolerance
-        self.probe_step, self.min_spread = probe_step, min_spread
+        self.probe_step, self.min_spread, self.probe = probe_step, min_spread, probe
         self.current = initial
         self.draft_s: float | None = None  #: mean draft time per token, s
         self.network_s: float | None = None  #: mean round trip without the server's time, s
@@ -105,10 +115,20 @@ class DepthController:
             self.current += max(-self.max_step, min(self.max_step, target - self.current))
         self._iterations += 1
         if self._iterations & (self._iterations - 1) == 0 and self._spread() < self.min_spread:
-            down = self.current - self.min_depth >= self.max_depth - self.current  # towards the inside of the range
-            probe = min(self.max_depth, max(self.min_depth, self.current + (-self.probe_step if down else self.probe_step)))
+            probe = self._probe_depth()
             if probe != self.current:
                 self._home, self.current = self.current, probe
+
+    def _probe_depth(self) -> int:
+        """The depth of a probe from the current one (``probe``: see the module docstring)."""
+        up = min(self.max_depth, self.current + self.probe_step)
+        down = max(self.min_depth, self.current - self.probe_step)
+        rate = self.rate() if self.probe == "cheaper" else None
+        if rate is not None:
+            sides = [d for d in (up, down) if d != self.current]
+            return max(sides, key=rate) if sides else self.current  # ties: up, where a deeper draft loses least
+        inside_is_down = self.current - self.min_depth >= self.max_depth - self.current
+        return down if inside_is_down else up
 
     def _spread(self) -> float:
         """Weighted sum of squared deviations of the depths seen from their mean, depth^2."""
