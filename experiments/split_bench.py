@@ -77,15 +77,20 @@ Where the split loses on one CPU box (measured; the columns show it):
   cohorts at 5 ms the server is 82-100 % busy and drafting ahead has little to hide, and at 24-32
   clients it adds work to the edge's one core (blocks drafted and then thrown away), where the
   clients' own threads already queue (``network_ms`` beyond the RTT). Where it *raises* the ITL
-  with two cohorts, the depth controller is why, not the drafting: with proactive drafting on, the
-  first iteration already gives the controller a draft time, its first step lands above the middle
-  of the range and its first probe goes down (to depth 2; with it off the controller waits, then
-  probes up to 8), so over these 64-token requests its mean depth is ~0.5 lower
-  (``mean_depth``, ``accepted_per_iteration``; e.g. 6.72 vs 7.21 at 16 clients in
+  with two cohorts, the depth controller is a cause: with proactive drafting on, the first
+  iteration already gives the controller a draft time, its first step lands above the middle of
+  the range and its first probe goes down (to depth 2; with it off the controller waits, then
+  probes up to 8), so over these 64-token requests its mean depth is ~0.5 lower (``mean_depth``,
+  ``accepted_per_iteration``; e.g. 6.72 vs 7.21 at 16 clients in
   ``results/split_bench/ab_yield_vs_equal``), and a server-bound cohort's ITL is its period over
   fewer tokens. At a fixed depth 8 (``--depth 8``, ``results/split_bench/fixed_depth8``) the two
-  cohorts' proactive on vs off is +3.5 % (8 clients) and +0.4 % (16 clients) instead of a loss.
-  Changing the controller's probing was not done. Whether the proactive rows of a batched draft
+  cohorts' proactive on vs off is +3.5 % (8 clients) and +0.4 % (16 clients): no loss, but within
+  the runs' spread, and one cohort at 8 clients is 12 % worse there, so the controller is not the
+  whole story. A probe towards the side the controller predicts better (``--depth-probe cheaper``;
+  ``results/split_bench/ab_probe_cheaper``, paired against ``inside``) keeps the proactive runs'
+  mean depth at 7.25-7.43 (2-16 clients), ITL cheaper/inside 0.81-1.07 there, but at 32 clients,
+  where the edge's congested core inflates ``network_ms``, it drives the depth to 2.2-4.5 and the
+  ITL up 13-26 %: the default stays ``inside``. Whether the proactive rows of a batched draft
   device yield to on-demand rows (``--proactive-priority``) changed nothing beyond the noise
   (``results/split_bench/ab_yield_vs_equal``);
 - noise: a cell is the mean of ``--repeats`` runs, and the columns ``itl_ms_min`` / ``itl_ms_max``

@@ -9,7 +9,7 @@ falls on both sides alike.
 or of one checkout with and without a switch (``--a-args`` / ``--b-args``: extra
 ``experiments.split_bench`` arguments for that side only):
 
-    python -m experiments.split_bench_ab --a . --b . --b-args "--depth-probe cheaper" --out /tmp/ab
+    python -m experiments.split_bench_ab --a . --b . --b-args="--depth-probe cheaper" --out /tmp/ab
 
 Writes ``DIR/ab.csv`` (one row per run) and ``DIR/ab.md``: per configuration the mean ITL of each
 side, B / A, and per side proactive on vs off (the issue's ">= 5 % lower ITL" check). Every run
@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -51,8 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--preset", default="full", help="the project's pair (experiments.split_bench --preset)")
     ap.add_argument("--requests", type=int, default=2, help="requests per client (experiments.split_bench --requests)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--a-args", default="", help="extra experiments.split_bench arguments for side A only (one string, shell-quoted)")
-    ap.add_argument("--b-args", default="", help="extra experiments.split_bench arguments for side B only")
+    ap.add_argument("--a-args", default="", help="extra experiments.split_bench arguments for side A only, one string (write --a-args='--x y': "
+                                                 "a value starting with -- needs the =)")
+    ap.add_argument("--b-args", default="", help="extra experiments.split_bench arguments for side B only (as --a-args)")
     args = ap.parse_args(argv)
     try:
         args.extra = {"a": shlex.split(args.a_args), "b": shlex.split(args.b_args)}
@@ -71,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_one(side: Path, out: Path, args, clients: int, proactive: str, cohorts: int, extra: list[str] = ()) -> dict:
+def run_one(side: Path, out: Path, args, clients: int, proactive: str, cohorts: int, extra: Sequence[str] = ()) -> dict:
     cmd = [sys.executable, "-m", "experiments.split_bench", "--out", str(out), "--rtt-ms", f"{args.rtt_ms:g}", "--clients", str(clients),
            "--proactive", proactive, "--cohorts", str(cohorts), "--baseline", str(args.baseline.resolve()), "--preset", args.preset,
            "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), *extra]
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     df = pd.DataFrame(rows)
     write_csv_atomic(df, args.out / "ab.csv", index=False)
     table, lines = summarise(df)
-    cmd = "python -m experiments.split_bench_ab " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m experiments.split_bench_ab " + shlex.join(argv if argv is not None else sys.argv[1:])  # quoted: --b-args "..." reruns as given
     md = ["# Paired A/B of two checkouts on the split benchmark", "", f"Command: `{cmd}`", "",
           f"A: `{args.a}` ({describe_checkout(args.a)}{_with(args.extra['a'])}), B: `{args.b}` ({describe_checkout(args.b)}{_with(args.extra['b'])}); RTT {args.rtt_ms:g} ms; {args.repeats} repeat(s), each configuration run from A then B at once; "
           "mean ITL over the repeats (`ab.csv` has every run).", "", table.to_markdown(index=False, floatfmt=".3g"), "", *lines, ""]

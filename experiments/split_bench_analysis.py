@@ -129,7 +129,7 @@ def markdown(args, cmd: str, df: pd.DataFrame, base: pd.DataFrame, sweeps: int, 
     return ["# Split runtime benchmark (loopback)", "", f"Command: `{cmd}`", "",
             f"Pair: {args.pair or args.preset}; server {args.device} {args.dtype}, edge {args.edge_device or args.device} {args.edge_dtype or args.dtype}; {'/'.join(map(str, args.clients))} edge clients at RTT {args.rtt_ms[0]:g} ms ({'/'.join(map(str, args.sweep_clients))} at the other RTTs) x {args.requests} requests x {args.max_new_tokens} tokens, {args.repeats} run(s) of every cell (its mean); "
             f"batching window {args.window_ms:g} ms, edge clients {EDGE_DRAFTING[args.shared_device]} on one draft device"
-            f" (proactive priority `{args.proactive_priority}`); "
+            f" (proactive priority `{args.proactive_priority}`; depth {args.depth}, controller probes `{args.depth_probe}`); "
             f"jitter {args.jitter_ms:g} ms, {args.bandwidth_mbps:g} Mbit/s; one torch thread per process; "
             + (f"server and server-only SD pinned to CPU {args.cpu_pair[0]}, edge to CPU {args.cpu_pair[1]} (`--pin-cpus on`: each side on a core "
                "of its own, as on a testbed of two devices)." if args.cpu_pair else "processes not pinned (`--pin-cpus off`: the edge and the server share the cores)."), "",

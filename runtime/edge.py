@@ -215,7 +215,7 @@ def run_placed(args: argparse.Namespace, pair: ModelPair, prompts: list[list[int
         try:
             user = EdgeUser(args.server, pair.draft, rtt_s=args.rtt_ms / 1e3, eos_id=pair.tokenizer.eos_id, depth="plan" if args.depth == "plan" else "auto",
                             max_depth=args.max_depth, proactive=args.proactive == "on", draft_device=draft_device, connect_timeout_s=args.connect_timeout_s,
-                            reply_timeout_s=args.reply_timeout_s, jitter_s=args.jitter_ms / 1e3, seed=args.seed + i)
+                            reply_timeout_s=args.reply_timeout_s, jitter_s=args.jitter_ms / 1e3, seed=args.seed + i, depth_probe=args.depth_probe)
         except ConnectionError as exc:
             with lock:
                 results.extend({"request_id": f"c{i}r{k}", "mode": "error", "outcome": "error", "reason": str(exc)} for k in range(args.requests))

@@ -40,7 +40,7 @@ import grpc
 from google.protobuf import descriptor_pb2
 
 from runtime.split.batched_drafter import BatchedDrafter
-from runtime.split.depth import DepthController
+from runtime.split.depth import PROBES, DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
 from runtime.split.messages import build_messages
@@ -100,14 +100,17 @@ class EdgeUser:
 
     def __init__(self, address: str, draft, rtt_s: float = 0.0, eos_id: int | None = None, depth: str = "plan", max_depth: int = 8,
                  proactive: bool = True, draft_device: SharedDraftDevice | BatchedDrafter | None = None, connect_timeout_s: float = 10.0, reply_timeout_s: float = 60.0,
-                 jitter_s: float = 0.0, seed: int = 0):
+                 jitter_s: float = 0.0, seed: int = 0, depth_probe: str = "inside"):
         if depth not in ("plan", "auto"):
             raise ValueError(f"depth must be plan or auto, got {depth!r}")
         if rtt_s < 0 or jitter_s < 0:
             raise ValueError(f"rtt_s and jitter_s must be >= 0 seconds, got {rtt_s}, {jitter_s}")
+        if depth_probe not in PROBES:
+            raise ValueError(f"depth_probe must be one of {PROBES}, got {depth_probe!r}")
         self.address, self.draft, self.rtt_s, self.eos_id, self.depth = address, draft, rtt_s, eos_id, depth
         self.max_depth, self.proactive, self.draft_device, self.jitter_s, self.seed = max_depth, proactive, draft_device, jitter_s, seed
         self.connect_timeout_s, self.reply_timeout_s = connect_timeout_s, reply_timeout_s
+        self.depth_probe = depth_probe  #: with depth auto: the controller's probe rule (runtime.split.depth)
         self.channel = grpc.insecure_channel(address)
         try:
             grpc.channel_ready_future(self.channel).result(timeout=connect_timeout_s)
@@ -122,7 +125,9 @@ class EdgeUser:
         if self._client is not None and self._client.broken:
             self._client.link.close()
             self._client = None
-        ctl: int | DepthController = depth if self.depth == "plan" else DepthController(1, self.max_depth, initial=min(depth, self.max_depth))
+        ctl: int | DepthController = depth
+        if self.depth == "auto":
+            ctl = DepthController(1, self.max_depth, initial=min(depth, self.max_depth), probe=self.depth_probe)
         if self._client is None:
             # always behind the WAN shim (no delay at rtt 0), so a later request's RTT applies to the same stream
             link = DelayedLink(GrpcLink(self.address, self.connect_timeout_s), 1e3 * self.rtt_s, 1e3 * self.jitter_s, seed=self.seed)

@@ -145,8 +145,7 @@ def speculating_then_on_demand(device, monkeypatch):
     demand = device.session([4, 5])
     t_demand = threading.Thread(target=demand.extend, args=(3,))
     t_demand.start()
-    while device.queued < 1:
-        time.sleep(0.001)
+    wait_until(lambda: device.queued >= 1)
     gate.set()
     t_spec.join(10), t_demand.join(10)
     device.close()
@@ -174,28 +173,104 @@ def test_without_yielding_both_kinds_share_every_step(draft, monkeypatch):
     assert demand.chain == DraftSession(draft, [4, 5]).propose(3)
 
 
-def test_a_yielding_row_still_stops_when_its_verdict_arrives(draft, monkeypatch):
-    """A speculative row held back by on-demand rows ends as soon as its stop() is true, without
-    another step (its caller is waiting on the verdict, not on the device)."""
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_a_held_back_row_stops_on_its_verdict_and_counts_its_wait(draft, monkeypatch):
+    """A speculative row sitting out an on-demand step ends at that step's end once its stop() is
+    true (its caller waits on the verdict, not on the device); the step it sat out is its session's
+    held time. Without yielding it would have drafted a second token in that step."""
     device = BatchedDrafter(draft, speculation_yields=True)
-    gate, entered, kinds = record_step_kinds(device, monkeypatch)
+    permits, kinds, step = threading.Semaphore(0), [], device._step
+
+    def one_at_a_time(batch):
+        kinds.append([row.speculative for row in batch])
+        assert permits.acquire(timeout=10)
+        return step(batch)
+
+    monkeypatch.setattr(device, "_step", one_at_a_time)
     verdict = threading.Event()
-    spec = device.session([1, 2, 3])
+    spec, demand = device.session([1, 2, 3]), device.session([4, 5])
     t_spec = threading.Thread(target=spec.extend, args=(50,), kwargs={"stop": verdict.is_set, "speculative": True})
     t_spec.start()
-    assert entered.wait(10)
-    demand = device.session([4, 5])
-    t_demand = threading.Thread(target=demand.extend, args=(40,))
+    wait_until(lambda: len(kinds) == 1)  # the speculative row's first step is running
+    t_demand = threading.Thread(target=demand.extend, args=(3,))
     t_demand.start()
-    while device.queued < 1:
-        time.sleep(0.001)
+    wait_until(lambda: device.queued == 1)
+    permits.release()
+    wait_until(lambda: len(kinds) == 2)  # the on-demand row's first step: the speculative row sits it out
+    assert kinds == [[True], [False]]
     verdict.set()
-    gate.set()
-    t_spec.join(10)
-    assert not t_spec.is_alive() and len(spec.chain) == 1  # its one step before the on-demand row came
-    t_demand.join(10)
+    permits.release(10)
+    t_spec.join(10), t_demand.join(10)
     device.close()
-    assert all(k == [False] for k in kinds[1:]) and len(demand.chain) == 40
+    assert not t_spec.is_alive() and len(spec.chain) == 1 and len(demand.chain) == 3
+    assert 0 < spec.held_seconds <= spec.wait_seconds and demand.held_seconds == 0
+
+
+def test_a_device_full_of_speculative_rows_still_takes_a_block(draft):
+    """While yielding, max_batch counts on-demand rows only: with max_batch 1 and a speculative
+    row drafting, an on-demand block still joins and finishes first."""
+    device = BatchedDrafter(draft, max_batch=1, speculation_yields=True)
+    stop = threading.Event()
+    spec, demand = device.session([1, 2, 3]), device.session([4, 5])
+    t_spec = threading.Thread(target=spec.extend, args=(3000,), kwargs={"stop": stop.is_set, "speculative": True})
+    t_spec.start()
+    wait_until(lambda: spec.draft_steps >= 2)
+    demand.extend(3)  # would wait for the speculative row's 3000 tokens (seconds) if it counted against max_batch
+    assert t_spec.is_alive() and len(demand.chain) == 3
+    stop.set()
+    t_spec.join(10)
+    device.close()
+    assert not t_spec.is_alive()
+
+
+def test_held_time_is_not_drafting_time_for_the_depth_controller(monkeypatch):
+    """EdgeClient's per-token draft time (the depth controller's input) leaves out the steps a
+    yielding device held its proactive drafting back for others' blocks."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from runtime.split import edge_client
+    from runtime.split.depth import DepthController
+    from runtime.split.drafter import DraftChain
+
+    class HeldSession(DraftChain):
+        def extend(self, upto, stop=None, speculative=False):
+            while len(self.chain) < upto:
+                self.record_draft(7)
+                self.draft_seconds += 0.002
+            if speculative:  # sat out 1 s of others' steps meanwhile
+                self.draft_seconds += 1.0
+                self.held_seconds += 1.0
+                self.wait_seconds += 1.0
+
+    class Link:
+        def submit(self, req):
+            fut = Future()
+            fut.set_result(SimpleNamespace(accepted=len(req.drafts), bonus=7, committed=req.committed + len(req.drafts) + 1, queue_wait_ms=0.0,
+                                           compute_ms=1.0, arrived_at=time.time(), batch_size=1, cohort=0))
+            return fut
+
+        def release(self):
+            pass
+
+    class Recording(DepthController):
+        def observe(self, draft_s_per_token, *args, **kwargs):
+            seen.append(draft_s_per_token)
+            return super().observe(draft_s_per_token, *args, **kwargs)
+
+    seen = []
+    monkeypatch.setattr(edge_client, "DraftSession", lambda draft, prompt: HeldSession(prompt))
+    client = edge_client.EdgeClient(None, Link(), depth=Recording(1, 4, initial=2), proactive=True)
+    out = client.generate([1, 2], 12)
+    assert out.outcome == "length" and len(seen) >= 2
+    assert all(t == pytest.approx(0.002) for t in seen if t is not None)  # not ~0.2 s a token
+    assert all(log.proactive_ms < 100 for log in out.iterations)
 
 
 def test_edge_clients_draft_proactively_as_speculative_rows():

@@ -14,7 +14,8 @@ The device is a thread of its own that batches continuously, as a serving engine
 :meth:`BatchedDraftSession.extend` (a block on demand, or proactive drafting until the verdict
 arrives) joins the running batch as one row and stays in it, one token per step, until its chain is
 long enough or its ``stop()`` is true; then its caller wakes. Rows join at the next step (up to
-``max_batch`` rows, oldest first), and a row waits for at most the step already running.
+``max_batch`` rows, oldest first), and a row waits for at most the step already running (unless
+speculation yields, below).
 
 Speculation can yield (``speculation_yields=True``; ``runtime.edge --proactive-priority yield``):
 a step that has on-demand rows (a block a client is about to send) then carries only those, and
@@ -26,6 +27,11 @@ for. Measured, it changes nothing beyond the noise (``results/split_bench/ab_yie
 paired, 2-32 clients, 1-2 cohorts, 2 repeats: ITL yield/equal 0.92-1.05 with proactive drafting
 on, 0.91-1.09 with it off, where yielding cannot act): an extra row costs a fraction of a step on
 this draft. So the default is ``False`` (every row in every step), as in the published runs.
+While yielding, the admission cap ``max_batch`` counts the on-demand rows only (a device full of
+speculative rows never keeps a block out) and a step carries at most ``max_batch`` rows, oldest
+first; the steps a speculative row sits out are its session's ``held_seconds`` (and
+``wait_seconds``), so a caller can keep them out of its draft time per token. A speculative row
+without a ``stop`` may sit out for as long as on-demand rows keep coming: give it one.
 Proactive drafting's ITL cost with two cohorts comes from elsewhere: the depth controller's start
 (``experiments.split_bench``'s docstring). A per-token hand-off between the
 client's thread and the device's (a first version) halved the batch: most clients were still
@@ -193,7 +199,7 @@ class BatchedDrafter:
                         row.result.set_exception(RuntimeError("the batched draft device is closed"))
                     self._queue.clear()
                     return
-                while self._queue and len(running) < self.max_batch:
+                while self._queue and self._admitted(running) < self.max_batch:
                     running.append(self._queue.popleft())
             started = time.perf_counter()
             batch = []
@@ -206,15 +212,14 @@ class BatchedDrafter:
                 if done:
                     row.result.set_result(None)
                     continue
+                if not row.joined:
+                    row.joined = True
+                    row.session.wait_seconds += started - row.queued_at
                 batch.append(row)
             running = batch
             if not batch:
                 continue
             step = self._stepping(batch)
-            for row in step:
-                if not row.joined:
-                    row.joined = True
-                    row.session.wait_seconds += started - row.queued_at
             try:
                 tokens = self._step(step)
             except Exception as exc:  # noqa: BLE001 - a failed step fails its rows' requests, not the device
@@ -227,14 +232,25 @@ class BatchedDrafter:
             self.yielded += len(batch) - len(step)
             for row, token in zip(step, tokens, strict=True):
                 row.session.record_draft(token)
+            if len(step) < len(batch):  # the rows that sat this step out waited for it
+                held_s, stepped = time.perf_counter() - started, {id(row) for row in step}
+                for row in batch:
+                    if id(row) not in stepped:
+                        row.session.held_seconds += held_s
+                        row.session.wait_seconds += held_s
+
+    def _admitted(self, running: list[_Row]) -> int:
+        """How many of ``running`` count against ``max_batch``: all, or only the on-demand rows while
+        speculation yields (held-back speculative rows must not keep a block out)."""
+        return sum(not row.speculative for row in running) if self.speculation_yields else len(running)
 
     def _stepping(self, batch: list[_Row]) -> list[_Row]:
         """The rows the next step carries: all of ``batch``, or only its on-demand rows when
         speculation yields and there are any (the speculative ones stay in the running batch)."""
         if not self.speculation_yields:
-            return batch
+            return batch  # admission kept it within max_batch
         on_demand = [row for row in batch if not row.speculative]
-        return on_demand or batch
+        return (on_demand or batch)[: self.max_batch]  # oldest first
 
     @torch.no_grad()
     def _step(self, batch: list[_Row]) -> list[int]:

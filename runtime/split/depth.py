@@ -37,7 +37,9 @@ they cannot, i.e. before the first draft time and verdict). Why the switch: a pr
 tokens, and an ``inside`` probe from depth 5-6 goes down to 1-2 when the best depth is 8; with
 proactive drafting the first iteration already yields a draft time, the controller's first step
 lands there, and over short requests that probe lowered the mean depth (``experiments.split_bench``'s
-docstring; ``results/split_bench/ab_probe_cheaper``).
+docstring; ``results/split_bench/ab_probe_cheaper``). Probes happen only while the depths seen have
+little spread, when the fit's slope is still 0: a ``cheaper`` probe's choice assumes flat
+verification, the very thing the probe is there to test, so it mostly goes up.
 
 **Choice.** The predicted tokens/s of every depth; the depths within ``tolerance`` (relative) of
 the best form a band (the objective is flat near its top, and with verification growing in depth

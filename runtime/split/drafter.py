@@ -42,6 +42,8 @@ class DraftChain:
         self.fed = 0  #: tokens of ``tokens + chain`` whose KV the draft cache holds
         self.draft_seconds = 0.0  #: time spent drafting (with a shared batched device: the wall time of its steps, waits included)
         self.wait_seconds = 0.0  #: of that, time waiting for a shared device to take the request (0 with a device of its own)
+        #: of that, time speculative drafting sat out for other sessions' on-demand drafting (a yielding shared device; else 0)
+        self.held_seconds = 0.0
         self.draft_steps = 0
 
     def extend(self, upto: int, stop: Callable[[], bool] | None = None, speculative: bool = False) -> None:

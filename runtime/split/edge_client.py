@@ -157,7 +157,7 @@ class EdgeClient:
             req = VerifyRequest("", tuple(drafts), tuple(prompt) if first else (), len(session.tokens), temperature, seed)
             sent_at, t_send = time.time(), time.perf_counter()
             fut = self.link.submit(req)
-            p0, ps0 = session.draft_seconds, session.draft_steps
+            p0, ps0, h0 = session.draft_seconds, session.draft_steps, session.held_seconds
             if self.proactive and self.arbiter is None:  # the guessed bonus and one more block, or until the verdict
                 session.extend(2 * depth + 1, stop=fut.done, speculative=True)
             elif self.proactive:
@@ -168,7 +168,8 @@ class EdgeClient:
                 self.arbiter.pass_on()  # a wake-up this client got but will not use goes to the next speculator
             reply = fut.result(timeout=self.reply_timeout_s)
             t_reply = time.perf_counter()
-            proactive_s, proactive_steps = session.draft_seconds - p0, session.draft_steps - ps0
+            # the steps a yielding device held it back for others' blocks are not drafting time
+            proactive_s, proactive_steps = session.draft_seconds - p0 - (session.held_seconds - h0), session.draft_steps - ps0
             before = len(session.tokens)
             hit = session.commit(depth, reply.accepted, reply.bonus)
             if reply.committed != len(session.tokens):
