@@ -232,8 +232,7 @@ def test_a_device_full_of_speculative_rows_still_takes_a_block(draft):
 def test_held_time_is_not_drafting_time_for_the_depth_controller(monkeypatch):
     """EdgeClient's per-token draft time (the depth controller's input) leaves out the steps a
     yielding device held its proactive drafting back for others' blocks."""
-    from concurrent.futures import Future
-    from types import SimpleNamespace
+    from fake_links import AcceptAllLink
 
     from runtime.split import edge_client
     from runtime.split.depth import DepthController
@@ -249,16 +248,6 @@ def test_held_time_is_not_drafting_time_for_the_depth_controller(monkeypatch):
                 self.held_seconds += 1.0
                 self.wait_seconds += 1.0
 
-    class Link:
-        def submit(self, req):
-            fut = Future()
-            fut.set_result(SimpleNamespace(accepted=len(req.drafts), bonus=7, committed=req.committed + len(req.drafts) + 1, queue_wait_ms=0.0,
-                                           compute_ms=1.0, arrived_at=time.time(), batch_size=1, cohort=0))
-            return fut
-
-        def release(self):
-            pass
-
     class Recording(DepthController):
         def observe(self, draft_s_per_token, *args, **kwargs):
             seen.append(draft_s_per_token)
@@ -266,7 +255,7 @@ def test_held_time_is_not_drafting_time_for_the_depth_controller(monkeypatch):
 
     seen = []
     monkeypatch.setattr(edge_client, "DraftSession", lambda draft, prompt: HeldSession(prompt))
-    client = edge_client.EdgeClient(None, Link(), depth=Recording(1, 4, initial=2), proactive=True)
+    client = edge_client.EdgeClient(None, AcceptAllLink(compute_ms=1.0), depth=Recording(1, 4, initial=2), proactive=True)
     out = client.generate([1, 2], 12)
     assert out.outcome == "length" and len(seen) >= 2
     assert all(t == pytest.approx(0.002) for t in seen if t is not None)  # not ~0.2 s a token

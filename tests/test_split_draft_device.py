@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
+from fake_links import AcceptAllLink
 
 from runtime.split import draft_device
 from runtime.split.draft_device import SharedDraftDevice
@@ -350,17 +350,6 @@ class _FakeSession(DraftChain):
         return False
 
 
-class _AcceptAllLink:
-    def submit(self, req):
-        fut = Future()
-        fut.set_result(SimpleNamespace(accepted=len(req.drafts), bonus=7, committed=req.committed + len(req.drafts) + 1, queue_wait_ms=0.0,
-                                       compute_ms=0.0, arrived_at=time.time(), batch_size=1, cohort=0))
-        return fut
-
-    def release(self):
-        pass
-
-
 @pytest.mark.parametrize("chain, max_new", [([7, 7, 7], 4), ([], 1)], ids=["block-already-drafted", "depth-0"])
 def test_a_block_with_nothing_to_draft_does_not_queue_for_the_device(monkeypatch, chain, max_new):
     from runtime.split import edge_client
@@ -368,7 +357,7 @@ def test_a_block_with_nothing_to_draft_does_not_queue_for_the_device(monkeypatch
     session = _FakeSession(chain)
     monkeypatch.setattr(edge_client, "DraftSession", lambda draft, prompt: session)
     dev = SharedDraftDevice()
-    client = edge_client.EdgeClient(None, _AcceptAllLink(), depth=3, proactive=False, draft_device=dev)
+    client = edge_client.EdgeClient(None, AcceptAllLink(), depth=3, proactive=False, draft_device=dev)
     holder = dev.on_demand()  # another client drafts meanwhile (0.3 s): a queued request would wait for it
     holder.__enter__()
     timer = threading.Timer(0.3, lambda: holder.__exit__(None, None, None))
