@@ -15,7 +15,10 @@ The device is a thread of its own that batches continuously, as a serving engine
 arrives) joins the running batch as one row and stays in it, one token per step, until its chain is
 long enough or its ``stop()`` is true; then its caller wakes. Rows join at the next step (up to
 ``max_batch`` rows, oldest first), and a row waits for at most the step already running (unless
-speculation yields, below).
+speculation yields, below). A per-token hand-off between the
+client's thread and the device's (a first version) halved the batch: most clients were still
+waking up to ask for their next token when the step began. Rows with one new token (decode) run in
+one forward, rows with several (a prompt) in a second.
 
 Speculation can yield (``speculation_yields=True``; ``runtime.edge --proactive-priority yield``):
 a step that has on-demand rows (a block a client is about to send) then carries only those, and
@@ -32,11 +35,8 @@ speculative rows never keeps a block out) and a step carries at most ``max_batch
 first; the steps a speculative row sits out are its session's ``held_seconds`` (and
 ``wait_seconds``), so a caller can keep them out of its draft time per token. A speculative row
 without a ``stop`` may sit out for as long as on-demand rows keep coming: give it one.
-Proactive drafting's ITL cost with two cohorts comes from elsewhere: the depth controller's start
-(``experiments.split_bench``'s docstring). A per-token hand-off between the
-client's thread and the device's (a first version) halved the batch: most clients were still
-waking up to ask for their next token when the step began. Rows with one new token (decode) run in
-one forward, rows with several (a prompt) in a second.
+Proactive drafting's ITL cost with two cohorts comes from elsewhere, in part the depth controller's start
+(``experiments.split_bench``'s docstring).
 
 The forward is the draft model's own modules (embedding, norms, projections, rotary embedding, MLP,
 head) around an attention over a slot-indexed KV pool that this module manages: ``pool[layer]`` is
