@@ -88,9 +88,10 @@ Where the split loses on one CPU box (measured; the columns show it):
   the runs' spread, and one cohort at 8 clients is 12 % worse there, so the controller is not the
   whole story. A probe towards the side the controller predicts better (``--depth-probe cheaper``;
   ``results/split_bench/ab_probe_cheaper``, paired against ``inside``) keeps the proactive runs'
-  mean depth at 7.25-7.43 (2-16 clients), ITL cheaper/inside 0.81-1.07 there, but at 32 clients,
-  where the edge's congested core inflates ``network_ms``, it drives the depth to 2.2-4.5 and the
-  ITL up 13-26 %: the default stays ``inside``. Whether the proactive rows of a batched draft
+  mean depth at 7.25-7.43 (2-16 clients), ITL cheaper/inside 0.81-1.07 there, but at 32 clients
+  it ran at depth 2.2-4.5 with the ITL 13-26 % higher (the 26 % mostly one run, 32.2 ms at depth
+  2.2; 6 of the 16 32-client runs saw a host load of 3.1-6.5, against at most 2.4 in the other
+  A/B; why the controller went shallow there is not established): the default stays ``inside``. Whether the proactive rows of a batched draft
   device yield to on-demand rows (``--proactive-priority``) changed nothing beyond the noise
   (``results/split_bench/ab_yield_vs_equal``);
 - noise: a cell is the mean of ``--repeats`` runs, and the columns ``itl_ms_min`` / ``itl_ms_max``

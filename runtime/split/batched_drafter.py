@@ -27,7 +27,7 @@ and step whenever no on-demand row waits, as with ``--shared-device on``
 (:mod:`runtime.split.draft_device`). The idea: with two cohorts one cohort drafts its next blocks
 on demand while the other drafts proactively, and a wider step delays the blocks the server waits
 for. Measured, it changes nothing beyond the noise (``results/split_bench/ab_yield_vs_equal``:
-paired, 2-32 clients, 1-2 cohorts, 2 repeats: ITL yield/equal 0.92-1.05 with proactive drafting
+paired, 2-32 clients, 1-2 cohorts, 2 repeats: ITL yield/equal 0.91-1.05 with proactive drafting
 on, 0.91-1.09 with it off, where yielding cannot act): an extra row costs a fraction of a step on
 this draft. So the default is ``False`` (every row in every step), as in the published runs.
 While yielding, the admission cap ``max_batch`` counts the on-demand rows only (a device full of
