@@ -82,8 +82,8 @@ Where the split loses on one CPU box (measured; the columns show it):
   the range and its first probe goes down (to depth 2; with it off the controller waits, then
   probes up to 8), so over these 64-token requests its mean depth is ~0.5 lower (``mean_depth``,
   ``accepted_per_iteration``; e.g. 6.72 vs 7.21 at 16 clients in
-  ``results/split_bench/ab_yield_vs_equal``), and a server-bound cohort's ITL is its period over
-  fewer tokens. At a fixed depth 8 (``--depth 8``, ``results/split_bench/fixed_depth8``) the two
+  ``results/split_bench/ab_yield_vs_equal``, whose ``iteration_logs`` hold the sequences), and a
+  server-bound cohort's ITL is its period over fewer tokens. At a fixed depth 8 (``--depth 8``, ``results/split_bench/fixed_depth8``) the two
   cohorts' proactive on vs off is +3.5 % (8 clients) and +0.4 % (16 clients): no loss, but within
   the runs' spread, and one cohort at 8 clients is 12 % worse there, so the controller is not the
   whole story. A probe towards the side the controller predicts better (``--depth-probe cheaper``;
