@@ -141,6 +141,8 @@ from experiments.split_bench_analysis import (
 from runtime.cpu_pinning import available_cpus, pin_process
 from runtime.engines import drain, sd_steps
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
+from runtime.split.batched_drafter import PROACTIVE_PRIORITIES
+from runtime.split.depth import PROBES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,9 +196,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="runtime.edge --shared-device: batched (auto with a Llama draft), the edge's clients' draft steps run as one "
                          "batched forward on its one device; on, they draft one after another (staggered arrivals); off, they draft "
                          "concurrently with the model's own forward (interleaved on one thread)")
-    ap.add_argument("--depth-probe", choices=["inside", "cheaper"], default="inside",
+    ap.add_argument("--depth-probe", choices=list(PROBES), default="inside",
                     help="runtime.edge --depth-probe: which way the depth controller probes (results/split_bench/ab_probe_cheaper)")
-    ap.add_argument("--proactive-priority", choices=["equal", "yield"], default="equal",
+    ap.add_argument("--proactive-priority", choices=list(PROACTIVE_PRIORITIES), default="equal",
                     help="runtime.edge --proactive-priority: with a batched draft device, equal (every row in every step) or yield (a "
                          "step with on-demand rows leaves the proactive rows out; results/split_bench/ab_yield_vs_equal)")
     # on one machine the edge and the server share its cores: unpinned, the edge's (proactive) drafting

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 from agents.artefacts import write_text_atomic
 from runtime.edge_profile import CalibratedStart, calibrated_start
 from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS
-from runtime.split.batched_drafter import BatchedDrafter, supports
+from runtime.split.batched_drafter import PROACTIVE_PRIORITIES, BatchedDrafter, supports
 from runtime.split.depth import PROBES, DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "batched forward (runtime.split.batched_drafter; Llama drafts); on: they share it one after another, proactive "
                          "drafting yields to on-demand drafting (runtime.split.draft_device); off: every client drafts whenever it likes "
                          "with the model's own forward (one device per client, as SpecEdge's edges, when the host has the cores)")
-    ap.add_argument("--proactive-priority", choices=["equal", "yield"], default="equal",
+    ap.add_argument("--proactive-priority", choices=list(PROACTIVE_PRIORITIES), default="equal",
                     help="with a batched draft device: equal (every row in every step) or yield (a draft step with on-demand rows leaves "
                          "the proactive rows out until none waits; no measured gain on CPU); see runtime.split.batched_drafter")
     ap.add_argument("--gil-switch-ms", type=float, default=0.5,
@@ -195,8 +195,8 @@ def make_draft_device(kind: str, draft: torch.nn.Module, proactive_priority: str
     (one after another), ``off`` (none: each client drafts with the model's own forward) or
     ``auto`` (batched when the draft's architecture supports it, else on). ``proactive_priority``
     (``yield`` | ``equal``, ``--proactive-priority``) applies to a batched device; ``on`` always yields."""
-    if proactive_priority not in ("yield", "equal"):
-        raise ValueError(f"proactive_priority must be 'yield' or 'equal', got {proactive_priority!r}")
+    if proactive_priority not in PROACTIVE_PRIORITIES:
+        raise ValueError(f"proactive_priority must be one of {PROACTIVE_PRIORITIES}, got {proactive_priority!r}")
     if kind == "auto":
         kind = "batched" if supports(draft) else "on"
     if kind == "batched":

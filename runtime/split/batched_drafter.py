@@ -64,6 +64,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from runtime.split.drafter import DraftChain
 
 SUPPORTED_MODEL_TYPES = ("llama",)
+#: ``runtime.edge --proactive-priority``: ``equal`` (every row in every step) or ``yield`` (``speculation_yields``)
+PROACTIVE_PRIORITIES = ("equal", "yield")
 
 
 def supports(draft: torch.nn.Module) -> bool:
@@ -368,4 +370,4 @@ class BatchedDraftSession(DraftChain):
         return self._closed
 
 
-__all__ = ["BatchedDraftSession", "BatchedDrafter", "SUPPORTED_MODEL_TYPES", "check_supported", "supports"]
+__all__ = ["BatchedDraftSession", "BatchedDrafter", "PROACTIVE_PRIORITIES", "SUPPORTED_MODEL_TYPES", "check_supported", "supports"]
