@@ -58,7 +58,7 @@ def evaluate_schedulers_v1(cfg: EnvConfig, schedulers: list[str], rounds: int | 
             if users[r] is not None and not check_plan_split(cost, users[r], rnd, plan.modes, plan.gamma, depth).feasible:
                 raise AssertionError(f"scheduler {name!r} returned an infeasible plan on round {r}")
             out = evaluate_split_plan(cost, split_model, rnd, plan, rng=round_rng(seed, r, 1), simulate_acceptance=cfg.simulate_acceptance,
-                                      completion=cfg.completion, sharing=cfg.sharing, users=users[r])
+                                      completion=cfg.completion, sharing=cfg.sharing, users=users[r], ed_completion=cfg.completion)
             rows.append({"scheduler": name, "round": r, "num_users": rnd.num_users, "served": out.served_count, "admitted_ad": plan.admitted_ad,
                          "admitted_sd": plan.admitted_sd, "admitted_ed": plan.admitted_ed, "gamma": plan.gamma, "z": plan.z, "ed_share": plan.ed_share,
                          "lam": plan.lam, "decision_s": plan.decision_s})

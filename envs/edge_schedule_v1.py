@@ -69,7 +69,9 @@ edge_fraction=0.5)``: any :class:`envs.config.EnvConfig` field, plus the split s
 (``"step"`` or ``"immediate"``) of ``envs.split_cost.SplitOptions``. v1's defaults differ from
 v0's in two fields: ``profile`` (a split profile, ``envs/profiles/split_*.yaml``) and
 ``edge_fraction`` (0.5). A profile without ``edge``/``network`` sections needs ``edge_fraction=0``;
-with ``edge_fraction=0`` v1 serves exactly what v0 serves on the same rounds.
+with ``edge_fraction=0`` v1 serves exactly what v0 serves on the same rounds. ``completion``
+applies to every user: ``"batch"`` (default) ends each at its batch's end, ``"own"`` each at its
+own last token, ED users included (``envs.split_plan.evaluate_split_plan``, ``envs.split_outcome``).
 
 ## Vectorized environment
 
@@ -159,7 +161,7 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
     if served is None:
         plan = Plan(modes, gamma=max(gamma, 1), z=z, lam=lam, ed_depth=depth if n_ed else None, ed_share=ed_share)
         served = evaluate_split_plan(cost, split, rnd, plan, rng=rng, simulate_acceptance=cfg.simulate_acceptance, completion=cfg.completion,
-                                     sharing=cfg.sharing, users=users).served_count
+                                     sharing=cfg.sharing, users=users, ed_completion=cfg.completion).served_count
     return {
         "served": served, "admitted_ad": n_ad, "admitted_sd": n_sd, "admitted_ed": n_ed,
         "rejected": rnd.num_users - admitted, "late": admitted - served, "gamma": gamma, "z": z,

@@ -284,11 +284,13 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     """Realised latency and served flags of a plan with AD, SD and ED users.
 
     Without ED users this *is* ``envs.outcome.evaluate_plan`` (v0's outcome). With them (choice):
-    each batch runs at its fixed share (AD ``z``, ED ``ed_share``, SD the rest) for its whole life and
-    finishes at its end; ``completion`` and ``sharing`` other than the paper's are not modelled for
-    such rounds. ED users' realised latency is ``U_E + C_E / zeta_E + P_E + J X_E`` with their
-    realised outputs and acceptance (expected tokens per iteration: ``simulate_acceptance`` applies
-    to SD only). ``users``: the round's predicted :class:`EdUsers` (at least ``max ed_depth``
+    each batch runs at its fixed share (AD ``z``, ED ``ed_share``, SD the rest) for its whole life;
+    ``sharing`` other than the paper's is not modelled for such rounds. ``completion`` applies to their
+    AD and SD users as in v0: ``"batch"`` (the paper) ends every user at its batch's end,
+    ``"own"`` ends each at its own last token (its own work, at the batch's size, over the batch's
+    share: v0's ``completion="own"`` under fixed sharing; ED users follow ``ed_completion``). ED users'
+    realised latency is ``U_E + C_E / zeta_E + P_E + J X_E`` with their realised outputs and
+    acceptance (expected tokens per iteration: ``simulate_acceptance`` applies to SD only). ``users``: the round's predicted :class:`EdUsers` (at least ``max ed_depth``
     depths), reused when realised equals predicted (saves recomputing them). ``ed_completion``:
     ``"batch"`` (default, the formula above) or ``"own"`` (each ED user ends at its own last token:
     ``envs.split_outcome``).
@@ -306,19 +308,31 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     # evaluate_plan computes for an AD-only and an SD-only plan (completion "batch", sharing "fixed"),
     # here in Python floats per batch (the scalar env's end-of-episode hot path; ad_time1 / sd_time1 are
     # the array forms' operations in their order). An empty batch reports nothing and its time is 0.
+    if completion not in ("batch", "own"):
+        raise ValueError(f"completion must be 'batch' or 'own', got {completion!r}")
     ad_idx = np.flatnonzero(modes == AD)
     if ad_idx.size:
-        total = cost.ad_time1(ad_idx.size, _max(rnd.input_tokens, ad_idx), _max(rnd.realized_output_tokens, ad_idx))
+        s_max, n_max = _max(rnd.input_tokens, ad_idx), _max(rnd.realized_output_tokens, ad_idx)
+        total = cost.ad_time1(ad_idx.size, s_max, n_max)
         ad_batch_s = _fixed_share_finish(latency, rnd, ad_idx, total, float(plan.z))
+        if completion == "own":  # v0's own work: the batch's size, each user's own output
+            own = cost.ad_time(np.full(ad_idx.size, ad_idx.size), s_max, rnd.realized_output_tokens[ad_idx])
+            _own_share_finish(latency, rnd, ad_idx, own, float(plan.z))
     sd_idx = np.flatnonzero(modes == SD)
     if sd_idx.size and simulate_acceptance:  # acceptance drawn token by token from rng: evaluate_plan's own draws
-        s = evaluate_plan(cost, rnd, Plan(np.where(modes == SD, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share), rng=rng, simulate_acceptance=True)
+        s = evaluate_plan(cost, rnd, Plan(np.where(modes == SD, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share), rng=rng, simulate_acceptance=True,
+                          completion=completion)
         latency[sd_idx], sd_batch_s = s.latency_s[sd_idx], s.sd_batch_s
     elif sd_idx.size:
         gamma = int(plan.gamma)
         j = sd_iterations(rnd.realized_output_tokens[sd_idx], rnd.realized_alpha[sd_idx], gamma)
-        total = cost.sd_time1(sd_idx.size, _max(rnd.input_tokens, sd_idx), _max(rnd.realized_output_tokens, sd_idx), max(j.tolist()), gamma)
-        sd_batch_s = _fixed_share_finish(latency, rnd, sd_idx, total, 1.0 - float(plan.z + plan.ed_share))
+        s_max, n_max = _max(rnd.input_tokens, sd_idx), _max(rnd.realized_output_tokens, sd_idx)
+        total = cost.sd_time1(sd_idx.size, s_max, n_max, max(j.tolist()), gamma)
+        share_sd = 1.0 - float(plan.z + plan.ed_share)
+        sd_batch_s = _fixed_share_finish(latency, rnd, sd_idx, total, share_sd)
+        if completion == "own":  # each user's own iterations, every pass at the batch's size, S and N
+            own = cost.sd_time(np.full(sd_idx.size, sd_idx.size), s_max, n_max, j, gamma)
+            _own_share_finish(latency, rnd, sd_idx, own, share_sd)
     depth = plan.ed_depth[ed_idx]
     d_max = max(depth.tolist())
     if users is None or users.tokens.shape[1] < d_max or not (_same(rnd.realized_output_tokens, rnd.output_tokens) and _same(rnd.realized_alpha, rnd.alpha)):
@@ -380,6 +394,14 @@ def _fixed_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, total_
     end = total_s / share if share > 0 else np.inf
     latency[idx] = _max(rnd.uplink_s, idx) + end + rnd.realized_downlink_s[idx]
     return float(end)
+
+
+def _own_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, own_s: np.ndarray, share: float) -> None:
+    """Write each user's realised latency when it ends at its own last token (``completion="own"``):
+    its own ``own_s`` (full-device seconds) at the batch's fixed ``share`` (inf without a share),
+    after the batch's slowest uplink, plus its own downlink -- ``evaluate_plan``'s "own" under fixed sharing."""
+    end = np.asarray(own_s, dtype=float) / share if share > 0 else np.full(idx.size, np.inf)
+    latency[idx] = rnd.uplink_s[idx].max() + end + rnd.realized_downlink_s[idx]
 
 
 # The end-of-episode hot path (issue #13) takes a few small maxima per batch: Python's max over a

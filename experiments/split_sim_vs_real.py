@@ -20,10 +20,13 @@ seeded generator (``--tokens``, ``--deadline-s``), RTTs from ``--rtt-ms``. Then 
 again by the same scheduler as the server saw it -- prompt tokens, ``max_tokens`` as the output
 prediction, the deadline less the round window, ``has_edge`` and ``rtt_s`` -- on the same profile,
 with the acceptance estimate the server had, and costed with ``envs.split_plan.evaluate_split_plan``
-(each user's realised output length). ED users end at their own last token (``ed_completion="own"``,
-the server's semantics, as ``experiments.sim_vs_real`` uses v0's ``completion="own"``; ``--completion
-batch`` for v1's default, every ED user ending at its ED batch's end); the batch-completion figure
-with the estimate realised is always reported beside it (*sim, batch completion*). *sim* realises the estimate; *sim, measured acceptance*
+(each user's realised output length). Every user ends at its own last token -- ED users
+(``ed_completion="own"``) and AD/SD users (``completion="own"``: its own passes at its batch's
+size and share) -- the server's semantics, as ``experiments.sim_vs_real`` uses v0's
+``completion="own"``; ``--completion batch`` for v1's default, every user ending at its batch's end.
+The batch-completion figure with the estimate realised is always reported beside it (*sim, batch
+completion*). Runs published before 2026-12-02 (stop 37) ended simulated AD/SD users at their
+batch's end even with ``--completion own``: ``--resimulate`` rewrites such a run's report. *sim* realises the estimate; *sim, measured acceptance*
 realises each ED user's measured acceptance (accepted / (accepted + rejecting iterations), from the
 edge's iteration log) and each SD user's. Latency: the request's arrival at the server to its end
 (ED: the edge's report of its last token reaching the server), the simulated one plus the round
@@ -48,12 +51,20 @@ pass took 8.3 or 13 ms from one second to the next, two quick calibrations a min
 target x2.2 and x1.5 at q = 5, and the calibrated run was -5 % to +28 % off, mostly the other way (real faster).
 On an AMD EPYC host (2026-12-02, the same fingerprint as the table's; its passes 2.5-5.6x
 slower than the table's by the quick calibration) neither profile met the target in every row
-(``results/split_sim_vs_real/epyc_2026-12-02``): with the shipped table edge users' p50 was 27-48 %
-off and the simulator served 7-33 % more of them (real latencies slower, deadlines missed); calibrated,
-edge users' p50 was +3 % to +14 % off (the simulator slower) and served within 5 % in 4 of 6 rows
-(the others 8 % and 15 % off). The calibration corrects most of a host's speed but overshoots here. A possible cause, not
-tested: it scales every pass of a q by one median factor over batch sizes and contexts, its points
-differed by up to 2.2x from one another, and the live server runs small batches.
+(``results/split_sim_vs_real/epyc_2026-12-02``, re-simulated with SD users ending at their own last
+token): with the shipped table edge users' p50 was 27-51 % off and the simulator served 7-33 % more
+of them (real latencies slower, deadlines missed); calibrated, edge users' p50 was -3 % to +9 % off
+and served within 5 % in 4 of 6 rows (the others 8 % and 15 % off: 1 and 2 requests of 13). The ED-user
+rows of 1 and 2 requests (mixed rounds under ``balance_ed`` and the policy) are 25 % and 128 % off.
+Before the re-simulation the calibrated run's SD-only rows were +11 % and +14 % off: the
+simulator ended a short SD user with the longest of its batch.
+
+**Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
+records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
+when the run saved none), and rewrites ``requests.csv``, ``summary.csv`` and ``summary.md`` in
+``--out`` (default ``DIR``); the live part is not rerun. Pass the run's own arguments (its
+``Reproduce`` line) so the header describes it; the report keeps the run's planning-profile, wall
+time and reproduce lines and adds the re-simulation's command.
 
 **Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
 gives every edge its own device. Few concurrent edge users per round keep that difference small.
@@ -64,6 +75,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -87,10 +99,10 @@ from envs.workload import Round
 from experiments.sim_vs_real import free_port
 from runtime.machine_profile import (
     AUTO,
-    PlanningProfile,
     add_planning_profile_args,
     check_planning_profile_args,
     default_split_base,
+    profile_file,
     resolve_profile,
 )
 from runtime.split_loadgen import add_round_args, check_ranges, draw_round, run_round
@@ -132,8 +144,9 @@ def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alph
 def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, policy: str | None, completion: str = "own") -> pd.DataFrame:
     """Plan each round as the server saw it and cost it with the v1 model (see the module docstring).
 
-    ``completion``: when ED users end in *sim* and *sim, measured acceptance* (``envs.split_outcome``);
-    *sim_batch* (the estimate realised, ED users ending at their batch's end) is always added."""
+    ``completion``: when users end in *sim* and *sim, measured acceptance* -- ``own`` (each at its own
+    last token: ``completion`` and ``ed_completion`` of ``envs.split_plan.evaluate_split_plan``) or
+    ``batch``; *sim_batch* (the estimate realised, every user ending at its batch's end) is always added."""
     cost = CostModel(load_profile(profile))
     split = split_model(cost.profile)
     sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0) if scheduler != "policy" else _policy(cost, policy)
@@ -151,10 +164,10 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
         with np.errstate(invalid="ignore", divide="ignore"):
             measured = np.clip(acc / (acc + rej), 0.0, 0.999)
         outs = {}
-        for label, alpha, ed_completion in (("sim", rnd.alpha, completion), ("sim_measured", np.where(np.isfinite(measured), measured, rnd.alpha), completion),
+        for label, alpha, ends in (("sim", rnd.alpha, completion), ("sim_measured", np.where(np.isfinite(measured), measured, rnd.alpha), completion),
                                             ("sim_batch", rnd.alpha, "batch")):
             rr = dataclasses.replace(rnd, realized_output_tokens=realised.astype(np.int64), realized_alpha=np.asarray(alpha, dtype=float))
-            outs[label] = evaluate_split_plan(cost, split, rr, plan, ed_completion=ed_completion)
+            outs[label] = evaluate_split_plan(cost, split, rr, plan, completion=ends, ed_completion=ends)
         for k, idx in enumerate(g.index):
             row = {"index": idx, "sim_mode": MODES.get(int(plan.modes[k]), "-"), "sim_depth": int(plan.ed_depth[k]) if plan.ed_depth is not None and plan.modes[k] == ED else 0}
             for label, out in outs.items():
@@ -215,8 +228,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
                     help="when simulated ED users end: own (at their own last token, as the server answers) or batch (at their ED batch's end, v1's default)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help=f"where to write (default {RESULTS.relative_to(ROOT)}; with --resimulate, its DIR)")
+    ap.add_argument("--resimulate", type=Path, default=None, metavar="DIR",
+                    help="re-simulate the finished run in DIR (its requests.csv) without a live part; pass the run's own arguments")
     args = ap.parse_args(argv)
+    if args.resimulate is not None and not (args.resimulate / "requests.csv").is_file():
+        ap.error(f"--resimulate: {args.resimulate / 'requests.csv'} does not exist")
+    if args.resimulate is not None and args.profile == AUTO and not (args.resimulate / "profile.yaml").is_file():
+        ap.error(f"--resimulate: {args.resimulate} has no profile.yaml; name the profile the run planned with (--profile NAME|PATH)")
+    if args.out is None:
+        args.out = args.resimulate if args.resimulate is not None else RESULTS
     known = {"balance_ed", "edge_first", "policy"}
     if not set(args.schedulers.split(",")) <= known:
         ap.error(f"--schedulers must be from {sorted(known)}, got {args.schedulers}")
@@ -241,6 +262,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.resimulate is not None:
+        resimulate(args)
+        return
     import torch
 
     from runtime.pair import CODE_PROMPTS, PROSE_PROMPTS, build_pair, load_pair
@@ -281,38 +305,76 @@ def main(argv: list[str] | None = None) -> None:
     load.append(os.getloadavg()[0])
     sims = [simulate(df, s, profile, args.window_s, args.policy, args.completion) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
     both = pd.concat(sims)
-    write_report(args, both, compare(both), wall, load, planning)
+    live = [
+        f"**Planning profile** ({planning.source}; `--profile {args.profile}`): " + "; ".join(f"{k}: {v}" for k, v in planning.summary().items()
+                                                                                        if k not in ("engine overhead",)) + ".",
+        f"Wall time of the live part: {wall:.0f} s; the host's 1-minute load average {load[0]:.1f} before it and {load[1]:.1f} after, "
+        f"on {os.cpu_count()} CPU(s) (above the CPU count the host was loaded, and real times are slower than the profile's).",
+        f"Reproduce: `{command(args)}`",
+    ]
+    write_report(args, both.drop(columns=["prompt"]), compare(both), live, planning.path.read_text(), planning.path.name)
 
 
-def write_report(args, both: pd.DataFrame, table: pd.DataFrame, wall_s: float, load: list[float], planning: PlanningProfile) -> None:
+def resimulate(args: argparse.Namespace) -> None:
+    """``--resimulate DIR``: plan and cost a finished run's rounds again (no live part) and rewrite its report."""
+    src = args.resimulate
+    live_rows = pd.read_csv(src / "requests.csv")
+    live_rows = live_rows.drop(columns=[c for c in live_rows.columns if c.startswith("sim_")])
+    for name, want in (("scheduler", args.schedulers), ("setting", args.settings)):
+        if set(live_rows[name].unique()) != set(want.split(",")):  # the header would describe another run
+            raise SystemExit(f"--resimulate: {src / 'requests.csv'} has {name}s {sorted(live_rows[name].unique())}, the arguments say {want}; "
+                             "pass the run's own arguments (its Reproduce line)")
+    saved = src / "profile.yaml"
+    profile_text = saved.read_text() if saved.is_file() else profile_file(args.profile).read_text()
+    old = (src / "summary.md").read_text().splitlines() if (src / "summary.md").is_file() else []
+    keep = [line for line in old if line.startswith(("**Planning profile**", "Wall time of the live part", "Reproduce:"))]
+    with tempfile.TemporaryDirectory() as tmp:  # the profile as the run saved it, whatever --out overwrites
+        path = Path(tmp) / "profile.yaml"
+        path.write_text(profile_text)
+        both = pd.concat([simulate(df, s, str(path), args.window_s, args.policy, args.completion)
+                          for s, df in live_rows.groupby("scheduler", sort=False)])
+    if not any(line.startswith("**Planning profile**") for line in keep):
+        keep.insert(0, f"**Planning profile**: `{saved if saved.is_file() else args.profile}` (the run's own report recorded none).")
+    again = command(args).replace(f" --profile {args.profile}", "" if saved.is_file() else f" --profile {args.profile}")
+    keep.append(f"Re-simulated on {time.strftime('%Y-%m-%d')} with this code, the live part not rerun: `{again} --resimulate {src}`")
+    named = re.search(r"planning profile `([^`]+)`", "\n".join(old))  # the name the run's header gave its saved profile
+    name = (named.group(1) if named else saved.name) if saved.is_file() else profile_file(args.profile).name
+    write_report(args, both, compare(both), keep, profile_text, name)
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that reruns ``args``'s live run."""
+    return (f"python -m experiments.split_sim_vs_real --schedulers {args.schedulers} --settings {args.settings} --rounds {args.rounds} "
+            f"--edge-users {args.edge_users} --http-users {args.http_users} --tokens {args.tokens[0]} {args.tokens[1]} "
+            f"--deadline-s {args.deadline_s[0]:g} {args.deadline_s[1]:g} --rtt-ms {args.rtt_ms[0]:g} {args.rtt_ms[1]:g} --window-s {args.window_s:g} "
+            f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else "")
+            + ("" if args.auto_profile else " --no-auto-profile") + (" --remeasure-profile" if args.remeasure_profile else "")
+            + ("" if args.completion == "own" else f" --completion {args.completion}"))
+
+
+def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list[str], profile_text: str, profile_name: str) -> None:
+    """Write ``requests.csv``, ``summary.csv``, ``profile.yaml`` and ``summary.md`` to ``args.out``;
+    ``live_lines``: the paragraphs on the live part (planning profile, wall time, reproduce line)."""
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(both.drop(columns=["prompt"]), args.out / "requests.csv")
+    write_csv_atomic(both, args.out / "requests.csv")
     write_csv_atomic(table, args.out / "summary.csv")
-    write_text_atomic(args.out / "profile.yaml", planning.path.read_text())  # what both sides planned with, to re-simulate or inspect
-    cmd = (f"python -m experiments.split_sim_vs_real --schedulers {args.schedulers} --settings {args.settings} --rounds {args.rounds} "
-           f"--edge-users {args.edge_users} --http-users {args.http_users} --tokens {args.tokens[0]} {args.tokens[1]} "
-           f"--deadline-s {args.deadline_s[0]:g} {args.deadline_s[1]:g} --rtt-ms {args.rtt_ms[0]:g} {args.rtt_ms[1]:g} --window-s {args.window_s:g} "
-           f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else "")
-           + ("" if args.auto_profile else " --no-auto-profile") + (" --remeasure-profile" if args.remeasure_profile else "")
-           + ("" if args.completion == "own" else f" --completion {args.completion}"))
+    write_text_atomic(args.out / "profile.yaml", profile_text)  # what both sides planned with, to re-simulate or inspect
     text = "\n".join([
         "# Simulated (v1) vs real: edge users", "",
         f"`runtime.serve placement=split` on loopback, the project's pair on this CPU ({args.threads} torch thread(s) in the server and in the edges' process), "
-        f"planning profile `{planning.path.name}` (saved as `profile.yaml`; below), the server's online calibration pinned at 1; {args.rounds} rounds per setting, one round at a time: "
+        f"planning profile `{profile_name}` (saved as `profile.yaml`; below), the server's online calibration pinned at 1; {args.rounds} rounds per setting, one round at a time: "
         f"`ed` = {args.edge_users} edge users, `mix` = {args.edge_users} edge + {args.http_users} HTTP users; max_tokens in {args.tokens}, deadlines in "
         f"{args.deadline_s} s, RTTs in {args.rtt_ms} ms (the edges' verification links delayed by it), {args.cohorts} verification cohorts, "
         f"round window {args.window_s} s. ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
         "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
         "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device). "
-        f"Simulated ED users end at {'their own last token (its own iterations x its own edge iteration, verify passes at the batch occupancy; as live)' if args.completion == 'own' else 'their ED batch end (its most iterations x its slowest edge iteration)'} "
-        "(`--completion " + args.completion + "`); *sim, batch completion*: the estimate realised and every ED user ending at its ED batch's end "
+        "Simulated users end "
+        + ("at their own last token (ED: its own iterations x its own edge iteration, verify passes at the batch occupancy; AD/SD: its own passes "
+           "at its batch's size and share; as live)" if args.completion == "own" else "at their batch's end (ED: its most iterations x its slowest edge iteration)")
+        + " (`--completion " + args.completion + "`); *sim, batch completion*: the estimate realised and every user ending at its batch's end "
         "(the v1 environment's default outcome).", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
-        f"**Planning profile** ({planning.source}; `--profile {args.profile}`): " + "; ".join(f"{k}: {v}" for k, v in planning.summary().items()
-                                                                                        if k not in ("engine overhead",)) + ".", "",
-        f"Wall time of the live part: {wall_s:.0f} s; the host's 1-minute load average {load[0]:.1f} before it and {load[1]:.1f} after, "
-        f"on {os.cpu_count()} CPU(s) (above the CPU count the host was loaded, and real times are slower than the profile's).", "",
-        f"Reproduce: `{cmd}`", "",
+        *[part for line in live_lines for part in (line, "")],
     ])
     write_text_atomic(args.out / "summary.md", text)
     print(text)

@@ -1,4 +1,4 @@
-"""Per-user completion of ED users (envs.split_outcome): a hand-derived case, own <= batch, the switch."""
+"""Per-user completion (envs.split_outcome, envs.split_plan): a hand-derived case, own <= batch, the switches, the v1 env."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from envs.profile import load_profile
 from envs.split_cost import SplitCostModel
 from envs.split_outcome import ed_own_latency
 from envs.split_plan import check_plan_split, ed_users, evaluate_split_plan
-from envs.workload import sample_round
+from envs.workload import Round, sample_round
 
 PROFILE = "split_a100-40gb_llama2-7b_tinyllama-1.1b"
 G = 4
@@ -103,3 +103,38 @@ def test_batch_is_the_default_and_a_bad_switch_fails(models):
     assert np.all(ed_lat == ed_lat[0])  # batch: every ED user ends together
     with pytest.raises(ValueError, match="ed_completion"):
         evaluate_split_plan(cost, split, rnd, plan, ed_completion="token")
+
+
+def _greedy_episode(completion: str, seed: int) -> tuple[dict, Round]:
+    """One EdgeSchedule-v1 episode (prediction error on) admitting each user to the highest valid
+    action (ED at the deepest depth first, then SD, AD), with the given completion: its final info and round."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401 - registers the environments
+
+    env = gym.make("EdgeSchedule-v1", num_users=8, profile=PROFILE, edge_fraction=0.5, max_gamma=G, deadline_s=[0.5, 8.0], output_cv=0.5,
+                   alpha_cv=0.2, completion=completion).unwrapped
+    env.reset(seed=seed)
+    done, info = False, {}
+    while not done:
+        _, _, done, _, info = env.step(int(np.flatnonzero(env.action_masks())[-1]))
+    return info, env.round
+
+
+def test_v1_env_completion_own_ends_every_mode_at_its_own_last_token():
+    """``completion="own"`` in EdgeSchedule-v1: the same rounds and actions serve at least as many as
+    ``batch`` (every user ends no later) and exactly what evaluate_split_plan serves with ED, AD and
+    SD users all ending at their own last token -- not only AD/SD (some rounds tell the two apart)."""
+    cost, split = CostModel(load_profile(PROFILE)), SplitCostModel(load_profile(PROFILE))
+    more = ed_matters = 0
+    for seed in range(12):
+        batch, _ = _greedy_episode("batch", seed)
+        own, rnd = _greedy_episode("own", seed)
+        np.testing.assert_array_equal(own["modes"], batch["modes"])  # completion never changes the plan
+        assert own["served"] >= batch["served"], seed
+        plan = Plan(own["modes"], gamma=max(int(own["gamma"]), 1), z=own["z"], lam=own["lam"],
+                    ed_depth=own["ed_depth"] if (own["modes"] == ED).any() else None, ed_share=own["ed_share"])
+        assert own["served"] == evaluate_split_plan(cost, split, rnd, plan, completion="own", ed_completion="own").served_count, seed
+        more += own["served"] > batch["served"]
+        ed_matters += own["served"] != evaluate_split_plan(cost, split, rnd, plan, completion="own").served_count
+    assert more >= 3 and ed_matters >= 1

@@ -316,22 +316,26 @@ def test_bad_depths_are_named(models):
         check_plan_split(cost, users, rnd, [ED, REJECT], 1, [G + 1, 0])
 
 
-def _two_plan_reference(cost, rnd, plan, rng, simulate_acceptance):
+def _two_plan_reference(cost, rnd, plan, rng, simulate_acceptance, completion="batch"):
     """AD and SD latencies of a plan with ED users as evaluate_split_plan first computed them: an
-    AD-only plan at share z and an SD-only plan at 1 - z - ed_share through envs.outcome.evaluate_plan."""
+    AD-only plan at share z and an SD-only plan at 1 - z - ed_share through envs.outcome.evaluate_plan
+    (fixed sharing, the given completion)."""
     from envs.outcome import evaluate_plan
 
     modes = plan.modes
-    a = evaluate_plan(cost, rnd, Plan(np.where(modes == AD, AD, REJECT), gamma=plan.gamma, z=plan.z), rng=rng, simulate_acceptance=simulate_acceptance)
+    a = evaluate_plan(cost, rnd, Plan(np.where(modes == AD, AD, REJECT), gamma=plan.gamma, z=plan.z), rng=rng, simulate_acceptance=simulate_acceptance,
+                      completion=completion)
     s = evaluate_plan(cost, rnd, Plan(np.where(modes == SD, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share), rng=rng,
-                      simulate_acceptance=simulate_acceptance)
+                      simulate_acceptance=simulate_acceptance, completion=completion)
     return np.where(modes == AD, a.latency_s, np.where(modes == SD, s.latency_s, np.inf)), a.ad_batch_s, s.sd_batch_s
 
 
+@pytest.mark.parametrize("completion", ["batch", "own"])
 @pytest.mark.parametrize("simulate_acceptance", [False, True])
-def test_ed_outcome_ad_and_sd_batches_equal_two_evaluate_plan_calls(models, simulate_acceptance):
+def test_ed_outcome_ad_and_sd_batches_equal_two_evaluate_plan_calls(models, simulate_acceptance, completion):
     """The fixed-share AD/SD latencies of plans with ED users equal evaluate_plan's on AD-only and
-    SD-only plans bit for bit (prediction error on, empty batches and zero shares included)."""
+    SD-only plans bit for bit (prediction error on, empty batches and zero shares included), with
+    every user ending at its batch's end and at its own last token; ED users follow ed_completion alone."""
     cost, split = models
     cfg = EnvConfig(num_users=14, profile=PROFILE, edge_fraction=0.7, max_gamma=G, output_cv=0.4, alpha_cv=0.2, deadline_s=[0.5, 8.0])
     rng = np.random.default_rng(0)
@@ -343,11 +347,15 @@ def test_ed_outcome_ad_and_sd_batches_equal_two_evaluate_plan_calls(models, simu
         depth = np.where(modes == ED, rng.integers(1, G + 1, size=14), 0)
         z, ed_share = [(0.0, 0.5), (0.4, 0.0), (0.3, 0.7)][seed % 3] if seed % 4 == 0 else tuple(rng.dirichlet([1.0, 1.0, 1.0])[:2])
         plan = Plan(modes, gamma=int(rng.integers(1, G + 1)), z=float(z), lam=0.5, ed_depth=depth, ed_share=float(ed_share))
-        got = evaluate_split_plan(cost, split, rnd, plan, rng=np.random.default_rng(seed), simulate_acceptance=simulate_acceptance)
-        want, ad_s, sd_s = _two_plan_reference(cost, rnd, plan, np.random.default_rng(seed), simulate_acceptance)
+        got = evaluate_split_plan(cost, split, rnd, plan, rng=np.random.default_rng(seed), simulate_acceptance=simulate_acceptance, completion=completion)
+        want, ad_s, sd_s = _two_plan_reference(cost, rnd, plan, np.random.default_rng(seed), simulate_acceptance, completion)
         non_ed = modes != ED
         assert got.latency_s[non_ed].tobytes() == want[non_ed].tobytes(), seed
         assert (got.ad_batch_s, got.sd_batch_s) == (ad_s, sd_s), seed
+        batch = evaluate_split_plan(cost, split, rnd, plan, rng=np.random.default_rng(seed), simulate_acceptance=simulate_acceptance)
+        assert got.latency_s[~non_ed].tobytes() == batch.latency_s[~non_ed].tobytes(), seed  # completion leaves ED users alone
+        if completion == "own":  # nobody ends later than its batch
+            assert np.all(got.latency_s[non_ed] <= batch.latency_s[non_ed]), seed
         checked += 1
     assert checked == 60
 

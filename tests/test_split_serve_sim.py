@@ -50,6 +50,58 @@ def test_simulated_ed_users_end_at_their_own_last_token_by_default():
     assert parse_args([]).completion == "own" and parse_args(["--completion", "batch"]).completion == "batch"
 
 
+def test_simulated_sd_users_end_at_their_own_last_token_too():
+    """AD/SD users of a round with ED users end at their own last token under ``own`` (as the server
+    answers them), at their batch's end under ``batch``; ED users are untouched by that choice."""
+    rows = pd.concat([live_rows(), live_rows().iloc[[2]].assign(user=3, max_tokens=60, tokens=60, prompt_tokens=9)], ignore_index=True)
+    rows["max_tokens"] = rows["tokens"] = [40, 30, 8, 60]  # two HTTP users of very different lengths
+    own = simulate(rows, "edge_first", PROFILE, 0.3, None)
+    batch = simulate(rows, "edge_first", PROFILE, 0.3, None, completion="batch")
+    http = (own.kind == "http").to_numpy()
+    assert set(own.sim_mode[http]) == {"sd"} and (own.sim_mode[~http] == "ed").all()
+    assert batch.sim_latency_s[http].nunique() == 1  # batch: both SD users end with their batch
+    short, long_ = own.sim_latency_s[http].to_numpy()
+    assert short < long_ and long_ == pytest.approx(batch.sim_latency_s[http].iloc[0], rel=1e-12)
+    np.testing.assert_array_equal(own.sim_batch_latency_s, batch.sim_batch_latency_s)  # the batch-completion column is one model
+
+
+def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
+    """``--resimulate DIR`` plans and costs the run's rounds again and rewrites its report, keeping its
+    live lines; the re-simulated columns are what ``simulate`` gives on the live records."""
+    import experiments.split_sim_vs_real as svr
+
+    live = live_rows()
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = simulate(live, "edge_first", PROFILE, 0.3, None, completion="batch").drop(columns=["prompt"])
+    stale.to_csv(run / "requests.csv", index=False)
+    (run / "summary.md").write_text("# old\n\nWall time of the live part: 9 s; load.\n\nReproduce: `python -m experiments.split_sim_vs_real --x`\n")
+    args = ["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--window-s", "0.3"]
+    svr.main([*args, "--profile", PROFILE, "--resimulate", str(run)])
+    got = pd.read_csv(run / "requests.csv")
+    want = simulate(live, "edge_first", PROFILE, 0.3, None)
+    np.testing.assert_allclose(got.sim_latency_s, want.sim_latency_s, rtol=1e-12)
+    assert not np.allclose(got.sim_latency_s, stale.sim_latency_s)  # the stale batch-completion figures were replaced
+    text = (run / "summary.md").read_text()
+    assert "Wall time of the live part: 9 s" in text and "Reproduce: `python -m experiments.split_sim_vs_real --x`" in text
+    assert f"--profile {PROFILE} --seed 0 --resimulate {run}`" in text and "the live part not rerun" in text
+    assert (run / "profile.yaml").is_file() and set(pd.read_csv(run / "summary.csv").users) == {"ED users", "edge users", "everyone"}
+    # again, now from the run's own saved profile (no --profile needed)
+    svr.main([*args, "--resimulate", str(run), "--out", str(tmp_path / "again")])
+    np.testing.assert_allclose(pd.read_csv(tmp_path / "again" / "requests.csv").sim_latency_s, want.sim_latency_s, rtol=1e-12)
+    with pytest.raises(SystemExit, match="schedulers"):
+        svr.main(["--schedulers", "balance_ed", "--settings", "mix", "--resimulate", str(run)])
+
+
+@pytest.mark.parametrize("make, words", [(lambda d: None, "requests.csv does not exist"),
+                                          (lambda d: (d / "requests.csv").write_text("setting\n"), "no profile.yaml")])
+def test_resimulate_arguments_fail_first(make, words, tmp_path, capsys):
+    make(tmp_path)
+    with pytest.raises(SystemExit):
+        parse_args(["--resimulate", str(tmp_path)])
+    assert words in capsys.readouterr().err
+
+
 def test_tight_deadlines_are_rejected_in_the_simulator_too():
     rows = live_rows(outcome="rejected")
     rows["deadline_s"] = 0.31  # 10 ms left after the round window
