@@ -57,7 +57,11 @@ of them (real latencies slower, deadlines missed); calibrated, edge users' p50 w
 and served within 5 % in 4 of 6 rows (the others 8 % and 15 % off: 1 and 2 requests of 13). The ED-user
 rows of 1 and 2 requests (mixed rounds under ``balance_ed`` and the policy) are 25 % and 128 % off.
 Before the re-simulation the calibrated run's SD-only rows were +11 % and +14 % off: the
-simulator ended a short SD user with the longest of its batch.
+simulator ended a short SD user with the longest of its batch. Two later runs on that host
+(``epyc_2026-12-02_rerun``, 8 rounds; ``epyc_2026-12-02_24rounds``, 24 rounds; each calibrated
+anew): ED users' p50 +5.1 % / -0.0 % and +1.9 % / +13.0 % off (``ed`` / ``mix`` rounds), served exact
+but for one request of 15; in mixed rounds the simulator slows ED users' verify passes by their share
+of one server, while live the verifier and the SD engine run side by side on the two cores.
 
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
