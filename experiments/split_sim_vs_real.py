@@ -67,8 +67,10 @@ of one server, while live the verifier and the SD engine run side by side on the
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
 when the run saved none), and rewrites ``requests.csv``, ``summary.csv`` and ``summary.md`` in
 ``--out`` (default ``DIR``); the live part is not rerun. Pass the run's own arguments (its
-``Reproduce`` line) so the header describes it; the report keeps the run's planning-profile, wall
-time and reproduce lines and adds the re-simulation's command.
+``Reproduce`` line; ``--pin-cpus off`` for runs from before that switch) so the header and the
+reproduce line describe it (schedulers, settings, rounds and users per round are checked against
+the records); the report keeps the run's planning-profile and wall-time lines and adds the
+re-simulation's command.
 
 **Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
 gives every edge its own device. Few concurrent edge users per round keep that difference small.
@@ -101,6 +103,7 @@ from envs.split_outcome import ED_COMPLETIONS
 from envs.split_plan import evaluate_split_plan
 from envs.workload import Round
 from experiments.sim_vs_real import free_port
+from runtime.cpu_pinning import available_cpus, pin_process
 from runtime.machine_profile import (
     AUTO,
     add_planning_profile_args,
@@ -119,8 +122,10 @@ SIMS = (("sim", "sim"), ("sim, measured acceptance", "sim_measured"), ("sim, bat
 SETTINGS = ("ed", "mix")
 
 
-def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alpha: float, cohorts: int, threads: int, policy: str | None):
-    """``runtime.serve placement=split`` in its own process; returns (process, http url, grpc address) once warmed up."""
+def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alpha: float, cohorts: int, threads: int, policy: str | None,
+                 cpus: set[int] | None = None):
+    """``runtime.serve placement=split`` in its own process (on ``cpus`` when given: every thread it
+    starts inherits them); returns (process, http url, grpc address) once warmed up."""
     port, split_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "runtime.serve", f"scheduler={scheduler}", f"port={port}", f"pair={pair}", f"profile={profile}", f"window_s={window_s}",
            f"alpha_init={alpha}", f"threads={threads}", "placement=split", f"split.port={split_port}", f"split.cohorts={cohorts}",
@@ -128,7 +133,8 @@ def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alph
     if policy:
         cmd.append(f"policy_path={policy}")
     log = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads would block the server once full
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
     for _ in range(1800):
         if proc.poll() is not None:
@@ -221,7 +227,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--schedulers", default="edge_first,balance_ed,policy", help="comma-separated: balance_ed, edge_first, policy (with --policy)")
     ap.add_argument("--policy", default="policies/split_k20", help="the v1 policy for scheduler policy")
     ap.add_argument("--settings", default="ed,mix", help="comma-separated: ed (edge users only), mix (edge + HTTP users)")
-    ap.add_argument("--rounds", type=int, default=8, help="rounds per setting")
+    ap.add_argument("--rounds", type=int, default=24, help="rounds per setting (24: ~45 edge users per row, so one request is ~2 %% of a row)")
     add_round_args(ap)
     ap.add_argument("--window-s", type=float, default=0.3)
     ap.add_argument("--alpha", type=float, default=0.8, help="the server's initial acceptance estimate")
@@ -230,6 +236,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_planning_profile_args(ap, "the shipped split profile calibrated on this machine, server and edge; cached")
     ap.add_argument("--pair", type=Path, default=None, help="a built pair folder (default: the project's full pair, built and cached)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pin-cpus", choices=["on", "off"], default="on" if len(available_cpus()) >= 2 else "off",
+                    help="on (default with 2+ CPUs): the server on one CPU and this process (the edges' drafting) on another "
+                         "(runtime.cpu_pinning), so the server's verifier and engines share one core, as the model's one server; off: both anywhere")
     ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
                     help="when simulated ED users end: own (at their own last token, as the server answers) or batch (at their ED batch's end, v1's default)")
     ap.add_argument("--out", type=Path, default=None, help=f"where to write (default {RESULTS.relative_to(ROOT)}; with --resimulate, its DIR)")
@@ -254,6 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 0 < args.alpha < 1 or not args.window_s > 0:
         ap.error("--alpha must be in (0, 1) and --window-s > 0")
     check_planning_profile_args(ap, args)
+    if args.pin_cpus == "on" and len(available_cpus()) < 2:
+        ap.error(f"--pin-cpus on needs 2 CPUs this process may use, got {sorted(available_cpus())}")
     if args.profile != AUTO:
         try:
             forced = load_profile(args.profile)  # a bad name fails before anything starts
@@ -285,26 +296,35 @@ def main(argv: list[str] | None = None) -> None:
     prompts = CODE_PROMPTS + PROSE_PROMPTS
     frames = []
     load = [os.getloadavg()[0]]  # the host's 1-minute load average, before and after the live part
+    server_cpus, before = None, available_cpus()
+    if args.pin_cpus == "on":  # after the calibration, which measured on whichever core was free
+        first, second = sorted(available_cpus())[:2]
+        server_cpus = {first}
+        pin_process({second})
     t_start = time.perf_counter()
-    for scheduler in args.schedulers.split(","):
-        proc, url, address = start_server(scheduler, pair_path, profile, args.window_s, args.alpha, args.cohorts, args.threads,
-                                          args.policy if scheduler == "policy" else None)
-        edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
-        try:
-            for setting in args.settings.split(","):
-                rng = np.random.default_rng([args.seed, SETTINGS.index(setting)])  # the same users for every scheduler
-                for r in range(args.rounds):
-                    users = draw_round(rng, r, args.edge_users, args.http_users if setting == "mix" else 0, tuple(args.tokens), tuple(args.deadline_s),
-                                       tuple(args.rtt_ms), prompts, setting)
-                    alpha = float(httpx.get(f"{url}/health", timeout=10).json()["alpha_estimate"])
-                    run_round(users, edges, url, tok)
-                    frames.append(pd.DataFrame(users).assign(scheduler=scheduler, alpha_server=alpha))
-                    print(f"[{scheduler} {setting} round {r}] " + ", ".join(f"{u['kind']}:{u['mode']}/{u['outcome']}/{u['latency_s']:.2f}s" for u in users), flush=True)
-        finally:
-            for e in edges:
-                e.close()
-            proc.terminate()
-            proc.wait(timeout=60)
+    try:
+        for scheduler in args.schedulers.split(","):
+            proc, url, address = start_server(scheduler, pair_path, profile, args.window_s, args.alpha, args.cohorts, args.threads,
+                                              args.policy if scheduler == "policy" else None, server_cpus)
+            edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
+            try:
+                for setting in args.settings.split(","):
+                    rng = np.random.default_rng([args.seed, SETTINGS.index(setting)])  # the same users for every scheduler
+                    for r in range(args.rounds):
+                        users = draw_round(rng, r, args.edge_users, args.http_users if setting == "mix" else 0, tuple(args.tokens), tuple(args.deadline_s),
+                                           tuple(args.rtt_ms), prompts, setting)
+                        alpha = float(httpx.get(f"{url}/health", timeout=10).json()["alpha_estimate"])
+                        run_round(users, edges, url, tok)
+                        frames.append(pd.DataFrame(users).assign(scheduler=scheduler, alpha_server=alpha))
+                        print(f"[{scheduler} {setting} round {r}] " + ", ".join(f"{u['kind']}:{u['mode']}/{u['outcome']}/{u['latency_s']:.2f}s" for u in users), flush=True)
+            finally:
+                for e in edges:
+                    e.close()
+                proc.terminate()
+                proc.wait(timeout=60)
+    finally:
+        if server_cpus is not None:  # the CPUs this process had (a caller, a test, goes on after main)
+            pin_process(before)
     wall = time.perf_counter() - t_start
     load.append(os.getloadavg()[0])
     sims = [simulate(df, s, profile, args.window_s, args.policy, args.completion) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
@@ -324,14 +344,20 @@ def resimulate(args: argparse.Namespace) -> None:
     src = args.resimulate
     live_rows = pd.read_csv(src / "requests.csv")
     live_rows = live_rows.drop(columns=[c for c in live_rows.columns if c.startswith("sim_")])
-    for name, want in (("scheduler", args.schedulers), ("setting", args.settings)):
-        if set(live_rows[name].unique()) != set(want.split(",")):  # the header would describe another run
-            raise SystemExit(f"--resimulate: {src / 'requests.csv'} has {name}s {sorted(live_rows[name].unique())}, the arguments say {want}; "
-                             "pass the run's own arguments (its Reproduce line)")
+    per_round = live_rows.groupby(["scheduler", "setting", "round"]).kind
+    found = {"schedulers": ",".join(sorted(live_rows.scheduler.unique())), "settings": ",".join(sorted(live_rows.setting.unique())),
+             "rounds": int(live_rows["round"].max()) + 1, "edge_users": int(per_round.apply(lambda k: (k == "edge").sum()).max()),
+             "http_users": int(per_round.apply(lambda k: (k == "http").sum()).max())}
+    asked = {"schedulers": ",".join(sorted(args.schedulers.split(","))), "settings": ",".join(sorted(args.settings.split(","))), "rounds": args.rounds,
+             "edge_users": args.edge_users, "http_users": args.http_users if "mix" in args.settings.split(",") else found["http_users"]}
+    for name, value in found.items():  # the header and the reproduce line would describe another run
+        if asked[name] != value:
+            raise SystemExit(f"--resimulate: {src / 'requests.csv'} has {name.replace('_', '-')} {value}, the arguments say {asked[name]}; "
+                             "pass the run's own arguments (its Reproduce line, with --pin-cpus off for runs from before that switch)")
     saved = src / "profile.yaml"
     profile_text = saved.read_text() if saved.is_file() else profile_file(args.profile).read_text()
     old = (src / "summary.md").read_text().splitlines() if (src / "summary.md").is_file() else []
-    keep = [line for line in old if line.startswith(("**Planning profile**", "Wall time of the live part", "Reproduce:"))]
+    keep = [line for line in old if line.startswith(("**Planning profile**", "Wall time of the live part"))]
     with tempfile.TemporaryDirectory() as tmp:  # the profile as the run saved it, whatever --out overwrites
         path = Path(tmp) / "profile.yaml"
         path.write_text(profile_text)
@@ -340,6 +366,7 @@ def resimulate(args: argparse.Namespace) -> None:
     if not any(line.startswith("**Planning profile**") for line in keep):
         keep.insert(0, f"**Planning profile**: `{saved if saved.is_file() else args.profile}` (the run's own report recorded none).")
     again = command(args).replace(f" --profile {args.profile}", "" if saved.is_file() else f" --profile {args.profile}")
+    keep.append(f"Reproduce (the live run, as the re-simulation was told it ran): `{command(args)}`")
     keep.append(f"Re-simulated on {time.strftime('%Y-%m-%d')} with this code, the live part not rerun: `{again} --resimulate {src}`")
     named = re.search(r"planning profile `([^`]+)`", "\n".join(old))  # the name the run's header gave its saved profile
     name = (named.group(1) if named else saved.name) if saved.is_file() else profile_file(args.profile).name
@@ -353,7 +380,7 @@ def command(args: argparse.Namespace) -> str:
             f"--deadline-s {args.deadline_s[0]:g} {args.deadline_s[1]:g} --rtt-ms {args.rtt_ms[0]:g} {args.rtt_ms[1]:g} --window-s {args.window_s:g} "
             f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else "")
             + ("" if args.auto_profile else " --no-auto-profile") + (" --remeasure-profile" if args.remeasure_profile else "")
-            + ("" if args.completion == "own" else f" --completion {args.completion}"))
+            + ("" if args.completion == "own" else f" --completion {args.completion}") + f" --pin-cpus {args.pin_cpus}")
 
 
 def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list[str], profile_text: str, profile_name: str) -> None:
@@ -369,7 +396,8 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list
         f"planning profile `{profile_name}` (saved as `profile.yaml`; below), the server's online calibration pinned at 1; {args.rounds} rounds per setting, one round at a time: "
         f"`ed` = {args.edge_users} edge users, `mix` = {args.edge_users} edge + {args.http_users} HTTP users; max_tokens in {args.tokens}, deadlines in "
         f"{args.deadline_s} s, RTTs in {args.rtt_ms} ms (the edges' verification links delayed by it), {args.cohorts} verification cohorts, "
-        f"round window {args.window_s} s. ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
+        f"round window {args.window_s} s; " + ("the server pinned to one CPU and the edges to another (`--pin-cpus on`)" if args.pin_cpus == "on"
+                                               else "server and edges on any CPU (`--pin-cpus off`)") + ". ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
         "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
         "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device). "
         "Simulated users end "

@@ -76,21 +76,26 @@ def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
     stale = simulate(live, "edge_first", PROFILE, 0.3, None, completion="batch").drop(columns=["prompt"])
     stale.to_csv(run / "requests.csv", index=False)
     (run / "summary.md").write_text("# old\n\nWall time of the live part: 9 s; load.\n\nReproduce: `python -m experiments.split_sim_vs_real --x`\n")
-    args = ["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--window-s", "0.3"]
+    args = ["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--http-users", "1", "--window-s", "0.3", "--pin-cpus", "off"]
     svr.main([*args, "--profile", PROFILE, "--resimulate", str(run)])
     got = pd.read_csv(run / "requests.csv")
     want = simulate(live, "edge_first", PROFILE, 0.3, None)
     np.testing.assert_allclose(got.sim_latency_s, want.sim_latency_s, rtol=1e-12)
     assert not np.allclose(got.sim_latency_s, stale.sim_latency_s)  # the stale batch-completion figures were replaced
     text = (run / "summary.md").read_text()
-    assert "Wall time of the live part: 9 s" in text and "Reproduce: `python -m experiments.split_sim_vs_real --x`" in text
-    assert f"--profile {PROFILE} --seed 0 --resimulate {run}`" in text and "the live part not rerun" in text
+    assert "Wall time of the live part: 9 s" in text and "--x`" not in text  # the live lines kept, the reproduce line from the arguments
+    assert f"Reproduce (the live run, as the re-simulation was told it ran): `python -m experiments.split_sim_vs_real --schedulers edge_first" in text
+    assert f"--profile {PROFILE} --seed 0 --pin-cpus off --resimulate {run}`" in text and "the live part not rerun" in text
     assert (run / "profile.yaml").is_file() and set(pd.read_csv(run / "summary.csv").users) == {"ED users", "edge users", "everyone"}
     # again, now from the run's own saved profile (no --profile needed)
     svr.main([*args, "--resimulate", str(run), "--out", str(tmp_path / "again")])
     np.testing.assert_allclose(pd.read_csv(tmp_path / "again" / "requests.csv").sim_latency_s, want.sim_latency_s, rtol=1e-12)
     with pytest.raises(SystemExit, match="schedulers"):
         svr.main(["--schedulers", "balance_ed", "--settings", "mix", "--resimulate", str(run)])
+    with pytest.raises(SystemExit, match="rounds 1, the arguments say 24"):  # the default rounds are not this run's
+        svr.main(["--schedulers", "edge_first", "--settings", "mix", "--http-users", "1", "--resimulate", str(run)])
+    with pytest.raises(SystemExit, match="http-users 1, the arguments say 2"):
+        svr.main(["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--resimulate", str(run)])
 
 
 @pytest.mark.parametrize("make, words", [(lambda d: None, "requests.csv does not exist"),
@@ -199,9 +204,14 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
 
         monkeypatch.setattr(svr, "resolve_profile", resolve)
     out = tmp_path / "out"
+    from runtime.cpu_pinning import available_cpus
+
+    cpus = available_cpus()
+    pinned = requested == "path" and len(cpus) >= 2  # the server on one CPU, the edges on another
     svr.main(["--pair", str(pair.path), "--profile", str(profile) if requested == "path" else "auto", "--schedulers", "edge_first", "--settings", "ed",
               "--rounds", "1", "--edge-users", "1", "--tokens", "4", "8", "--deadline-s", "20", "30", "--rtt-ms", "1", "2", "--window-s", "0.1",
-              "--out", str(out)])
+              "--out", str(out), "--pin-cpus", "on" if pinned else "off"])
+    assert available_cpus() == cpus  # pinning ends with the live part
     if requested == "auto":
         assert asked["requested"] == "auto" and asked["edge_here"] is True and asked["base"] == "split_cpu1_specsched-pair" and asked["auto"] is True
     rows = pd.read_csv(out / "requests.csv")
@@ -212,3 +222,4 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
     text = (out / "summary.md").read_text()
     source = "forced" if requested == "path" else "measured"
     assert f"**Planning profile** ({source}" in text and f"--profile {profile if requested == 'path' else 'auto'}" in text
+    assert ("`--pin-cpus on`" in text and text.count("--pin-cpus on") == 2) if pinned else "`--pin-cpus off`" in text
