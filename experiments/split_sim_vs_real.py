@@ -39,29 +39,22 @@ torch thread on this kind of CPU, ``runtime.profile --role``) calibrated to *thi
 edge alike, since here the edges draft on it too (``runtime.machine_profile.resolve_profile``,
 ``edge_here``: a quick calibration, < 2 min, cached per machine fingerprint), as
 ``experiments.sim_vs_real`` does for v0. Why: every real latency moves with the host's speed and
-the simulator's do not. Planned with the shipped table (measured on an AMD EPYC), the published run
-(its host not recorded) had ED users' p50 within 10 % of the simulator's; the same command on an
-Intel Xeon host two days later was 11-19 % off, every real latency slower. The report now records
-the host (this machine's fingerprint, in the planning profile's line). ``--remeasure-profile`` measures the calibration
-again (the comparison is only as good as the calibration is current); ``--no-auto-profile`` plans
-with the shipped table as it is; ``--profile NAME|PATH`` forces a profile. The report names the
-file, why it was chosen and the factors, and the run saves it beside its CSVs (``profile.yaml``).
-A calibration cannot help on a host whose speed is not steady: on that Xeon host the same target
-pass took 8.3 or 13 ms from one second to the next, two quick calibrations a minute apart gave the
-target x2.2 and x1.5 at q = 5, and the calibrated run was -5 % to +28 % off, mostly the other way (real faster).
-On an AMD EPYC host (2026-12-02, the same fingerprint as the table's; its passes 2.5-5.6x
-slower than the table's by the quick calibration) neither profile met the target in every row
-(``results/split_sim_vs_real/epyc_2026-12-02``, re-simulated with SD users ending at their own last
-token): with the shipped table edge users' p50 was 27-51 % off and the simulator served 7-33 % more
-of them (real latencies slower, deadlines missed); calibrated, edge users' p50 was -3 % to +9 % off
-and served within 5 % in 4 of 6 rows (the others 8 % and 15 % off: 1 and 2 requests of 13). The ED-user
-rows of 1 and 2 requests (mixed rounds under ``balance_ed`` and the policy) are 25 % and 128 % off.
-Before the re-simulation the calibrated run's SD-only rows were +11 % and +14 % off: the
-simulator ended a short SD user with the longest of its batch. Two later runs on that host
-(``epyc_2026-12-02_rerun``, 8 rounds; ``epyc_2026-12-02_24rounds``, 24 rounds; each calibrated
-anew): ED users' p50 +5.1 % / -0.0 % and +1.9 % / +13.0 % off (``ed`` / ``mix`` rounds), served exact
-but for one request of 15; in mixed rounds the simulator slows ED users' verify passes by their share
-of one server, while live the verifier and the SD engine run side by side on the two cores.
+the simulator's do not. The report records the host (this machine's fingerprint, in the planning
+profile's line). ``--remeasure-profile`` measures the calibration again (the comparison is only as
+good as the calibration is current); ``--no-auto-profile`` plans with the shipped table as it is;
+``--profile NAME|PATH`` forces a profile. The report names the file, why it was chosen and the
+factors, and the run saves it beside its CSVs (``profile.yaml``). A calibration cannot help on a
+host whose speed is not steady: on an Intel Xeon host the same target pass took 8.3 or 13 ms from
+one second to the next, two quick calibrations a minute apart gave the target x2.2 and x1.5 at
+q = 5, and the calibrated run was -5 % to +28 % off.
+
+**One server core** (``--pin-cpus on``, the default with 2+ CPUs): the server process runs on one
+CPU and this process (the edges' drafting) on another, as ``experiments.split_bench`` does. The
+model has one server that the ED verify batch and the AD/SD batches share; unpinned, the verifier
+and the SD engine ran side by side on the two cores, and under ``edge_first`` the HTTP (SD) users
+of mixed rounds finished well before the model said (that row +19 % to +30 % off in unpinned runs,
++4 % to +6 % pinned). The published runs and what each showed: the README's section on the live
+server with edge users (``results/split_sim_vs_real/*/summary.md``).
 
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
