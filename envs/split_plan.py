@@ -304,10 +304,11 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     modes = plan.modes
     latency = np.full(rnd.num_users, np.inf)
     ad_batch_s = sd_batch_s = 0.0
-    # AD and SD at fixed shares (AD z, SD 1 - z - ed_share), each finishing at its batch's end: what
-    # evaluate_plan computes for an AD-only and an SD-only plan (completion "batch", sharing "fixed"),
-    # here in Python floats per batch (the scalar env's end-of-episode hot path; ad_time1 / sd_time1 are
-    # the array forms' operations in their order). An empty batch reports nothing and its time is 0.
+    # AD and SD at fixed shares (AD z, SD 1 - z - ed_share), each user finishing at its batch's end
+    # ("batch") or at its own last token ("own"): what evaluate_plan computes for an AD-only and an
+    # SD-only plan (sharing "fixed"), here in Python floats per batch (the scalar env's end-of-episode
+    # hot path; ad_time1 / sd_time1 are the array forms' operations in their order). An empty batch
+    # reports nothing and its time is 0.
     if completion not in ("batch", "own"):
         raise ValueError(f"completion must be 'batch' or 'own', got {completion!r}")
     ad_idx = np.flatnonzero(modes == AD)

@@ -59,11 +59,12 @@ server with edge users (``results/split_sim_vs_real/*/summary.md``).
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
 when the run saved none), and rewrites ``requests.csv``, ``summary.csv`` and ``summary.md`` in
-``--out`` (default ``DIR``); the live part is not rerun. Pass the run's own arguments (its
-``Reproduce`` line; ``--pin-cpus off`` for runs from before that switch) so the header and the
-reproduce line describe it (schedulers, settings, rounds and users per round are checked against
-the records); the report keeps the run's planning-profile and wall-time lines and adds the
-re-simulation's command.
+``--out`` (default ``DIR``), with ``profile.yaml``; the live part is not rerun. The run's options
+come from its report's ``Reproduce`` line (a report from before ``--pin-cpus`` ran unpinned); a
+live option given on the command line that contradicts it is an error, and without such a line the
+options given describe the run. Schedulers, settings, rounds and users per round are checked
+against the records. The report keeps the run's planning-profile and wall-time lines and adds the
+re-simulation's command; ``--completion`` is the simulator's and may differ from the run's.
 
 **Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
 gives every edge its own device. Few concurrent edge users per round keep that difference small.
@@ -75,6 +76,7 @@ import argparse
 import dataclasses
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -126,8 +128,14 @@ def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alph
     if policy:
         cmd.append(f"policy_path={policy}")
     log = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads would block the server once full
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=pin)
+    mine = os.sched_getaffinity(0) if cpus else None
+    if cpus:  # the child inherits the mask of the thread that starts it (no preexec_fn: unsafe with threads)
+        os.sched_setaffinity(0, cpus)
+    try:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    finally:
+        if mine is not None:
+            os.sched_setaffinity(0, mine)
     url = f"http://127.0.0.1:{port}"
     for _ in range(1800):
         if proc.poll() is not None:
@@ -233,15 +241,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="on (default with 2+ CPUs): the server on one CPU and this process (the edges' drafting) on another "
                          "(runtime.cpu_pinning), so the server's verifier and engines share one core, as the model's one server; off: both anywhere")
     ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
-                    help="when simulated ED users end: own (at their own last token, as the server answers) or batch (at their ED batch's end, v1's default)")
+                    help="when simulated users end: own (each at its own last token, as the server answers) or batch (at its batch's end, v1's default)")
     ap.add_argument("--out", type=Path, default=None, help=f"where to write (default {RESULTS.relative_to(ROOT)}; with --resimulate, its DIR)")
     ap.add_argument("--resimulate", type=Path, default=None, metavar="DIR",
-                    help="re-simulate the finished run in DIR (its requests.csv) without a live part; pass the run's own arguments")
+                    help="re-simulate the finished run in DIR (its requests.csv) without a live part, with the arguments its report's "
+                         "Reproduce line records (or, without one, those given)")
     args = ap.parse_args(argv)
-    if args.resimulate is not None and not (args.resimulate / "requests.csv").is_file():
-        ap.error(f"--resimulate: {args.resimulate / 'requests.csv'} does not exist")
-    if args.resimulate is not None and args.profile == AUTO and not (args.resimulate / "profile.yaml").is_file():
-        ap.error(f"--resimulate: {args.resimulate} has no profile.yaml; name the profile the run planned with (--profile NAME|PATH)")
+    if args.resimulate is not None:
+        if not (args.resimulate / "requests.csv").is_file():
+            ap.error(f"--resimulate: {args.resimulate / 'requests.csv'} does not exist")
+        try:
+            args = _recorded(ap, args)
+        except ValueError as exc:
+            ap.error(f"--resimulate: {exc}")
+        if args.profile == AUTO and not (args.resimulate / "profile.yaml").is_file():
+            ap.error(f"--resimulate: {args.resimulate} has no profile.yaml; name the profile the run planned with (--profile NAME|PATH)")
     if args.out is None:
         args.out = args.resimulate if args.resimulate is not None else RESULTS
     known = {"balance_ed", "edge_first", "policy"}
@@ -256,7 +270,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not 0 < args.alpha < 1 or not args.window_s > 0:
         ap.error("--alpha must be in (0, 1) and --window-s > 0")
     check_planning_profile_args(ap, args)
-    if args.pin_cpus == "on" and len(available_cpus()) < 2:
+    if args.pin_cpus == "on" and len(available_cpus()) < 2 and args.resimulate is None:  # a re-simulation pins nothing
         ap.error(f"--pin-cpus on needs 2 CPUs this process may use, got {sorted(available_cpus())}")
     if args.profile != AUTO:
         try:
@@ -332,21 +346,52 @@ def main(argv: list[str] | None = None) -> None:
     write_report(args, both.drop(columns=["prompt"]), compare(both), live, planning.path.read_text(), planning.path.name)
 
 
+#: the options that describe a live run (the rest -- --completion, --out, --resimulate -- are the simulator's or the report's)
+LIVE_OPTIONS = ("schedulers", "policy", "settings", "rounds", "edge_users", "http_users", "tokens", "deadline_s", "rtt_ms", "window_s", "alpha",
+                "cohorts", "threads", "profile", "auto_profile", "remeasure_profile", "pair", "seed", "pin_cpus")
+
+
+def _recorded(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the live run's options taken from ``DIR/summary.md``'s Reproduce line (``args``
+    unchanged without one). A report from before ``--pin-cpus`` ran unpinned. A live option given on
+    the command line (not at its default) that contradicts the record is an error."""
+    summary = args.resimulate / "summary.md"
+    line = re.search(r"^Reproduce[^`\n]*`python -m experiments\.split_sim_vs_real ([^`]*)`", summary.read_text(), re.M) if summary.is_file() else None
+    if line is None:
+        return args
+    recorded_argv = shlex.split(line.group(1))
+    if "--pin-cpus" not in recorded_argv:
+        recorded_argv += ["--pin-cpus", "off"]
+    try:
+        recorded = ap.parse_args(recorded_argv)
+    except SystemExit:  # argparse has printed why
+        raise ValueError(f"the Reproduce line of {summary} does not parse: {line.group(1)}") from None
+    default = ap.parse_args([])
+    for name in LIVE_OPTIONS:
+        given, kept = getattr(args, name), getattr(recorded, name)
+        if given != getattr(default, name) and given != kept:
+            raise ValueError(f"the run's Reproduce line ({summary}) has --{name.replace('_', '-')} {kept}, the command line {given}")
+        setattr(args, name, kept)
+    return args
+
+
 def resimulate(args: argparse.Namespace) -> None:
     """``--resimulate DIR``: plan and cost a finished run's rounds again (no live part) and rewrite its report."""
     src = args.resimulate
     live_rows = pd.read_csv(src / "requests.csv")
+    if live_rows.empty:
+        raise SystemExit(f"--resimulate: {src / 'requests.csv'} holds no requests")
     live_rows = live_rows.drop(columns=[c for c in live_rows.columns if c.startswith("sim_")])
-    per_round = live_rows.groupby(["scheduler", "setting", "round"]).kind
+    rounds = ["scheduler", "setting", "round"]
     found = {"schedulers": ",".join(sorted(live_rows.scheduler.unique())), "settings": ",".join(sorted(live_rows.setting.unique())),
-             "rounds": int(live_rows["round"].max()) + 1, "edge_users": int(per_round.apply(lambda k: (k == "edge").sum()).max()),
-             "http_users": int(per_round.apply(lambda k: (k == "http").sum()).max())}
+             "rounds": int(live_rows["round"].max()) + 1, "edge_users": int(live_rows.kind.eq("edge").groupby([live_rows[c] for c in rounds]).sum().max()),
+             "http_users": int(live_rows.kind.eq("http").groupby([live_rows[c] for c in rounds]).sum().max())}
     asked = {"schedulers": ",".join(sorted(args.schedulers.split(","))), "settings": ",".join(sorted(args.settings.split(","))), "rounds": args.rounds,
              "edge_users": args.edge_users, "http_users": args.http_users if "mix" in args.settings.split(",") else found["http_users"]}
     for name, value in found.items():  # the header and the reproduce line would describe another run
         if asked[name] != value:
             raise SystemExit(f"--resimulate: {src / 'requests.csv'} has {name.replace('_', '-')} {value}, the arguments say {asked[name]}; "
-                             "pass the run's own arguments (its Reproduce line, with --pin-cpus off for runs from before that switch)")
+                             "pass the run's own arguments (its report records none; --pin-cpus off for runs from before that switch)")
     saved = src / "profile.yaml"
     profile_text = saved.read_text() if saved.is_file() else profile_file(args.profile).read_text()
     old = (src / "summary.md").read_text().splitlines() if (src / "summary.md").is_file() else []
@@ -358,9 +403,10 @@ def resimulate(args: argparse.Namespace) -> None:
                           for s, df in live_rows.groupby("scheduler", sort=False)])
     if not any(line.startswith("**Planning profile**") for line in keep):
         keep.insert(0, f"**Planning profile**: `{saved if saved.is_file() else args.profile}` (the run's own report recorded none).")
-    again = command(args).replace(f" --profile {args.profile}", "" if saved.is_file() else f" --profile {args.profile}")
-    keep.append(f"Reproduce (the live run, as the re-simulation was told it ran): `{command(args)}`")
-    keep.append(f"Re-simulated on {time.strftime('%Y-%m-%d')} with this code, the live part not rerun: `{again} --resimulate {src}`")
+    keep.append(f"Reproduce (the live run): `{command(args)}`")
+    again = f"python -m experiments.split_sim_vs_real --resimulate {src}" + ("" if args.completion == "own" else f" --completion {args.completion}")
+    keep.append(f"Re-simulated on {time.strftime('%Y-%m-%d')} with this code and the run's {'saved profile' if saved.is_file() else 'profile'}, "
+                f"the live part not rerun: `{again}`")
     named = re.search(r"planning profile `([^`]+)`", "\n".join(old))  # the name the run's header gave its saved profile
     name = (named.group(1) if named else saved.name) if saved.is_file() else profile_file(args.profile).name
     write_report(args, both, compare(both), keep, profile_text, name)
@@ -372,6 +418,8 @@ def command(args: argparse.Namespace) -> str:
             f"--edge-users {args.edge_users} --http-users {args.http_users} --tokens {args.tokens[0]} {args.tokens[1]} "
             f"--deadline-s {args.deadline_s[0]:g} {args.deadline_s[1]:g} --rtt-ms {args.rtt_ms[0]:g} {args.rtt_ms[1]:g} --window-s {args.window_s:g} "
             f"--cohorts {args.cohorts} --profile {args.profile} --seed {args.seed}" + (" --pair PATH" if args.pair else "")
+            + (f" --policy {args.policy}" if "policy" in args.schedulers.split(",") else "")
+            + (f" --alpha {args.alpha:g}" if args.alpha != 0.8 else "") + (f" --threads {args.threads}" if args.threads != 1 else "")
             + ("" if args.auto_profile else " --no-auto-profile") + (" --remeasure-profile" if args.remeasure_profile else "")
             + ("" if args.completion == "own" else f" --completion {args.completion}") + f" --pin-cpus {args.pin_cpus}")
 

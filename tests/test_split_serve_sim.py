@@ -2,6 +2,8 @@
 end-to-end run on the tiny pair (a live server and an edge user), and the edge process's placement
 options."""
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -67,7 +69,8 @@ def test_simulated_sd_users_end_at_their_own_last_token_too():
 
 def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
     """``--resimulate DIR`` plans and costs the run's rounds again and rewrites its report, keeping its
-    live lines; the re-simulated columns are what ``simulate`` gives on the live records."""
+    live lines; the re-simulated columns are what ``simulate`` gives on the live records; without a
+    Reproduce line the arguments given describe the run, with one the recorded options are used."""
     import experiments.split_sim_vs_real as svr
 
     live = live_rows()
@@ -75,27 +78,48 @@ def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
     run.mkdir()
     stale = simulate(live, "edge_first", PROFILE, 0.3, None, completion="batch").drop(columns=["prompt"])
     stale.to_csv(run / "requests.csv", index=False)
-    (run / "summary.md").write_text("# old\n\nWall time of the live part: 9 s; load.\n\nReproduce: `python -m experiments.split_sim_vs_real --x`\n")
+    (run / "summary.md").write_text("# old\n\nWall time of the live part: 9 s; load.\n")
     args = ["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--http-users", "1", "--window-s", "0.3", "--pin-cpus", "off"]
+    with pytest.raises(SystemExit, match="rounds 1, the arguments say 24"):  # no record: the arguments must describe the run
+        svr.main(["--schedulers", "edge_first", "--settings", "mix", "--http-users", "1", "--profile", PROFILE, "--resimulate", str(run)])
+    with pytest.raises(SystemExit, match="http-users 1, the arguments say 2"):
+        svr.main(["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--profile", PROFILE, "--resimulate", str(run)])
     svr.main([*args, "--profile", PROFILE, "--resimulate", str(run)])
     got = pd.read_csv(run / "requests.csv")
     want = simulate(live, "edge_first", PROFILE, 0.3, None)
     np.testing.assert_allclose(got.sim_latency_s, want.sim_latency_s, rtol=1e-12)
     assert not np.allclose(got.sim_latency_s, stale.sim_latency_s)  # the stale batch-completion figures were replaced
     text = (run / "summary.md").read_text()
-    assert "Wall time of the live part: 9 s" in text and "--x`" not in text  # the live lines kept, the reproduce line from the arguments
-    assert f"Reproduce (the live run, as the re-simulation was told it ran): `python -m experiments.split_sim_vs_real --schedulers edge_first" in text
-    assert f"--profile {PROFILE} --seed 0 --pin-cpus off --resimulate {run}`" in text and "the live part not rerun" in text
+    reproduce = ("Reproduce (the live run): `python -m experiments.split_sim_vs_real --schedulers edge_first --settings mix --rounds 1 --edge-users 2 "
+                 f"--http-users 1 --tokens 24 64 --deadline-s 0.8 3 --rtt-ms 5 30 --window-s 0.3 --cohorts 2 --profile {PROFILE} --seed 0 --pin-cpus off`")
+    assert "Wall time of the live part: 9 s" in text and reproduce in text and f"`python -m experiments.split_sim_vs_real --resimulate {run}`" in text
     assert (run / "profile.yaml").is_file() and set(pd.read_csv(run / "summary.csv").users) == {"ED users", "edge users", "everyone"}
-    # again, now from the run's own saved profile (no --profile needed)
-    svr.main([*args, "--resimulate", str(run), "--out", str(tmp_path / "again")])
+    # again from the record alone (its Reproduce line and saved profile): the same figures and the same live lines
+    svr.main(["--resimulate", str(run), "--out", str(tmp_path / "again")])
     np.testing.assert_allclose(pd.read_csv(tmp_path / "again" / "requests.csv").sim_latency_s, want.sim_latency_s, rtol=1e-12)
-    with pytest.raises(SystemExit, match="schedulers"):
-        svr.main(["--schedulers", "balance_ed", "--settings", "mix", "--resimulate", str(run)])
-    with pytest.raises(SystemExit, match="rounds 1, the arguments say 24"):  # the default rounds are not this run's
-        svr.main(["--schedulers", "edge_first", "--settings", "mix", "--http-users", "1", "--resimulate", str(run)])
-    with pytest.raises(SystemExit, match="http-users 1, the arguments say 2"):
-        svr.main(["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--resimulate", str(run)])
+    assert reproduce in (tmp_path / "again" / "summary.md").read_text()
+    # the simulator's own option may differ from the run's; a live option may not
+    svr.main(["--resimulate", str(run), "--out", str(tmp_path / "batch"), "--completion", "batch"])
+    np.testing.assert_allclose(pd.read_csv(tmp_path / "batch" / "requests.csv").sim_latency_s, stale.sim_latency_s, rtol=1e-12)
+
+
+def test_resimulate_refuses_a_contradicting_live_option(tmp_path, capsys):
+    (tmp_path / "requests.csv").write_text("setting\n")
+    (tmp_path / "summary.md").write_text("Reproduce: `python -m experiments.split_sim_vs_real --rounds 8 --window-s 0.3 --profile split_cpu1_specsched-pair`\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--resimulate", str(tmp_path), "--window-s", "0.5"])
+    assert "has --window-s 0.3, the command line 0.5" in capsys.readouterr().err
+    args = parse_args(["--resimulate", str(tmp_path)])
+    assert (args.rounds, args.window_s, args.pin_cpus, args.profile) == (8, 0.3, "off", "split_cpu1_specsched-pair")  # before --pin-cpus: unpinned
+    (tmp_path / "summary.md").write_text("Reproduce: `python -m experiments.split_sim_vs_real --rounds zero`\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--resimulate", str(tmp_path)])
+    assert "does not parse" in capsys.readouterr().err
+    import experiments.split_sim_vs_real as svr
+
+    (tmp_path / "summary.md").unlink()
+    with pytest.raises(SystemExit, match="holds no requests"):
+        svr.main(["--resimulate", str(tmp_path), "--profile", PROFILE])
 
 
 @pytest.mark.parametrize("make, words", [(lambda d: None, "requests.csv does not exist"),
@@ -144,6 +168,19 @@ def test_bad_experiment_arguments_fail_first(argv, words, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert words in capsys.readouterr().err
+
+
+def test_pinning_needs_two_cpus_except_to_resimulate(monkeypatch, tmp_path, capsys):
+    import experiments.split_sim_vs_real as svr
+
+    monkeypatch.setattr(svr, "available_cpus", lambda: {0})
+    assert parse_args([]).pin_cpus == "off"  # the default on one CPU
+    with pytest.raises(SystemExit):
+        parse_args(["--pin-cpus", "on"])
+    assert "needs 2 CPUs" in capsys.readouterr().err
+    (tmp_path / "requests.csv").write_text("setting\n")
+    (tmp_path / "summary.md").write_text("Reproduce: `python -m experiments.split_sim_vs_real --profile split_cpu1_specsched-pair --pin-cpus on`\n")
+    assert parse_args(["--resimulate", str(tmp_path)]).pin_cpus == "on"  # describes the run; nothing is pinned
 
 
 def test_edge_process_placement_options():
@@ -204,14 +241,23 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
 
         monkeypatch.setattr(svr, "resolve_profile", resolve)
     out = tmp_path / "out"
-    from runtime.cpu_pinning import available_cpus
+    from runtime.cpu_pinning import available_cpus, process_cpus
 
     cpus = available_cpus()
     pinned = requested == "path" and len(cpus) >= 2  # the server on one CPU, the edges on another
+    server_cpus, start = [], svr.start_server
+
+    def started(*a, **kw):
+        proc, url, address = start(*a, **kw)
+        server_cpus.append(os.sched_getaffinity(proc.pid))
+        return proc, url, address
+
+    monkeypatch.setattr(svr, "start_server", started)
     svr.main(["--pair", str(pair.path), "--profile", str(profile) if requested == "path" else "auto", "--schedulers", "edge_first", "--settings", "ed",
               "--rounds", "1", "--edge-users", "1", "--tokens", "4", "8", "--deadline-s", "20", "30", "--rtt-ms", "1", "2", "--window-s", "0.1",
               "--out", str(out), "--pin-cpus", "on" if pinned else "off"])
-    assert available_cpus() == cpus  # pinning ends with the live part
+    assert server_cpus == [{min(cpus)} if pinned else cpus]
+    assert all(mask == cpus for mask in process_cpus())  # every thread of this process gets its CPUs back after the live part
     if requested == "auto":
         assert asked["requested"] == "auto" and asked["edge_here"] is True and asked["base"] == "split_cpu1_specsched-pair" and asked["auto"] is True
     rows = pd.read_csv(out / "requests.csv")
