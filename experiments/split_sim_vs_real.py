@@ -53,8 +53,9 @@ CPU and this process (the edges' drafting) on another, as ``experiments.split_be
 model has one server that the ED verify batch and the AD/SD batches share; unpinned, the verifier
 and the SD engine ran side by side on the two cores, and under ``edge_first`` the HTTP (SD) users
 of mixed rounds finished well before the model said (that row +19 % to +30 % off in unpinned runs,
--0 % to +6 % pinned). Pinned, the ED users' p50 errors came out negative in all three runs (-2.7 % to
--12.6 %, real slower), unpinned positive in four of five; a likely cause, not tested: the server's
+-0.0 % to +6.3 % pinned). Pinned, the ED users' p50 errors came out negative in all three runs (-2.7 %
+to -12.6 %, real slower); unpinned, positive in seven of the four runs' eight rows (the eighth
+-0.0 %). A likely cause, not tested: the server's
 Python threads share its one core with the forwards, which the quick calibration times alone. The
 published runs and what each showed: the README's section on the live server with edge users
 (``results/split_sim_vs_real/*/summary.md``).
