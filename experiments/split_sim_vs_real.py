@@ -44,18 +44,19 @@ profile's line). ``--remeasure-profile`` measures the calibration again (the com
 good as the calibration is current); ``--no-auto-profile`` plans with the shipped table as it is;
 ``--profile NAME|PATH`` forces a profile. The report names the file, why it was chosen and the
 factors, and the run saves it beside its CSVs (``profile.yaml``). A calibration cannot help on a
-host whose speed is not steady: on an Intel Xeon host the same target pass took 8.3 or 13 ms from
-one second to the next, two quick calibrations a minute apart gave the target x2.2 and x1.5 at
-q = 5, and the calibrated run was -5 % to +28 % off.
+host whose speed is not steady: on an Intel Xeon host (a run not kept under ``results/``) the same
+target pass took 8.3 or 13 ms from one second to the next, two quick calibrations a minute apart
+gave the target x2.2 and x1.5 at q = 5, and the calibrated run was -5 % to +28 % off.
 
 **One server core** (``--pin-cpus on``, the default with 2+ CPUs): the server process runs on one
 CPU and this process (the edges' drafting) on another, as ``experiments.split_bench`` does. The
 model has one server that the ED verify batch and the AD/SD batches share; unpinned, the verifier
-and the SD engine ran side by side on the two cores, and under ``edge_first`` the HTTP (SD) users
-of mixed rounds finished well before the model said (that row +19 % to +30 % off in unpinned runs,
--0.0 % to +6.3 % pinned). Pinned, the ED users' p50 errors came out negative in all three runs (-2.7 %
-to -12.6 %, real slower); unpinned, positive in seven of the four runs' eight rows (the eighth
--0.0 %). A likely cause, not tested: the server's
+and the SD engine can run side by side on the two cores (likely; not measured), and under
+``edge_first`` the HTTP (SD) users of mixed rounds finished well before the model said (that row
++19 % to +30 % off in the four calibrated or unrecorded-host unpinned runs, -0.0 % to +6.3 % pinned).
+Pinned, the ED users' p50 errors came out negative in all three runs (-2.7 % to -12.6 %, real
+slower); in those four unpinned runs, positive in 7 of their 8 rows (the eighth -0.0 %). A likely
+cause, not tested: the server's
 Python threads share its one core with the forwards, which the quick calibration times alone. The
 published runs and what each showed: the README's section on the live server with edge users
 (``results/split_sim_vs_real/*/summary.md``).
