@@ -97,6 +97,7 @@ from agents.ed_batch import split_model
 from agents.registry import make_scheduler
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
+from envs.draft_tree import DraftTree
 from envs.plan import AD, ED, SD
 from envs.profile import ProfileError, load_profile
 from envs.split_outcome import ED_COMPLETIONS
@@ -184,14 +185,58 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
                                             ("sim_batch", rnd.alpha, "batch")):
             rr = dataclasses.replace(rnd, realized_output_tokens=realised.astype(np.int64), realized_alpha=np.asarray(alpha, dtype=float))
             outs[label] = evaluate_split_plan(cost, split, rr, plan, completion=ends, ed_completion=ends)
+        parts = ed_iteration_parts(cost, split, dataclasses.replace(rnd, realized_output_tokens=realised.astype(np.int64)), plan)
         for k, idx in enumerate(g.index):
             row = {"index": idx, "sim_mode": MODES.get(int(plan.modes[k]), "-"), "sim_depth": int(plan.ed_depth[k]) if plan.ed_depth is not None and plan.modes[k] == ED else 0}
             for label, out in outs.items():
                 lat = float(out.latency_s[k])
                 row[f"{label}_served"] = bool(out.served[k])
                 row[f"{label}_latency_s"] = lat + window_s if np.isfinite(lat) else np.nan
+            row.update({f"sim_{name}": float(v[k]) for name, v in parts.items()})
             rows.append(row)
     return df.join(pd.DataFrame(rows).set_index("index"))
+
+
+def ed_iteration_parts(cost: CostModel, split, rnd: Round, plan) -> dict[str, np.ndarray]:
+    """Per user (NaN unless in ED), the v1 model's parts of one ED iteration in ms, to set beside the
+    edges' logs (``runtime.split_loadgen.ITERATION_PARTS``): ``draft_ms`` the edge's chain at its depth
+    (no proactive reuse), ``network_ms`` its round trip, ``verify_ms`` one verify pass of the ED batch
+    (all its users, ``q = max g + 1``, context ``S + N / 2``) at the ED share -- the model's terms of
+    ``envs.split_outcome``; live, the cohorts' passes are separate and the queue wait is its own part."""
+    n = rnd.num_users
+    parts = {name: np.full(n, np.nan) for name in ("draft_ms", "network_ms", "verify_ms")}
+    ed = np.flatnonzero(plan.modes == ED)
+    if ed.size == 0 or plan.ed_share <= 0:
+        return parts
+    depth = plan.ed_depth[ed]
+    q = float(depth.max() + 1)
+    context = float(rnd.input_tokens[ed].max()) + float(rnd.realized_output_tokens[ed].max()) / 2.0
+    verify_ms = 1e3 * cost.tau_l.tau1(ed.size, q, context + q) / plan.ed_share
+    for k, g in zip(ed.tolist(), depth.tolist(), strict=True):
+        chain = DraftTree.chain(int(g))
+        own_context = float(rnd.input_tokens[k]) + float(rnd.realized_output_tokens[k]) / 2.0
+        parts["draft_ms"][k] = 1e3 * split.edge_draft_s(float(rnd.alpha[k]), chain, own_context)
+        parts["network_ms"][k] = 1e3 * split.network_s(chain, float(rnd.rtt_s[k]))
+        parts["verify_ms"][k] = verify_ms
+    return parts
+
+
+def compare_parts(df: pd.DataFrame) -> pd.DataFrame:
+    """Per scheduler and setting, ED users' (ED live and simulated) mean ms per iteration of each part,
+    live (the edges' logs) and simulated (:func:`ed_iteration_parts`); empty for runs recorded before
+    the logs' parts were kept."""
+    if not {"draft_ms", "verify_ms", "queue_ms", "network_ms"} <= set(df.columns):
+        return pd.DataFrame()
+    rows = []
+    for (scheduler, setting), g in df.groupby(["scheduler", "setting"], sort=False):
+        m = g[(g["mode"] == "ed") & (g.sim_mode == "ed") & g.outcome.isin(["served", "late"])]
+        if m.empty:
+            continue
+        rows.append({"scheduler": scheduler, "setting": setting, "ED users": len(m),
+                     "draft ms (real)": m.draft_ms.mean(), "draft ms (sim)": m.sim_draft_ms.mean(),
+                     "network ms (real)": m.network_ms.mean(), "network ms (sim)": m.sim_network_ms.mean(),
+                     "verify ms (real)": m.verify_ms.mean(), "queue ms (real)": m.queue_ms.mean(), "verify ms (sim, at the ED share)": m.sim_verify_ms.mean()})
+    return pd.DataFrame(rows)
 
 
 def _policy(cost: CostModel, path: str | None):
@@ -435,6 +480,9 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(both, args.out / "requests.csv")
     write_csv_atomic(table, args.out / "summary.csv")
+    parts = compare_parts(both)
+    if not parts.empty:
+        write_csv_atomic(parts, args.out / "iteration_parts.csv")
     write_text_atomic(args.out / "profile.yaml", profile_text)  # what both sides planned with, to re-simulate or inspect
     text = "\n".join([
         "# Simulated (v1) vs real: edge users", "",
@@ -452,6 +500,8 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list
         + " (`--completion " + args.completion + "`); *sim, batch completion*: the estimate realised and every user ending at its batch's end "
         "(the v1 environment's default outcome).", "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
+        *(["**ED iterations, part by part** (mean ms per iteration of ED users served in both; live from the edges' iteration logs, simulated "
+           "from the model's terms: `ed_iteration_parts`):", "", parts.to_markdown(index=False, floatfmt=".3g"), ""] if not parts.empty else []),
         *[part for line in live_lines for part in (line, "")],
     ])
     write_text_atomic(args.out / "summary.md", text)

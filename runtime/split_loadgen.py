@@ -40,6 +40,17 @@ def draw_round(rng: np.random.Generator, r: int, edge_users: int, http_users: in
     return users
 
 
+#: per ED request, the mean over its iterations of each part of an iteration (ms), from the edge's log
+ITERATION_PARTS = {"draft_ms": "draft_ms", "verify_ms": "server_compute_ms", "queue_ms": "queue_wait_ms", "network_ms": "network_ms"}
+
+
+def iteration_means(iterations: list) -> dict[str, float]:
+    """``{part: mean ms per iteration}`` of :data:`ITERATION_PARTS` (NaN without iterations): the edge's
+    drafting before the send, the server's verify compute, its queue wait and the rest of the round trip."""
+    return {name: (sum(getattr(it, field) for it in iterations) / len(iterations) if iterations else float("nan"))
+            for name, field in ITERATION_PARTS.items()}
+
+
 def run_round(users: list[dict], edges: list[EdgeUser], url: str, tok: Tokenizer) -> None:
     """All users of a round at once (edge user ``i`` of the round on ``edges[i]``); fills each dict with what happened."""
 
@@ -51,7 +62,7 @@ def run_round(users: list[dict], edges: list[EdgeUser], url: str, tok: Tokenizer
         its = res.edge.iterations if res.edge else []
         u.update(prompt_tokens=len(ids), mode=res.mode, outcome=res.outcome, reason=res.reason, latency_s=res.server_latency_s, wait_s=res.wait_s,
                  tokens=len(res.tokens), depth=res.depth, iterations=len(its), accepted=sum(log.accepted for log in its),
-                 rejections=sum(log.accepted < log.depth for log in its), edge_latency_s=res.latency_s)
+                 rejections=sum(log.accepted < log.depth for log in its), edge_latency_s=res.latency_s, **iteration_means(its))
 
     def http(u: dict) -> None:
         try:

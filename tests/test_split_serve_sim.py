@@ -8,6 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from agents.ed_batch import split_model
+from envs.cost_model import CostModel
+from envs.profile import load_profile
 from experiments.split_sim_vs_real import compare, parse_args, simulate
 
 PROFILE = "split_cpu1_specsched-pair"
@@ -129,6 +132,26 @@ def test_resimulate_arguments_fail_first(make, words, tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--resimulate", str(tmp_path)])
     assert words in capsys.readouterr().err
+
+
+def test_the_model_s_ed_iteration_parts_sit_beside_the_logged_ones():
+    """``ed_iteration_parts``: the model's draft, network and verify terms of each ED user (NaN for the
+    others), and ``compare_parts`` averages them beside the edges' logged parts."""
+    from envs.draft_tree import DraftTree
+    from experiments.split_sim_vs_real import compare_parts
+
+    rows = live_rows().assign(draft_ms=[3.0, 4.0, np.nan], verify_ms=[20.0, 22.0, np.nan], queue_ms=[1.0, 1.0, np.nan], network_ms=[11.0, 21.0, np.nan])
+    both = simulate(rows, "edge_first", PROFILE, 0.3, None)
+    ed = (both.sim_mode == "ed").to_numpy()
+    assert both.loc[ed, ["sim_draft_ms", "sim_network_ms", "sim_verify_ms"]].gt(0).all(axis=None)
+    assert both.loc[~ed, ["sim_draft_ms", "sim_network_ms", "sim_verify_ms"]].isna().all(axis=None)
+    assert both.sim_verify_ms[ed].nunique() == 1  # one pass of the whole ED batch
+    split = split_model(CostModel(load_profile(PROFILE)).profile)
+    g = int(both.sim_depth.iloc[0])
+    assert both.sim_network_ms.iloc[0] == pytest.approx(1e3 * split.network_s(DraftTree.chain(g), 0.01))  # the user's own RTT (10 ms)
+    parts = compare_parts(both)
+    assert parts.iloc[0]["draft ms (real)"] == 3.5 and parts.iloc[0]["network ms (sim)"] == pytest.approx(both.sim_network_ms[ed].mean())
+    assert compare_parts(both.drop(columns=["draft_ms"])).empty  # a run recorded before the parts were kept
 
 
 def test_tight_deadlines_are_rejected_in_the_simulator_too():
@@ -269,3 +292,6 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
     source = "forced" if requested == "path" else "measured"
     assert f"**Planning profile** ({source}" in text and f"--profile {profile if requested == 'path' else 'auto'}" in text
     assert ("`--pin-cpus on`" in text and text.count("--pin-cpus on") == 2) if pinned else "`--pin-cpus off`" in text
+    parts = pd.read_csv(out / "iteration_parts.csv")  # the edge's logged parts of its iterations beside the model's
+    assert len(parts) == 1 and parts["ED users"].iloc[0] == 1 and "**ED iterations, part by part**" in text
+    assert (parts[["draft ms (real)", "draft ms (sim)", "network ms (real)", "network ms (sim)", "verify ms (real)", "verify ms (sim, at the ED share)"]] > 0).all(axis=None)
