@@ -53,13 +53,16 @@ CPU and this process (the edges' drafting) on another, as ``experiments.split_be
 model has one server that the ED verify batch and the AD/SD batches share; unpinned, the verifier
 and the SD engine can run side by side on the two cores (likely; not measured), and under
 ``edge_first`` the HTTP (SD) users of mixed rounds finished well before the model said (that row
-+19 % to +30 % off in the four calibrated or unrecorded-host unpinned runs, -0.0 % to +6.3 % pinned).
-Pinned, the ED users' p50 errors came out negative in all three runs (-2.7 % to -12.6 %, real
-slower); in those four unpinned runs, positive in 7 of their 8 rows (the eighth -0.0 %). A likely
-cause, not tested: the server's
-Python threads share its one core with the forwards, which the quick calibration times alone. The
-published runs and what each showed: the README's section on the live server with edge users
-(``results/split_sim_vs_real/*/summary.md``).
++19 % to +30 % off in the four calibrated or unrecorded-host unpinned runs, -5.4 % to +6.3 % pinned).
+Pinned, the ED users' p50 errors came out negative in all four runs (-2.7 % to -12.6 %, real
+slower); in those four unpinned runs, positive in 7 of their 8 rows (the eighth -0.0 %). Part by
+part (the report's last table, from the edges' iteration logs), the live ED iteration is longer
+than the model's in its verify compute (17.4 against 13.8 ms in the published run's ``ed`` rounds),
+the server's queue (3.9 ms, unmodelled) and the round trip beyond the server (21.7 against 19.1 ms:
+the transport on top of the emulated RTT, unmodelled). A cause of the slower verify, not tested:
+pinned, the server's Python threads share its one core with the forwards, which the quick
+calibration times alone. The published runs and what each showed: the README's section on the
+live server with edge users (``results/split_sim_vs_real/*/summary.md``).
 
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
