@@ -46,7 +46,9 @@ ITERATION_PARTS = {"draft_ms": "draft_ms", "verify_ms": "server_compute_ms", "qu
 
 def iteration_means(iterations: list) -> dict[str, float]:
     """``{part: mean ms per iteration}`` of :data:`ITERATION_PARTS` (NaN without iterations): the edge's
-    drafting before the send, the server's verify compute, its queue wait and the rest of the round trip."""
+    drafting before the send, the server's verify compute, its queue wait and the rest of the round
+    trip. The first iteration carries the prompt's prefill on both sides, so it is in the means: the
+    model's counterpart spreads its prefill terms likewise (``experiments.split_sim_vs_real``)."""
     return {name: (sum(getattr(it, field) for it in iterations) / len(iterations) if iterations else float("nan"))
             for name, field in ITERATION_PARTS.items()}
 

@@ -9,8 +9,12 @@ import pandas as pd
 import pytest
 
 from agents.ed_batch import split_model
+from agents.registry import make_scheduler
+from envs.config import EnvConfig
 from envs.cost_model import CostModel
+from envs.plan import ED
 from envs.profile import load_profile
+from envs.workload import Round
 from experiments.split_sim_vs_real import compare, parse_args, simulate
 
 PROFILE = "split_cpu1_specsched-pair"
@@ -145,13 +149,39 @@ def test_the_model_s_ed_iteration_parts_sit_beside_the_logged_ones():
     ed = (both.sim_mode == "ed").to_numpy()
     assert both.loc[ed, ["sim_draft_ms", "sim_network_ms", "sim_verify_ms"]].gt(0).all(axis=None)
     assert both.loc[~ed, ["sim_draft_ms", "sim_network_ms", "sim_verify_ms"]].isna().all(axis=None)
-    assert both.sim_verify_ms[ed].nunique() == 1  # one pass of the whole ED batch
-    split = split_model(CostModel(load_profile(PROFILE)).profile)
+    cost = CostModel(load_profile(PROFILE))
+    split = split_model(cost.profile)
     g = int(both.sim_depth.iloc[0])
     assert both.sim_network_ms.iloc[0] == pytest.approx(1e3 * split.network_s(DraftTree.chain(g), 0.01))  # the user's own RTT (10 ms)
+    # by hand for user 0: its own iterations J at its depth (realised 40 tokens, the 0.8 estimate), the
+    # prefills spread over them; the ED batch is users 0 and 1 (b = 2), q = max depth + 1, c = S + N / 2
+    depths = both.sim_depth[ed].to_numpy()
+    e = (1 - 0.8 ** (g + 1)) / (1 - 0.8)
+    j = int(np.ceil(40 / e - 1e-9))
+    q, s_max, n_max = float(depths.max() + 1), 12.0, 40.0
+    # the plan as the simulator made it (the round as the server saw it: deadlines less the window)
+    rnd = Round.from_requests(np.array([8, 12, 6]), np.array([40, 30, 20]), np.full(3, 4.7), np.full(3, 0.8), uplink_s=0.0, downlink_s=0.0)
+    rnd.has_edge, rnd.rtt_s = np.array([True, True, False]), np.array([0.01, 0.02, 0.0])
+    plan = make_scheduler("edge_first", cost, EnvConfig.max_gamma, seed=0).plan(rnd)
+    assert list(plan.modes[:2]) == [ED, ED] and int(plan.ed_depth[0]) == g
+    verify = 1e3 * (cost.tau_l.tau1(2, s_max, s_max) + j * cost.tau_l.tau1(2, q, s_max + n_max / 2 + q)) / (j * plan.ed_share)
+    draft = 1e3 * (split.edge_prefill_s(8) + j * split.edge_draft_s(0.8, DraftTree.chain(g), 8 + 40 / 2)) / j
+    assert both.sim_verify_ms.iloc[0] == pytest.approx(verify, rel=1e-9) and both.sim_draft_ms.iloc[0] == pytest.approx(draft, rel=1e-9)
     parts = compare_parts(both)
     assert parts.iloc[0]["draft ms (real)"] == 3.5 and parts.iloc[0]["network ms (sim)"] == pytest.approx(both.sim_network_ms[ed].mean())
     assert compare_parts(both.drop(columns=["draft_ms"])).empty  # a run recorded before the parts were kept
+
+
+def test_iteration_means_average_the_edge_log():
+    from runtime.split.edge_client import IterationLog
+    from runtime.split_loadgen import iteration_means
+
+    def log(draft, compute, queue, network):
+        return IterationLog("r", 0, 4, 0.0, 0.0, 0.0, draft, 0.0, queue, compute, network, 1, 0, 4, 5, False)
+
+    got = iteration_means([log(9.0, 30.0, 1.0, 12.0), log(1.0, 10.0, 3.0, 10.0)])  # the first iteration carries the prefills
+    assert got == {"draft_ms": 5.0, "verify_ms": 20.0, "queue_ms": 2.0, "network_ms": 11.0}
+    assert all(np.isnan(v) for v in iteration_means([]).values())
 
 
 def test_tight_deadlines_are_rejected_in_the_simulator_too():
