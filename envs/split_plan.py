@@ -290,7 +290,8 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     ``"own"`` ends each at its own last token (its own work, at the batch's size, over the batch's
     share: v0's ``completion="own"`` under fixed sharing; ED users follow ``ed_completion``). ED users'
     realised latency is ``U_E + C_E / zeta_E + P_E + J X_E`` with their realised outputs and
-    acceptance (expected tokens per iteration: ``simulate_acceptance`` applies to SD only). ``users``: the round's predicted :class:`EdUsers` (at least ``max ed_depth``
+    acceptance (expected tokens per iteration: ``simulate_acceptance`` applies to SD only).
+    ``users``: the round's predicted :class:`EdUsers` (at least ``max ed_depth``
     depths), reused when realised equals predicted (saves recomputing them). ``ed_completion``:
     ``"batch"`` (default, the formula above) or ``"own"`` (each ED user ends at its own last token:
     ``envs.split_outcome``).
