@@ -316,10 +316,9 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
     if ad_idx.size:
         s_max, n_max = _max(rnd.input_tokens, ad_idx), _max(rnd.realized_output_tokens, ad_idx)
         total = cost.ad_time1(ad_idx.size, s_max, n_max)
-        ad_batch_s = _fixed_share_finish(latency, rnd, ad_idx, total, float(plan.z))
-        if completion == "own":  # v0's own work: the batch's size, each user's own output
-            own = cost.ad_time(np.full(ad_idx.size, ad_idx.size), s_max, rnd.realized_output_tokens[ad_idx])
-            _own_share_finish(latency, rnd, ad_idx, own, float(plan.z))
+        # "own": v0's own work -- the batch's size, each user's own output
+        own = cost.ad_time(np.full(ad_idx.size, ad_idx.size), s_max, rnd.realized_output_tokens[ad_idx]) if completion == "own" else None
+        ad_batch_s = _fixed_share_finish(latency, rnd, ad_idx, total, float(plan.z), own)
     sd_idx = np.flatnonzero(modes == SD)
     if sd_idx.size and simulate_acceptance:  # acceptance drawn token by token from rng: evaluate_plan's own draws
         s = evaluate_plan(cost, rnd, Plan(np.where(modes == SD, SD, REJECT), gamma=plan.gamma, z=plan.z + plan.ed_share), rng=rng, simulate_acceptance=True,
@@ -330,11 +329,9 @@ def evaluate_split_plan(cost: CostModel, split: SplitCostModel | None, rnd: Roun
         j = sd_iterations(rnd.realized_output_tokens[sd_idx], rnd.realized_alpha[sd_idx], gamma)
         s_max, n_max = _max(rnd.input_tokens, sd_idx), _max(rnd.realized_output_tokens, sd_idx)
         total = cost.sd_time1(sd_idx.size, s_max, n_max, max(j.tolist()), gamma)
-        share_sd = 1.0 - float(plan.z + plan.ed_share)
-        sd_batch_s = _fixed_share_finish(latency, rnd, sd_idx, total, share_sd)
-        if completion == "own":  # each user's own iterations, every pass at the batch's size, S and N
-            own = cost.sd_time(np.full(sd_idx.size, sd_idx.size), s_max, n_max, j, gamma)
-            _own_share_finish(latency, rnd, sd_idx, own, share_sd)
+        # "own": each user's own iterations, every pass at the batch's size, S and N
+        own = cost.sd_time(np.full(sd_idx.size, sd_idx.size), s_max, n_max, j, gamma) if completion == "own" else None
+        sd_batch_s = _fixed_share_finish(latency, rnd, sd_idx, total, 1.0 - float(plan.z + plan.ed_share), own)
     depth = plan.ed_depth[ed_idx]
     d_max = max(depth.tolist())
     if users is None or users.tokens.shape[1] < d_max or not (_same(rnd.realized_output_tokens, rnd.output_tokens) and _same(rnd.realized_alpha, rnd.alpha)):
@@ -390,20 +387,18 @@ def served_from_aggregates(cost: CostModel, rnd: Round, modes: np.ndarray, gamma
     return int(np.count_nonzero(np.isfinite(latency) & (latency <= rnd.deadline_s * (1 + 1e-9))))
 
 
-def _fixed_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, total_s: float, share: float) -> float:
-    """Write the realised latency of batch ``idx`` (``total_s`` of work at ``share`` of the GPU, all
-    finishing at its end) into ``latency``; return the batch's end (inf without a share)."""
+def _fixed_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, total_s: float, share: float, own_s: np.ndarray | None = None) -> float:
+    """Write the realised latency of batch ``idx`` (``total_s`` of work at ``share`` of the GPU) into
+    ``latency``: every user finishing at the batch's end, or with ``own_s`` (per user, full-device
+    seconds; ``completion="own"``) each after its own work -- ``evaluate_plan``'s under fixed
+    sharing; return the batch's end (inf without a share)."""
     end = total_s / share if share > 0 else np.inf
-    latency[idx] = _max(rnd.uplink_s, idx) + end + rnd.realized_downlink_s[idx]
+    if own_s is None:
+        finish = end
+    else:
+        finish = np.asarray(own_s, dtype=float) / share if share > 0 else np.full(idx.size, np.inf)
+    latency[idx] = _max(rnd.uplink_s, idx) + finish + rnd.realized_downlink_s[idx]
     return float(end)
-
-
-def _own_share_finish(latency: np.ndarray, rnd: Round, idx: np.ndarray, own_s: np.ndarray, share: float) -> None:
-    """Write each user's realised latency when it ends at its own last token (``completion="own"``):
-    its own ``own_s`` (full-device seconds) at the batch's fixed ``share`` (inf without a share),
-    after the batch's slowest uplink, plus its own downlink -- ``evaluate_plan``'s "own" under fixed sharing."""
-    end = np.asarray(own_s, dtype=float) / share if share > 0 else np.full(idx.size, np.inf)
-    latency[idx] = rnd.uplink_s[idx].max() + end + rnd.realized_downlink_s[idx]
 
 
 # The end-of-episode hot path (issue #13) takes a few small maxima per batch: Python's max over a
