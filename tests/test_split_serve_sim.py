@@ -1,4 +1,4 @@
-"""experiments.split_sim_vs_real's simulator side and its checks (no server, no models), one
+"""experiments.split_sim_vs_real's simulator side (experiments.split_sim_vs_real_simulate) and its checks (no server, no models), one
 end-to-end run on the tiny pair (a live server and an edge user), and the edge process's placement
 options."""
 
@@ -15,7 +15,8 @@ from envs.cost_model import CostModel
 from envs.plan import ED
 from envs.profile import load_profile
 from envs.workload import Round
-from experiments.split_sim_vs_real import compare, parse_args, simulate
+from experiments.split_sim_vs_real import parse_args
+from experiments.split_sim_vs_real_simulate import compare, compare_parts, simulate
 
 PROFILE = "split_cpu1_specsched-pair"
 
@@ -142,7 +143,6 @@ def test_the_model_s_ed_iteration_parts_sit_beside_the_logged_ones():
     """``ed_iteration_parts``: the model's draft, network and verify terms of each ED user (NaN for the
     others), and ``compare_parts`` averages them beside the edges' logged parts."""
     from envs.draft_tree import DraftTree
-    from experiments.split_sim_vs_real import compare_parts
 
     rows = live_rows().assign(draft_ms=[3.0, 4.0, np.nan], verify_ms=[20.0, 22.0, np.nan], queue_ms=[1.0, 1.0, np.nan], network_ms=[11.0, 21.0, np.nan])
     both = simulate(rows, "edge_first", PROFILE, 0.3, None)
