@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the core modules (mutmut 3; base configuration in setup.cfg [mutmut]).
 #
-#   bash scripts/mutation.sh                 # both groups below -> results/mutation.md
+#   bash scripts/mutation.sh                 # every group below -> results/mutation.md
 #   bash scripts/mutation.sh envs            # one group (the report covers the groups run)
 #   MUTATION_RERUN=survivors bash scripts/mutation.sh envs   # after adding tests: re-run survivors only
 #
@@ -12,16 +12,20 @@
 #             action_indices; both step()s of envs/edge_schedule.py, the v0 scalar and vector envs;
 #             the envs.edge_schedule.x_action_index* globs match runs from before actions.py existed);
 #   agents -- the per-mode solver, BALANCE and the optimum (agents/mode_solver.py, balance.py, optimal.py,
-#             exact_search.py: the exhaustive search, moved out of optimal.py).
+#             exact_search.py: the exhaustive search, moved out of optimal.py);
+#   split  -- SpecEdge's model (#13): the closed form (envs/{split_cost,split_cohorts,draft_tree}.py), ED in the
+#             round model, its builder and outcome (envs/{split_plan,split_builder,split_outcome,scalar_times}.py)
+#             and the v1 schedulers (agents/{balance_ed,edge_first,ed_batch}.py).
 # Runs on a scratch copy of the committed tree (MUTATION_SOURCE=worktree copies the work tree
 # instead), so concurrent edits never mix in; the copy is kept for `mutmut show NAME` there.
 # Slow (tens of minutes on 2 shared cores): not part of the default test run -- run it on demand and
 # before a release.
 #
 # Environment: MUTATION_JOBS (parallel mutants, default 2), MUTATION_WORKDIR (scratch root, default
-# $TMPDIR/specsched-mutation), MUTATION_REPORT (default results/mutation.md).
-# MUTATION_RERUN=survivors: refresh only tests/ in the group's scratch copy (code and config stay
-# those of its last run, so its verdicts stand; mutmut first runs the tests on that unmutated code
+# $TMPDIR/specsched-mutation), MUTATION_REPORT (default results/mutation.md), MUTATION_HISTORY (text
+# added to the report's first line: how the groups' runs came about, e.g. a first run and a rerun).
+# MUTATION_RERUN=survivors: refresh only tests/ in the group's scratch copy and its test selection
+# (setup.cfg's list, TESTS below; the code stays that of its last run, so its verdicts stand; mutmut first runs the tests on that unmutated code
 # and stops if they fail, e.g. tests written for code that changed since) and re-run only its
 # surviving mutants. MUTATION_RERUN_TESTS="tests/a.py tests/b.py" refreshes only those files
 # (for when other tests at HEAD need code newer than the run's). MUTATION_RERUN=report: run nothing, rewrite the report from
@@ -49,11 +53,17 @@ FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py agents/
 # test_schedulers.py, test_optimal.py) stay in the default run, out of the per-mutant selection
 TESTS[agents]="tests/test_agents_core.py tests/test_golden.py tests/test_binding.py"
 GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.* agents.exact_search.*"
+TIMEOUT[split]=15
+FILES[split]="envs/split_cost.py envs/split_cohorts.py envs/draft_tree.py envs/split_plan.py envs/split_builder.py envs/split_outcome.py envs/scalar_times.py agents/balance_ed.py agents/edge_first.py agents/ed_batch.py"
+# the fast tests with exact expected values: hand-derived formulas, brute force on small rounds, the
+# recorded v1 trajectories, builder == exact check; the DES and the live runtime's tests stay out
+TESTS[split]="tests/test_split_cost.py tests/test_split_plan.py tests/test_split_outcome.py tests/test_env_v1_golden.py tests/test_env_v1_speed_paths.py tests/test_env_v1_fast_paths.py tests/test_v1_reset_batch.py tests/test_specedge_schedulers.py tests/test_split_workload.py tests/test_split_cost_mutants.py tests/test_split_builder_mutants.py tests/test_split_plan_mutants.py tests/test_specedge_schedulers_mutants.py"
+GLOBS[split]="envs.split_cost.* envs.split_cohorts.* envs.draft_tree.* envs.split_plan.* envs.split_builder.* envs.split_outcome.* envs.scalar_times.* agents.balance_ed.* agents.edge_first.* agents.ed_batch.*"
 
 SELECTED=("$@")
-[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(envs agents)
+[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(envs agents split)
 for g in "${SELECTED[@]}"; do
-    [ -n "${FILES[$g]:-}" ] || { echo "unknown group '$g'; groups: envs agents" >&2; exit 2; }
+    [ -n "${FILES[$g]:-}" ] || { echo "unknown group '$g'; groups: envs agents split" >&2; exit 2; }
 done
 [ -x "$VENV/bin/mutmut" ] || { echo "mutmut not installed: $VENV/bin/pip install -e '.[dev]'" >&2; exit 2; }
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 WANDB_MODE=disabled
@@ -107,6 +117,9 @@ for g in "${SELECTED[@]}"; do
         snapshot "${refresh[@]}" | tar -x -C "$dir"
         for t in "${refresh[@]}"; do mkdir -p "$(dirname "$dir/mutants/$t")"; cp -r "$dir/$t" "$dir/mutants/$t"; done
         cd "$dir"
+        # the group's current test selection (new test files are then collected, and mutmut
+        # gathers which functions they reach before re-running the survivors)
+        group_config "${FILES[$g]}" "${TESTS[$g]}" "${TIMEOUT[$g]}"
         mapfile -t run < <(survivors "${globs[@]}")
         echo "[$g] re-running ${#run[@]} surviving mutants with the current tests" >&2
     else
@@ -130,4 +143,5 @@ cd "$ROOT"
     --equivalents "$ROOT/scripts/mutation_equivalents.tsv" \
     --targets "${ALL_GLOBS[@]}" \
     --command "${MUTATION_RERUN:+MUTATION_RERUN=$MUTATION_RERUN }bash scripts/mutation.sh${1:+ $*}" \
+    --history "${MUTATION_HISTORY:-}" \
     --out "$REPORT"

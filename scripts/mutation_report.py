@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdirs", nargs="+", type=Path, default=[Path(".")], help="folders mutmut ran in (each holds mutants/)")
     ap.add_argument("--targets", nargs="+", required=True, help="mutant name globs that were run")
     ap.add_argument("--command", required=True, help="the command that produced the run (for the report)")
+    ap.add_argument("--history", default="", help="how the groups' runs came about (earlier runs, reruns), appended to the report's first line")
     ap.add_argument("--groups", nargs="*", default=[], help="extra rows: LABEL=GLOB[,GLOB...] (e.g. action handling)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Mutation testing of the core modules",
         "",
-        f"Produced by `{args.command}` (mutmut, config in `setup.cfg` `[mutmut]`).",
+        f"Produced by `{args.command}` (mutmut, config in `setup.cfg` `[mutmut]`)" + (f" {args.history.strip()}" if args.history.strip() else "."),
         "Score = killed / (mutants - equivalent); a timeout or crash counts as killed. Equivalent",
         "mutants (no behaviour change, so no test can kill them) are listed below with the reason.",
         "",
