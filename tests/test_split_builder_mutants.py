@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 import pytest
+from split_rounds import PROFILE, G, decode, round_of, user_args
 
-from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.feasibility import EPS
 from envs.latency import LatencyModel
@@ -29,35 +29,9 @@ from envs.scalar_times import ad_time_of, sd_parts_all_of, sd_parts_of
 from envs.split_builder import SplitScalarPlan, ed_rows
 from envs.split_cost import SplitCostModel
 from envs.split_plan import check_plan_split, ed_users
-from envs.workload import sample_round
 from runtime.calibration import CalibratedCostModel, StepCalibration
 
-PROFILE = "split_a100-40gb_llama2-7b_tinyllama-1.1b"
-G = 4
 K = 10
-
-
-def round_of(k: int, seed: int, edge_fraction: float = 0.7):
-    cfg = EnvConfig(num_users=k, profile=PROFILE, edge_fraction=edge_fraction, rtt_ms=[5.0, 40.0], max_gamma=G, deadline_s=[0.5, 8.0])
-    return sample_round(np.random.default_rng(seed), cfg)
-
-
-def user_args(rnd, users, k: int):
-    ed = None
-    if users.allowed[k].any():
-        ed = (users.iterations[k].tolist(), users.edge_s[k].tolist(), users.allowed[k].tolist(), float(users.prefill_s[k]))
-    return (int(rnd.input_tokens[k]), int(rnd.output_tokens[k]), float(rnd.alpha[k]), float(rnd.uplink_s[k]), float(rnd.slack_s[k]), float(rnd.deadline_s[k]), ed)
-
-
-def decode(action: int):
-    """(mode, sd depth, ed depth) of a v1 action index."""
-    if action == 0:
-        return REJECT, 0, 0
-    if action == 1:
-        return AD, 0, 0
-    if action <= 1 + G:
-        return SD, action - 1, 0
-    return ED, 0, action - 1 - G
 
 
 def tight(p, n_users: float):
@@ -69,7 +43,7 @@ def tight(p, n_users: float):
 def special_round(seed: int):
     """A round with users certain to accept (alpha = 1, output a multiple of every g + 1), users whose
     uplink uses their whole slack (budget exactly 0) or more, spread over the round."""
-    rnd = round_of(K, 7000 + seed)
+    rnd = round_of(K, 7000 + seed, edge_fraction=0.7)
     rng = np.random.default_rng(seed)
     for i in rng.choice(K, size=3, replace=False):
         rnd.alpha[i] = 1.0

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from split_rounds import PROFILE, G
 
 from envs.config import EnvConfig
 from envs.cost_model import CostModel
@@ -43,9 +44,6 @@ from envs.split_plan import (
 )
 from envs.split_profile import cpu_split_profile
 from envs.workload import sample_round
-
-PROFILE = "split_a100-40gb_llama2-7b_tinyllama-1.1b"
-G = 4
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +112,22 @@ def test_dyadic_rows_equal_edge_iteration_s_and_the_edge_kv_fits_exactly():
         assert check_plan_split(cost, users, rnd, [REJECT, ED], 1, [0, g]).feasible
 
 
-def test_a_compute_share_of_exactly_one_is_feasible():
-    """One ED user whose deadline leaves exactly ``C_E`` for the server: ``C_E / beta_E`` is 1.0 and fits."""
+def one_ed_user_at_depth_2():
+    """On the dyadic profile: the cost models, a one-user round (8-token prompt, 8 tokens out), its ED
+    constants, the depth g = 2, that depth's iterations J, edge iteration X, the edge prefill and the
+    ED batch's server time C_E."""
     p = dyadic_profile()
     cost, split = CostModel(p), SplitCostModel(p)
     rnd = dyadic_round(1, [8], [8])
     users = ed_users(split, rnd, G)
     g = 2
     j, x, pre = int(users.iterations[0, g - 1]), float(users.edge_s[0, g - 1]), float(users.prefill_s[0])
-    c_e = ed_time1(cost, 1, 8, 8, j, g + 1)
+    return cost, split, rnd, users, g, j, x, pre, ed_time1(cost, 1, 8, 8, j, g + 1)
+
+
+def test_a_compute_share_of_exactly_one_is_feasible():
+    """One ED user whose deadline leaves exactly ``C_E`` for the server: ``C_E / beta_E`` is 1.0 and fits."""
+    cost, split, rnd, users, g, j, x, pre, c_e = one_ed_user_at_depth_2()
     assert c_e == 0.5 + j * 0.5
     rnd.deadline_s[:] = pre + j * x + c_e
     rep = check_plan_split(cost, users, rnd, [ED], 1, [g])
@@ -145,13 +150,7 @@ def _tie(target: float, f, start: float) -> float:
 def test_the_tolerances_are_inclusive():
     """The check accepts a share sum of exactly ``1 + EPS`` (as ``check_plans`` does) and the outcome
     serves a latency of exactly ``deadline (1 + 1e-9)``; one ulp beyond, neither."""
-    p = dyadic_profile()
-    cost, split = CostModel(p), SplitCostModel(p)
-    rnd = dyadic_round(1, [8], [8])
-    users = ed_users(split, rnd, G)
-    g = 2
-    j, x, pre = int(users.iterations[0, g - 1]), float(users.edge_s[0, g - 1]), float(users.prefill_s[0])
-    c_e = ed_time1(cost, 1, 8, 8, j, g + 1)
+    cost, split, rnd, users, g, j, x, pre, c_e = one_ed_user_at_depth_2()
     t = _tie(1.0 + EPS, lambda t: c_e / (t - 0.0 - pre - j * x), c_e / (1.0 + EPS) + pre + j * x)
     for deadline, ok in ((t, True), (math.nextafter(t, 0.0), False)):
         rnd.deadline_s[:] = deadline
