@@ -1,0 +1,252 @@
+"""Does the live depth controller settle within +-1 of a sweep's best depth within 20 iterations?
+
+Issue #14 asks of the per-client draft-depth controller (:mod:`runtime.split.depth`, ``runtime.edge
+--depth auto``) that it "applies the calibration rule and settles within +-1 of the best depth of a
+sweep within 20 iterations". ``tests/test_split_depth_controller.py`` checks it against a
+discrete-event simulation's sweep; this experiment checks it on the live runtime: the split server
+and the edge process over loopback, as ``experiments.split_bench`` runs them.
+
+    python -m experiments.depth_settle --out results/depth_settle
+    python -m experiments.depth_settle --out /tmp/ds --preset tiny --rtt-ms 5 --depths 1,2 --max-new-tokens 16 --repeats 1  # a smoke run
+
+For every RTT, and every repeat: one run at each fixed depth of ``--depths`` (the sweep) and one
+with ``--depth auto`` (the controller, started as ``runtime.edge`` starts it: depth 4, acceptance
+prior 0.7, no profile), each ``experiments.split_bench.split_run`` (server and edge pinned to a
+core each where two are free). The repeats run the whole RTT x depth grid again, minutes later,
+so the host's drift falls on every depth alike.
+
+- **the sweep's best depth**: the fixed depth with the lowest mean inter-token latency (ITL, the
+  clients' per-token time, which the controller minimises: it maximises its client's tokens per
+  second) over the repeats; ``tied_depths`` lists the depths whose runs' ITL range overlaps the
+  best's, i.e. the depths the sweep cannot tell apart from it at this many repeats;
+- **a client's trace**: the depth of each of its iterations, in order (its requests one after
+  another: a client keeps its controller across requests), leaving out the iterations whose depth
+  the token limit set (a request's last blocks: the edge drafts ``min(the controller's depth,
+  tokens left - 1)``; ``traces.csv`` keeps them, flagged ``capped``);
+- **settled after**: the number of leading iterations after which every later iteration drafts
+  within +-1 of the sweep's best (0: in the band from the first); the target holds for a client
+  when that is <= 20 and it ran more than 20 iterations (fewer: ``too_short``, not counted as met);
+- ``in_band_after_20``: the share of a client's iterations after the 20th within +-1;
+  ``auto_itl_ms`` against ``best_itl_ms``: what the controller's choices cost the client.
+
+Writes ``DIR/sweep.csv`` (one row per run), ``DIR/traces.csv`` (one row per auto iteration),
+``DIR/depth_settle.csv`` (one row per RTT and client trace), ``DIR/depth_settle.md`` and
+``DIR/depth_settle.png``. Timings need an idle machine; the markdown records the host's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic
+from experiments import split_bench
+
+SETTLE_ITERATIONS = 20  #: the issue's horizon: the controller may roam this many iterations
+BAND = 1  #: the issue's tolerance: within +-1 of the sweep's best depth
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """This experiment's options and the ``experiments.split_bench`` namespace its runs use (that
+    module's checks and defaults: pair, device, pinning, jitter, bandwidth, window, ...); any
+    option not named here is passed on to it."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rtt-ms", default="5,20,40", help="comma-separated RTTs, ms")
+    ap.add_argument("--depths", type=_ints, default=list(range(1, 9)), help="the sweep's fixed depths (the controller's range is runtime.edge's 1..8)")
+    ap.add_argument("--clients", type=int, default=2, help="edge clients (one per cohort with 2 cohorts: SpecEdge's own setting)")
+    ap.add_argument("--cohorts", type=int, default=2)
+    ap.add_argument("--proactive", choices=["on", "off"], default="on")
+    ap.add_argument("--requests", type=int, default=1, help="requests per client (its controller is kept across them)")
+    ap.add_argument("--max-new-tokens", type=int, default=256, help="tokens per request (enough for > 20 iterations at depth 8)")
+    ap.add_argument("--repeats", type=int, default=2)
+    own, rest = ap.parse_known_args(argv)
+    if not own.depths or min(own.depths) < 1 or len(set(own.depths)) != len(own.depths):
+        raise SystemExit(f"--depths must be distinct integers >= 1, got {own.depths}")
+    if own.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {own.repeats}")
+    bench = split_bench.parse_args(["--out", str(own.out), "--rtt-ms", own.rtt_ms, "--clients", str(own.clients), "--cohorts", str(own.cohorts),
+                                    "--proactive", own.proactive, "--requests", str(own.requests), "--max-new-tokens", str(own.max_new_tokens),
+                                    "--repeats", str(own.repeats), *rest])
+    return own, bench
+
+
+def client_traces(logs: Sequence[dict], max_new_tokens: int) -> dict[int, list[tuple[int, bool]]]:
+    """Each client's iterations in order (request ``c{i}r{k}``: client i's k-th request), as
+    (drafted depth, capped): ``capped`` where the token limit set the depth (``runtime.split.edge_client``
+    drafts ``min(controller's depth, tokens left - 1)``: depth = tokens left - 1), not the controller."""
+    keyed: dict[int, list[tuple[int, int, int, int]]] = {}
+    for log in logs:
+        client, _, request = log["request_id"].lstrip("c").partition("r")
+        keyed.setdefault(int(client), []).append((int(request), int(log["iteration"]), int(log["depth"]), int(log["emitted"])))
+    traces = {}
+    for client, rows in sorted(keyed.items()):
+        trace, emitted, last = [], 0, None
+        for request, _, depth, new in sorted(rows):
+            emitted = 0 if request != last else emitted
+            trace.append((depth, depth == max_new_tokens - emitted - 1))
+            emitted, last = emitted + new, request
+        traces[client] = trace
+    return traces
+
+
+def settled_after(trace: Sequence[int], best: int, band: int = BAND) -> int | None:
+    """How many leading iterations of ``trace`` come before the last stretch within ``best +- band``
+    that runs to its end (0: every iteration is in the band); None when its last iteration is not."""
+    i = len(trace)
+    while i > 0 and abs(trace[i - 1] - best) <= band:
+        i -= 1
+    return i if i < len(trace) else None
+
+
+def best_depth(sweep: pd.DataFrame) -> tuple[int, float, list[int]]:
+    """The fixed depth of lowest mean ITL, that ITL (ms), and the depths whose runs' ITL range
+    overlaps the best's (the best included)."""
+    by = sweep.groupby("depth").itl_ms.agg(["mean", "min", "max"])
+    best = int(by["mean"].idxmin())
+    lo, hi = by.loc[best, "min"], by.loc[best, "max"]
+    tied = sorted(int(d) for d, row in by.iterrows() if row["min"] <= hi and row["max"] >= lo)
+    return best, float(by.loc[best, "mean"]), tied
+
+
+def assess(sweep: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
+    """One row per RTT and auto-run client trace: the sweep's best depth and the trace's settling."""
+    rows = []
+    for rtt, fixed in sweep[sweep.depth != "auto"].groupby("rtt_ms"):
+        best, best_itl, tied = best_depth(fixed.assign(depth=fixed.depth.astype(int)))
+        auto = sweep[(sweep.rtt_ms == rtt) & (sweep.depth == "auto")]
+        for (repeat, client), t in traces[traces.rtt_ms == rtt].groupby(["repeat", "client"]):
+            trace = t[~t.capped.astype(bool)].sort_values("position").depth.tolist()  # the controller's choices only
+            after = settled_after(trace, best)
+            late = trace[SETTLE_ITERATIONS:]
+            too_short = len(trace) <= SETTLE_ITERATIONS
+            rows.append({"rtt_ms": rtt, "repeat": repeat, "client": client, "best_depth": best, "best_itl_ms": best_itl,
+                         "tied_depths": " ".join(map(str, tied)), "iterations": len(trace), "settled_after": after,
+                         "too_short": too_short, "met": (not too_short) and after is not None and after <= SETTLE_ITERATIONS,
+                         "in_band_after_20": float(np.mean([abs(d - best) <= BAND for d in late])) if late else float("nan"),
+                         "mean_depth_after_20": float(np.mean(late)) if late else float("nan"),
+                         "depth_at_20": trace[SETTLE_ITERATIONS] if not too_short else None,
+                         "auto_itl_ms": float(auto[auto.repeat == repeat].itl_ms.mean()),
+                         "trace": " ".join(map(str, trace))})
+    return pd.DataFrame(rows)
+
+
+def run(own: argparse.Namespace, bench: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every (repeat, RTT, depth) run; returns the per-run table and the auto runs' iterations."""
+    runs, iterations = [], []
+    grid = [(r, rtt, d) for r in range(own.repeats) for rtt in bench.rtt_ms for d in [*map(str, own.depths), "auto"]]
+    for k, (repeat, rtt, depth) in enumerate(grid, 1):
+        folder = own.out / "runs" / f"rtt{rtt:g}_depth-{depth}_repeat{repeat}"
+        folder.mkdir(parents=True, exist_ok=True)
+        load, t0 = os.getloadavg()[0], time.perf_counter()
+        result = split_bench.split_run(argparse.Namespace(**{**vars(bench), "depth": depth}), rtt, own.proactive, own.cohorts, own.clients, folder)
+        edge = result["edge"]
+        runs.append({"repeat": repeat, "rtt_ms": rtt, "depth": depth, "itl_ms": edge["itl_ms"], "mean_depth": edge["mean_depth"],
+                     "accepted_per_iteration": edge["accepted_per_iteration"], "network_ms": edge["network_ms"],
+                     "server_compute_ms": edge["server_compute_ms"], "server_utilisation": result["server"]["utilisation"],
+                     "outcomes": json.dumps(edge["outcomes"]), "host_load_1min": load})
+        if depth == "auto":
+            logs = [json.loads(line) for line in (folder / "iterations.jsonl").read_text().splitlines() if line.strip()]
+            for client, trace in client_traces(logs, own.max_new_tokens).items():
+                iterations += [{"repeat": repeat, "rtt_ms": rtt, "client": client, "position": i, "depth": d, "capped": capped}
+                               for i, (d, capped) in enumerate(trace)]
+        print(f"[depth_settle] {k}/{len(grid)} rtt {rtt:g} ms, depth {depth}, repeat {repeat}: ITL {edge['itl_ms']:.2f} ms, "
+              f"mean depth {edge['mean_depth']:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return pd.DataFrame(runs), pd.DataFrame(iterations, columns=["repeat", "rtt_ms", "client", "position", "depth", "capped"])
+
+
+def markdown(own: argparse.Namespace, bench: argparse.Namespace, cmd: str, sweep: pd.DataFrame, result: pd.DataFrame, load: tuple[float, float]) -> str:
+    fixed = sweep[sweep.depth != "auto"].assign(depth=lambda d: d.depth.astype(int))
+    curve = fixed.pivot_table(index="depth", columns="rtt_ms", values="itl_ms", aggfunc="mean")
+    curve.columns = [f"ITL ms at {c:g} ms RTT" for c in curve.columns]
+    met, counted = int(result.met.sum()), int((~result.too_short).sum())
+    lines = [
+        "# The live depth controller against a depth sweep",
+        "",
+        f"Command: `{cmd}`",
+        "",
+        f"Pair: {'path ' + str(bench.pair) if bench.pair else bench.preset}, {bench.device} {bench.dtype}; {own.clients} edge client(s), "
+        f"{own.cohorts} cohort(s), proactive drafting {own.proactive}, {own.requests} request(s) x {own.max_new_tokens} tokens per client, "
+        f"jitter {bench.jitter_ms:g} ms, {bench.bandwidth_mbps:g} Mbit/s, batching window {bench.window_ms:g} ms; "
+        f"{'server and edge pinned to a core each' if bench.cpu_pair else 'processes not pinned'}; {own.repeats} repeat(s) of the whole grid. "
+        f"Host: {os.cpu_count()} CPUs, 1-minute load average {load[0]:.1f} at the start and {load[1]:.1f} at the end (per run: sweep.csv).",
+        "",
+        f"**Target** (issue #14): the controller settles within +-{BAND} of the sweep's best depth within {SETTLE_ITERATIONS} iterations. "
+        f"Met by **{met} of {counted}** client traces long enough to judge"
+        + (f" ({int(result.too_short.sum())} too short)" if result.too_short.any() else "") + ".",
+        "",
+        "## The sweep (mean ITL over the repeats, fixed depths)",
+        "",
+        curve.to_markdown(floatfmt=".2f"),
+        "",
+        "## The controller (`--depth auto`), one row per client trace",
+        "",
+        "`settled_after`: leading iterations before the trace stays within +-1 of `best_depth` to its end (empty: it ends outside); "
+        "`tied_depths`: fixed depths whose runs' ITL range overlaps the best's; `trace`: the depth of every iteration.",
+        "",
+        result.drop(columns=["too_short"]).to_markdown(index=False, floatfmt=".3g"),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(sweep: pd.DataFrame, result: pd.DataFrame, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rtts = sorted(result.rtt_ms.unique())
+    fig, axes = plt.subplots(2, len(rtts), figsize=(4.2 * len(rtts), 6.5), squeeze=False)
+    for j, rtt in enumerate(rtts):
+        mine = result[result.rtt_ms == rtt]
+        best = int(mine.best_depth.iloc[0])
+        ax = axes[0, j]
+        ax.axhspan(best - BAND - 0.5, best + BAND + 0.5, color="tab:green", alpha=0.15, label=f"best {best} +- {BAND}")
+        ax.axvline(SETTLE_ITERATIONS, color="grey", ls="--", lw=1)
+        for _, row in mine.iterrows():
+            trace = [int(d) for d in row.trace.split()]
+            ax.step(range(len(trace)), trace, where="post", lw=1, label=f"client {row.client}, repeat {row.repeat}")
+        ax.set(title=f"RTT {rtt:g} ms", xlabel="iteration", ylabel="draft depth")
+        ax.legend(fontsize=7)
+        fixed = sweep[(sweep.rtt_ms == rtt) & (sweep.depth != "auto")].assign(depth=lambda d: d.depth.astype(int))
+        by = fixed.groupby("depth").itl_ms.agg(["mean", "min", "max"])
+        ax = axes[1, j]
+        ax.errorbar(by.index, by["mean"], yerr=[by["mean"] - by["min"], by["max"] - by["mean"]], marker="o", capsize=3)
+        auto = sweep[(sweep.rtt_ms == rtt) & (sweep.depth == "auto")].itl_ms
+        ax.axhline(auto.mean(), color="tab:red", ls=":", label="auto (mean)")
+        ax.set(xlabel="fixed depth", ylabel="ITL, ms")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure_atomic(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    own, bench = parse_args(argv)
+    load0 = os.getloadavg()[0]
+    sweep, traces = run(own, bench)
+    result = assess(sweep, traces)
+    write_csv_atomic(sweep, own.out / "sweep.csv")
+    write_csv_atomic(traces, own.out / "traces.csv")
+    write_csv_atomic(result, own.out / "depth_settle.csv")
+    cmd = "python -m experiments.depth_settle " + " ".join(argv if argv is not None else sys.argv[1:])
+    md = markdown(own, bench, cmd, sweep, result, (load0, os.getloadavg()[0]))
+    write_text_atomic(own.out / "depth_settle.md", md)
+    plot(sweep, result, own.out / "depth_settle.png")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""experiments.depth_settle: the live depth controller against a depth sweep (its analysis on
+hand-made sweeps and iteration logs, its argument checks, and the entry point end to end)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.depth_settle import assess, best_depth, client_traces, parse_args, settled_after
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize(("trace", "best", "after"), [
+    ([5, 5, 5], 5, 0),                    # in the band from the first iteration
+    ([1, 8, 4, 6, 5, 6, 4], 5, 2),        # 4, 6 and 5 are all within +-1
+    ([5, 5, 8, 5], 5, 3),                 # a late excursion restarts the count
+    ([5, 5, 7], 5, None),                 # ends outside: never settled
+    ([], 5, None),
+])
+def test_settled_after_counts_the_iterations_before_the_last_stretch_in_the_band(trace, best, after):
+    assert settled_after(trace, best) == after
+
+
+def test_settled_after_honours_the_band_width():
+    assert settled_after([1, 3, 3], 5, band=2) == 1 and settled_after([1, 3, 3], 5, band=1) is None
+
+
+def _log(request_id, iteration, depth, emitted):
+    return {"request_id": request_id, "iteration": iteration, "depth": depth, "emitted": emitted}
+
+
+def test_client_traces_order_each_clients_requests_and_flag_the_token_limits_depths():
+    # client 0: request 0 of 10 tokens (4 + 1, 3 + 1: then 1 token left -> depth 0, capped); request 1 after it;
+    # client 1's log comes first and out of order
+    logs = [_log("c1r0", 1, 2, 3), _log("c1r0", 0, 4, 5),
+            _log("c0r1", 0, 6, 7), _log("c0r0", 0, 4, 5), _log("c0r0", 1, 3, 4), _log("c0r0", 2, 0, 1)]
+    traces = client_traces(logs, max_new_tokens=10)
+    assert traces[0] == [(4, False), (3, False), (0, True), (6, False)]
+    # client 1: after 5 tokens 5 are left, so depth 4 would be the cap; it drafted 2 (the controller's)
+    assert traces[1] == [(4, False), (2, False)]
+    capped = client_traces([_log("c0r0", 0, 4, 5), _log("c0r0", 1, 4, 5)], max_new_tokens=10)[0]
+    assert capped == [(4, False), (4, True)]  # 5 left: depth 4 is the limit's
+
+
+def _sweep(itl_by_depth: dict[int, list[float]], rtt: float = 5.0, auto_itl: float = 10.0) -> pd.DataFrame:
+    rows = [{"repeat": r, "rtt_ms": rtt, "depth": str(d), "itl_ms": itl} for d, itls in itl_by_depth.items() for r, itl in enumerate(itls)]
+    rows += [{"repeat": r, "rtt_ms": rtt, "depth": "auto", "itl_ms": auto_itl} for r in range(len(next(iter(itl_by_depth.values()))))]
+    return pd.DataFrame(rows)
+
+
+def test_best_depth_is_the_lowest_mean_itl_and_ties_are_overlapping_ranges():
+    sweep = _sweep({1: [20.0, 22.0], 4: [10.0, 12.0], 5: [11.5, 12.5], 8: [13.0, 14.0]})
+    best, itl, tied = best_depth(sweep[sweep.depth != "auto"].assign(depth=lambda d: d.depth.astype(int)))
+    assert (best, itl, tied) == (4, 11.0, [4, 5])  # 5's range [11.5, 12.5] overlaps [10, 12]; 8's does not
+
+
+def _traces(rtt: float, by_client: dict[int, list[int]], repeat: int = 0, capped_tail: int = 0) -> pd.DataFrame:
+    rows = []
+    for client, trace in by_client.items():
+        rows += [{"repeat": repeat, "rtt_ms": rtt, "client": client, "position": i, "depth": d, "capped": i >= len(trace) - capped_tail}
+                 for i, d in enumerate(trace)]
+    return pd.DataFrame(rows)
+
+
+def test_assess_judges_each_trace_against_the_sweeps_best_after_20_iterations():
+    sweep = _sweep({2: [15.0], 5: [10.0], 8: [14.0]})
+    settles = [4, 8, 2, 4] + [5] * 17 + [6, 4, 5]             # in the band from iteration 3 on (4 is within +-1): met
+    late = [4] * 5 + [8] * 17 + [5] * 5                          # enters the band at 22 > 20: not met
+    short = [5] * 20                                             # 20 iterations: too short to judge
+    wanders = [5] * 30 + [8]                                     # ends outside the band
+    out = assess(sweep, _traces(5.0, {0: settles, 1: late, 2: short, 3: wanders})).set_index("client")
+    assert (out.best_depth == 5).all() and out.loc[0, "settled_after"] == 3 and out.loc[0, "met"]
+    assert out.loc[1, "settled_after"] == 22 and not out.loc[1, "met"]
+    assert out.loc[2, "too_short"] and not out.loc[2, "met"] and out.loc[2, "settled_after"] == 0
+    assert pd.isna(out.loc[3, "settled_after"]) and not out.loc[3, "met"]
+    assert out.loc[0, "depth_at_20"] == 5 and out.loc[0, "in_band_after_20"] == 1.0 and out.loc[3, "in_band_after_20"] == pytest.approx(10 / 11)
+    assert out.loc[0, "auto_itl_ms"] == 10.0
+
+
+def test_assess_leaves_out_the_depths_the_token_limit_set():
+    sweep = _sweep({5: [10.0], 8: [12.0]})
+    trace = [5] * 25 + [2, 1, 0]  # the last three capped by the token limit: not the controller's
+    out = assess(sweep, _traces(5.0, {0: trace}, capped_tail=3))
+    assert out.loc[0, "iterations"] == 25 and out.loc[0, "settled_after"] == 0 and out.loc[0, "met"]
+    uncapped = assess(sweep, _traces(5.0, {0: trace}))
+    assert pd.isna(uncapped.loc[0, "settled_after"]) and not uncapped.loc[0, "met"]  # the guard the flag exists for
+
+
+@pytest.mark.parametrize("args", [["--depths", "0,1"], ["--depths", "2,2"], ["--repeats", "0"], ["--rtt-ms", "-1"], ["--clients", "0"],
+                                  ["--max-new-tokens", "1"], ["--depth-probe", "sideways"]])
+def test_bad_arguments_fail_fast(args, tmp_path):
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(tmp_path), *args])
+
+
+def test_unnamed_options_reach_the_split_runs(tmp_path):
+    own, bench = parse_args(["--out", str(tmp_path), "--rtt-ms", "5,20", "--jitter-ms", "0", "--depth-probe", "cheaper", "--pin-cpus", "off"])
+    assert bench.rtt_ms == [5.0, 20.0] and bench.jitter_ms == 0.0 and bench.depth_probe == "cheaper" and bench.cpu_pair is None
+    assert own.depths == list(range(1, 9)) and bench.clients == [own.clients] and bench.max_new_tokens == own.max_new_tokens
+
+
+@pytest.mark.slow
+def test_depth_settle_end_to_end(pair, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "experiments.depth_settle", "--out", str(tmp_path), "--preset", "tiny", "--rtt-ms", "5",
+                          "--depths", "1,2", "--max-new-tokens", "40", "--repeats", "1"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    sweep, traces, result = (pd.read_csv(tmp_path / f) for f in ("sweep.csv", "traces.csv", "depth_settle.csv"))
+    assert sorted(sweep.depth.astype(str)) == ["1", "2", "auto"] and len(result) == 2  # one trace per client
+    assert set(traces.client) == {0, 1} and (result.best_depth.isin([1, 2])).all()
+    for _, row in result.iterrows():  # the trace column is the auto run's uncapped iterations, in order
+        mine = traces[(traces.client == row.client) & ~traces.capped].sort_values("position")
+        assert row.trace.split() == [str(d) for d in mine.depth] and row.iterations == len(mine)
+    assert (tmp_path / "depth_settle.png").stat().st_size > 0 and "Target" in (tmp_path / "depth_settle.md").read_text()
