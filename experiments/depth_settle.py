@@ -8,6 +8,7 @@ and the edge process over loopback, as ``experiments.split_bench`` runs them.
 
     python -m experiments.depth_settle --out results/depth_settle
     python -m experiments.depth_settle --out /tmp/ds --preset tiny --rtt-ms 5 --depths 1,2 --max-new-tokens 16 --repeats 1  # a smoke run
+    python -m experiments.depth_settle --report results/depth_settle/greedy   # rebuild a run's report from its CSVs
 
 For every RTT, and every repeat: one run at each fixed depth of ``--depths`` (the sweep) and one
 with ``--depth auto`` (the controller, started as ``runtime.edge`` starts it: depth 4, acceptance
@@ -38,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -72,11 +75,16 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse
     ap.add_argument("--requests", type=int, default=1, help="requests per client (its controller is kept across them)")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="tokens per request (enough for > 20 iterations at depth 8)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="the edge's sampling temperature (runtime.edge --temperature; 0: greedy). Sampling lowers acceptance "
+                         "(sample-and-match), which moves the best depth inside the range")
     own, rest = ap.parse_known_args(argv)
     if not own.depths or min(own.depths) < 1 or len(set(own.depths)) != len(own.depths):
         raise SystemExit(f"--depths must be distinct integers >= 1, got {own.depths}")
     if own.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {own.repeats}")
+    if not 0 <= own.temperature < math.inf:
+        raise SystemExit(f"--temperature must be a finite number >= 0, got {own.temperature}")
     bench = split_bench.parse_args(["--out", str(own.out), "--rtt-ms", own.rtt_ms, "--clients", str(own.clients), "--cohorts", str(own.cohorts),
                                     "--proactive", own.proactive, "--requests", str(own.requests), "--max-new-tokens", str(own.max_new_tokens),
                                     "--repeats", str(own.repeats), *rest])
@@ -143,6 +151,19 @@ def assess(sweep: pd.DataFrame, traces: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def by_rtt(result: pd.DataFrame) -> pd.DataFrame:
+    """One row per RTT: the sweep's best depth, how many traces met the target, and what the
+    controller's depths cost against the best fixed depth (``auto_vs_best_itl``: ITL ratio)."""
+    rows = []
+    for rtt, r in result.groupby("rtt_ms"):
+        judged = r[~r.too_short]
+        rows.append({"rtt_ms": rtt, "best_depth": int(r.best_depth.iloc[0]), "tied_depths": r.tied_depths.iloc[0],
+                     "traces_met": f"{int(judged.met.sum())} of {len(judged)}", "settled_after_max": judged.settled_after.max(),
+                     "mean_depth_after_20": judged.mean_depth_after_20.mean(), "in_band_after_20": judged.in_band_after_20.mean(),
+                     "auto_vs_best_itl": r.auto_itl_ms.mean() / r.best_itl_ms.iloc[0]})
+    return pd.DataFrame(rows)
+
+
 def run(own: argparse.Namespace, bench: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every (repeat, RTT, depth) run; returns the per-run table and the auto runs' iterations."""
     runs, iterations = [], []
@@ -151,7 +172,8 @@ def run(own: argparse.Namespace, bench: argparse.Namespace) -> tuple[pd.DataFram
         folder = own.out / "runs" / f"rtt{rtt:g}_depth-{depth}_repeat{repeat}"
         folder.mkdir(parents=True, exist_ok=True)
         load, t0 = os.getloadavg()[0], time.perf_counter()
-        result = split_bench.split_run(argparse.Namespace(**{**vars(bench), "depth": depth}), rtt, own.proactive, own.cohorts, own.clients, folder)
+        result = split_bench.split_run(argparse.Namespace(**{**vars(bench), "depth": depth}), rtt, own.proactive, own.cohorts, own.clients, folder,
+                                      edge_flags=["--temperature", str(own.temperature)])
         edge = result["edge"]
         runs.append({"repeat": repeat, "rtt_ms": rtt, "depth": depth, "itl_ms": edge["itl_ms"], "mean_depth": edge["mean_depth"],
                      "accepted_per_iteration": edge["accepted_per_iteration"], "network_ms": edge["network_ms"],
@@ -167,7 +189,8 @@ def run(own: argparse.Namespace, bench: argparse.Namespace) -> tuple[pd.DataFram
     return pd.DataFrame(runs), pd.DataFrame(iterations, columns=["repeat", "rtt_ms", "client", "position", "depth", "capped"])
 
 
-def markdown(own: argparse.Namespace, bench: argparse.Namespace, cmd: str, sweep: pd.DataFrame, result: pd.DataFrame, load: tuple[float, float]) -> str:
+def markdown(own: argparse.Namespace, bench: argparse.Namespace, cmd: str, sweep: pd.DataFrame, result: pd.DataFrame, load: str) -> str:
+    """The report; ``load``: a sentence on the host's load while the runs ran."""
     fixed = sweep[sweep.depth != "auto"].assign(depth=lambda d: d.depth.astype(int))
     curve = fixed.pivot_table(index="depth", columns="rtt_ms", values="itl_ms", aggfunc="mean")
     curve.columns = [f"ITL ms at {c:g} ms RTT" for c in curve.columns]
@@ -178,14 +201,18 @@ def markdown(own: argparse.Namespace, bench: argparse.Namespace, cmd: str, sweep
         f"Command: `{cmd}`",
         "",
         f"Pair: {'path ' + str(bench.pair) if bench.pair else bench.preset}, {bench.device} {bench.dtype}; {own.clients} edge client(s), "
-        f"{own.cohorts} cohort(s), proactive drafting {own.proactive}, {own.requests} request(s) x {own.max_new_tokens} tokens per client, "
+        f"{own.cohorts} cohort(s), proactive drafting {own.proactive}, {'greedy' if own.temperature == 0 else f'sampling at temperature {own.temperature:g}'}, {own.requests} request(s) x {own.max_new_tokens} tokens per client, "
         f"jitter {bench.jitter_ms:g} ms, {bench.bandwidth_mbps:g} Mbit/s, batching window {bench.window_ms:g} ms; "
         f"{'server and edge pinned to a core each' if bench.cpu_pair else 'processes not pinned'}; {own.repeats} repeat(s) of the whole grid. "
-        f"Host: {os.cpu_count()} CPUs, 1-minute load average {load[0]:.1f} at the start and {load[1]:.1f} at the end (per run: sweep.csv).",
+        f"Host: {os.cpu_count()} CPUs; {load} (per run: sweep.csv).",
         "",
         f"**Target** (issue #14): the controller settles within +-{BAND} of the sweep's best depth within {SETTLE_ITERATIONS} iterations. "
         f"Met by **{met} of {counted}** client traces long enough to judge"
         + (f" ({int(result.too_short.sum())} too short)" if result.too_short.any() else "") + ".",
+        "",
+        "## By RTT",
+        "",
+        by_rtt(result).to_markdown(index=False, floatfmt=".3g"),
         "",
         "## The sweep (mean ITL over the repeats, fixed depths)",
         "",
@@ -217,8 +244,8 @@ def plot(sweep: pd.DataFrame, result: pd.DataFrame, path: Path) -> Path:
         ax.axhspan(best - BAND - 0.5, best + BAND + 0.5, color="tab:green", alpha=0.15, label=f"best {best} +- {BAND}")
         ax.axvline(SETTLE_ITERATIONS, color="grey", ls="--", lw=1)
         for _, row in mine.iterrows():
-            trace = [int(d) for d in row.trace.split()]
-            ax.step(range(len(trace)), trace, where="post", lw=1, label=f"client {row.client}, repeat {row.repeat}")
+            trace = [int(d) for d in str(row["trace"]).split()]
+            ax.step(range(len(trace)), trace, where="post", lw=1, label=f"client {row['client']}, repeat {row['repeat']}")
         ax.set(title=f"RTT {rtt:g} ms", xlabel="iteration", ylabel="draft depth")
         ax.legend(fontsize=7)
         fixed = sweep[(sweep.rtt_ms == rtt) & (sweep.depth != "auto")].assign(depth=lambda d: d.depth.astype(int))
@@ -233,7 +260,34 @@ def plot(sweep: pd.DataFrame, result: pd.DataFrame, path: Path) -> Path:
     return save_figure_atomic(fig, path)
 
 
+def report(folder: Path) -> str:
+    """Rebuild ``depth_settle.csv``, ``.md`` and ``.png`` of a finished run from its ``sweep.csv`` and
+    ``traces.csv`` with this code (the run's settings: the command its markdown records)."""
+    md_path = folder / "depth_settle.md"
+    first = md_path.read_text().split("Command: `", 1)[1].split("`", 1)[0] if md_path.is_file() else ""
+    if not first.startswith("python -m experiments.depth_settle"):
+        raise SystemExit(f"--report needs a finished run's folder (depth_settle.md naming its command), got {str(folder)!r}")
+    argv = shlex.split(first)[3:]
+    i = argv.index("--out")
+    own, bench = parse_args([*argv[:i], "--out", str(folder), *argv[i + 2 :]])
+    sweep, traces = pd.read_csv(folder / "sweep.csv", dtype={"depth": str}), pd.read_csv(folder / "traces.csv")
+    result = assess(sweep, traces)
+    write_csv_atomic(result, folder / "depth_settle.csv")
+    load = f"1-minute load average {sweep.host_load_1min.iloc[0]:.1f} at the first run's start and {sweep.host_load_1min.iloc[-1]:.1f} at the last's"
+    md = markdown(own, bench, first, sweep, result, load).replace(
+        f"Command: `{first}`", f"Command: `{first}`\n\nReport rebuilt from its CSVs: `python -m experiments.depth_settle --report {folder}`", 1)
+    write_text_atomic(md_path, md)
+    plot(sweep, result, folder / "depth_settle.png")
+    return md
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--report"]:
+        if len(argv) != 2:
+            raise SystemExit("usage: python -m experiments.depth_settle --report DIR")
+        print(report(Path(argv[1])))
+        return
     own, bench = parse_args(argv)
     load0 = os.getloadavg()[0]
     sweep, traces = run(own, bench)
@@ -241,8 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     write_csv_atomic(sweep, own.out / "sweep.csv")
     write_csv_atomic(traces, own.out / "traces.csv")
     write_csv_atomic(result, own.out / "depth_settle.csv")
-    cmd = "python -m experiments.depth_settle " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = markdown(own, bench, cmd, sweep, result, (load0, os.getloadavg()[0]))
+    cmd = "python -m experiments.depth_settle " + shlex.join(argv)
+    md = markdown(own, bench, cmd, sweep, result, f"1-minute load average {load0:.1f} at the start and {os.getloadavg()[0]:.1f} at the end")
     write_text_atomic(own.out / "depth_settle.md", md)
     plot(sweep, result, own.out / "depth_settle.png")
     print(md)

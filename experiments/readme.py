@@ -119,6 +119,7 @@ SECTIONS = {
                                            (RESULTS / "split_bench" / "verify_vs_engine.md").read_text().strip()]
                                           if (RESULTS / "split_bench" / "verify_vs_engine.md").exists() else [])]),
     "gpu_check": lambda: gpu_check_summary(),
+    "depth_settle": lambda: depth_settle_summary(),
     "split_sim_vs_real": lambda: _body(RESULTS / "split_sim_vs_real" / "summary.md"),
     "tune": lambda: _body(RESULTS / "tune" / "summary.md"),
     "tune_compare": lambda: "\n\n".join(_body(p) for p in sorted((RESULTS / "tune").glob("compare*.md"))),
@@ -129,6 +130,16 @@ def _table_with(path: Path, *prefixes: str) -> str:
     """The first markdown table of a generated file, followed by its lines that start with ``prefixes``."""
     extra = [line for line in path.read_text().splitlines() if line.startswith(prefixes)]
     return "\n\n".join([_table(path), *extra])
+
+
+def depth_settle_summary() -> str:
+    """Both live depth-controller runs (greedy; sampling at temperature 1): the target line and the by-RTT table."""
+    parts = []
+    for name, label in (("greedy", "Greedy decoding"), ("temperature1", "Sampling at temperature 1")):
+        path = RESULTS / "depth_settle" / name / "depth_settle.md"
+        target = next(line for line in path.read_text().splitlines() if line.startswith("**Target**"))
+        parts += [f"{label} (`results/depth_settle/{name}`). {target}", _table(path)]
+    return "\n\n".join(parts)
 
 
 def gpu_check_summary() -> str:

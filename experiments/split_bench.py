@@ -118,6 +118,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -263,8 +264,9 @@ def _pair_flags(args, edge: bool = False) -> list[str]:
     return [*(["--pair", str(args.pair)] if args.pair else ["--preset", args.preset]), "--device", device, "--dtype", dtype, *pin]
 
 
-def split_run(args, rtt: float, proactive: str, cohorts: int, clients: int, folder: Path) -> dict:
-    """One server process + one edge process on loopback; returns the edge summary and server stats."""
+def split_run(args, rtt: float, proactive: str, cohorts: int, clients: int, folder: Path, edge_flags: Sequence[str] = ()) -> dict:
+    """One server process + one edge process on loopback; returns the edge summary and server stats.
+    ``edge_flags``: more ``runtime.edge`` arguments (e.g. ``--temperature``; :mod:`experiments.depth_settle`)."""
     server_cmd = [sys.executable, "-m", "runtime.split_server", *_pair_flags(args), "--port", "0", "--threads", "1", "--cohorts", str(cohorts),
                   "--window-ms", str(args.window_ms), "--idle-exit-s", "1", "--stats-out", str(folder / "server.json")]
     server = subprocess.Popen(server_cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -279,7 +281,7 @@ def split_run(args, rtt: float, proactive: str, cohorts: int, clients: int, fold
         edge_cmd = [sys.executable, "-m", "runtime.edge", *_pair_flags(args, edge=True), "--server", addr, "--threads", "1", "--clients", str(clients),
                     "--requests", str(args.requests), "--max-new-tokens", str(args.max_new_tokens), "--rtt-ms", str(rtt),
                     "--jitter-ms", str(args.jitter_ms), "--bandwidth-mbps", str(args.bandwidth_mbps), "--proactive", proactive,
-                    "--depth", str(args.depth), "--shared-device", args.shared_device, "--proactive-priority", args.proactive_priority, "--depth-probe", args.depth_probe, "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json")]
+                    "--depth", str(args.depth), "--shared-device", args.shared_device, "--proactive-priority", args.proactive_priority, "--depth-probe", args.depth_probe, "--log", str(folder / "iterations.jsonl"), "--summary", str(folder / "edge.json"), *edge_flags]
         edge = subprocess.run(edge_cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=args.timeout_s)
         if edge.returncode != 0:
             raise RuntimeError(f"the edge failed ({edge.returncode}): {edge.stderr[-1500:]}")

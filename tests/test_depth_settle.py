@@ -1,6 +1,7 @@
 """experiments.depth_settle: the live depth controller against a depth sweep (its analysis on
 hand-made sweeps and iteration logs, its argument checks, and the entry point end to end)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def test_assess_leaves_out_the_depths_the_token_limit_set():
 
 
 @pytest.mark.parametrize("args", [["--depths", "0,1"], ["--depths", "2,2"], ["--repeats", "0"], ["--rtt-ms", "-1"], ["--clients", "0"],
-                                  ["--max-new-tokens", "1"], ["--depth-probe", "sideways"]])
+                                  ["--max-new-tokens", "1"], ["--depth-probe", "sideways"], ["--temperature", "-1"],
+                                  ["--temperature", "nan"]])
 def test_bad_arguments_fail_fast(args, tmp_path):
     with pytest.raises(SystemExit):
         parse_args(["--out", str(tmp_path), *args])
@@ -104,10 +106,17 @@ def test_unnamed_options_reach_the_split_runs(tmp_path):
     assert own.depths == list(range(1, 9)) and bench.clients == [own.clients] and bench.max_new_tokens == own.max_new_tokens
 
 
+def test_report_refuses_a_folder_that_holds_no_run(tmp_path):
+    from experiments.depth_settle import main
+
+    with pytest.raises(SystemExit, match="finished run"):
+        main(["--report", str(tmp_path)])
+
+
 @pytest.mark.slow
 def test_depth_settle_end_to_end(pair, tmp_path):
     res = subprocess.run([sys.executable, "-m", "experiments.depth_settle", "--out", str(tmp_path), "--preset", "tiny", "--rtt-ms", "5",
-                          "--depths", "1,2", "--max-new-tokens", "40", "--repeats", "1"],
+                          "--depths", "1,2", "--max-new-tokens", "40", "--repeats", "1", "--temperature", "0.8"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     sweep, traces, result = (pd.read_csv(tmp_path / f) for f in ("sweep.csv", "traces.csv", "depth_settle.csv"))
@@ -116,4 +125,14 @@ def test_depth_settle_end_to_end(pair, tmp_path):
     for _, row in result.iterrows():  # the trace column is the auto run's uncapped iterations, in order
         mine = traces[(traces.client == row.client) & ~traces.capped].sort_values("position")
         assert row.trace.split() == [str(d) for d in mine.depth] and row.iterations == len(mine)
-    assert (tmp_path / "depth_settle.png").stat().st_size > 0 and "Target" in (tmp_path / "depth_settle.md").read_text()
+    md = (tmp_path / "depth_settle.md").read_text()
+    assert (tmp_path / "depth_settle.png").stat().st_size > 0 and "Target" in md and "sampling at temperature 0.8" in md
+    for run in (tmp_path / "runs").iterdir():  # every run's edge sampled at the temperature asked for
+        assert json.loads((run / "edge.json").read_text())["config"]["temperature"] == 0.8
+    # the report rebuilt from the CSVs (the settings from the command the markdown records) is the run's own
+    before = (tmp_path / "depth_settle.csv").read_text()
+    res = subprocess.run([sys.executable, "-m", "experiments.depth_settle", "--report", str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "depth_settle.csv").read_text() == before
+    rebuilt = (tmp_path / "depth_settle.md").read_text()
+    assert "Report rebuilt from its CSVs" in rebuilt and rebuilt.split("## By RTT")[1] == md.split("## By RTT")[1]
