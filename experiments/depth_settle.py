@@ -55,6 +55,7 @@ from experiments import split_bench
 
 SETTLE_ITERATIONS = 20  #: the issue's horizon: the controller may roam this many iterations
 BAND = 1  #: the issue's tolerance: within +-1 of the sweep's best depth
+MAX_DEPTH = 8  #: runtime.edge's --max-depth default: the controller's range and the largest fixed depth the edge accepts
 
 
 def _ints(text: str) -> list[int]:
@@ -68,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rtt-ms", default="5,20,40", help="comma-separated RTTs, ms")
-    ap.add_argument("--depths", type=_ints, default=list(range(1, 9)), help="the sweep's fixed depths (the controller's range is runtime.edge's 1..8)")
+    ap.add_argument("--depths", type=_ints, default=list(range(1, MAX_DEPTH + 1)), help="the sweep's fixed depths (the controller's range is runtime.edge's 1..8)")
     ap.add_argument("--clients", type=int, default=2, help="edge clients (one per cohort with 2 cohorts: SpecEdge's own setting)")
     ap.add_argument("--cohorts", type=int, default=2)
     ap.add_argument("--proactive", choices=["on", "off"], default="on")
@@ -79,8 +80,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse
                     help="the edge's sampling temperature (runtime.edge --temperature; 0: greedy). Sampling lowers acceptance "
                          "(sample-and-match), which moves the best depth inside the range")
     own, rest = ap.parse_known_args(argv)
-    if not own.depths or min(own.depths) < 1 or len(set(own.depths)) != len(own.depths):
-        raise SystemExit(f"--depths must be distinct integers >= 1, got {own.depths}")
+    if not own.depths or min(own.depths) < 1 or max(own.depths) > MAX_DEPTH or len(set(own.depths)) != len(own.depths):
+        raise SystemExit(f"--depths must be distinct integers in [1, {MAX_DEPTH}], got {own.depths}")
     if own.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {own.repeats}")
     if not 0 <= own.temperature < math.inf:
@@ -158,7 +159,9 @@ def by_rtt(result: pd.DataFrame) -> pd.DataFrame:
     for rtt, r in result.groupby("rtt_ms"):
         judged = r[~r.too_short]
         rows.append({"rtt_ms": rtt, "best_depth": int(r.best_depth.iloc[0]), "tied_depths": r.tied_depths.iloc[0],
-                     "traces_met": f"{int(judged.met.sum())} of {len(judged)}", "settled_after_max": judged.settled_after.max(),
+                     "traces_met": f"{int(judged.met.sum())} of {len(judged)}",
+                     # the slowest trace's settling (never: some trace ends outside the band)
+                     "settled_after_worst": "never" if judged.settled_after.isna().any() else int(judged.settled_after.max()),
                      "mean_depth_after_20": judged.mean_depth_after_20.mean(), "in_band_after_20": judged.in_band_after_20.mean(),
                      "auto_vs_best_itl": r.auto_itl_ms.mean() / r.best_itl_ms.iloc[0]})
     return pd.DataFrame(rows)

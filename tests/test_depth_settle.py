@@ -92,12 +92,22 @@ def test_assess_leaves_out_the_depths_the_token_limit_set():
     assert pd.isna(uncapped.loc[0, "settled_after"]) and not uncapped.loc[0, "met"]  # the guard the flag exists for
 
 
-@pytest.mark.parametrize("args", [["--depths", "0,1"], ["--depths", "2,2"], ["--repeats", "0"], ["--rtt-ms", "-1"], ["--clients", "0"],
+@pytest.mark.parametrize("args", [["--depths", "0,1"], ["--depths", "2,2"], ["--depths", "8,9"], ["--repeats", "0"], ["--rtt-ms", "-1"], ["--clients", "0"],
                                   ["--max-new-tokens", "1"], ["--depth-probe", "sideways"], ["--temperature", "-1"],
                                   ["--temperature", "nan"]])
 def test_bad_arguments_fail_fast(args, tmp_path):
     with pytest.raises(SystemExit):
         parse_args(["--out", str(tmp_path), *args])
+
+
+def test_by_rtt_names_a_trace_that_never_settles():
+    from experiments.depth_settle import by_rtt
+
+    sweep = _sweep({5: [10.0], 8: [12.0]})
+    result = assess(sweep, _traces(5.0, {0: [5] * 25, 1: [4] * 22 + [5] * 3, 2: [5] * 24 + [8]}))
+    row = by_rtt(result).iloc[0]
+    assert row.traces_met == "2 of 3" and row.settled_after_worst == "never" and row.best_depth == 5
+    assert by_rtt(result[result.client < 2]).iloc[0].settled_after_worst == 0
 
 
 def test_unnamed_options_reach_the_split_runs(tmp_path):
