@@ -45,7 +45,7 @@ declare -A FILES TESTS GLOBS TIMEOUT
 TIMEOUT[envs]=15
 TIMEOUT[agents]=2
 FILES[envs]="envs/cost_model.py envs/feasibility.py envs/plan_builder.py envs/outcome.py envs/actions.py envs/edge_schedule.py"
-TESTS[envs]="tests/test_golden.py tests/test_binding.py tests/test_env_actions.py tests/test_feasibility.py tests/test_env.py tests/test_fidelity.py"
+TESTS[envs]="tests/test_golden.py tests/test_binding.py tests/test_env_actions.py tests/test_feasibility.py tests/test_env.py tests/test_fidelity.py tests/test_plan_builder_mutants.py tests/test_cost_model_mutants.py tests/test_outcome_mutants.py"
 GLOBS[envs]="envs.cost_model.* envs.feasibility.* envs.plan_builder.* envs.outcome.* envs.actions.* envs.edge_schedule.x_action_index__mutmut_* envs.edge_schedule.x_action_indices__mutmut_* envs.edge_schedule.xǁEdgeScheduleEnvǁstep__mutmut_* envs.edge_schedule.xǁEdgeScheduleVectorEnvǁstep__mutmut_*"
 FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py agents/exact_search.py"
 # the agents group runs only fast tests with exact expected values (brute force on tiny rounds,
