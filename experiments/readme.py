@@ -105,7 +105,6 @@ SECTIONS = {
     "optimality": lambda: _body(RESULTS / "optimality.md"),  # both tables (BALANCE; learned policies)
     "train_speed": lambda: _table_with(RESULTS / "train_speed.md", "Target", "Reproduce"),
     "mutation": lambda: _table_with(RESULTS / "mutation.md", "Produced by"),
-    "mutation_split": lambda: _table_with(RESULTS / "mutation_split.md", "Produced by"),
     "coverage": lambda: _table_with(RESULTS / "coverage.md", "Produced by", "pytest exit"),
     "specedge": lambda: _between(RESULTS / "specedge" / "specedge.md", "## Against the published", "## Gain vs RTT").replace("## ", "#### "),
     "specedge_hybrid": specedge_hybrid,
