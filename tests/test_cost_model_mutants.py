@@ -36,18 +36,19 @@ def approx(x):
 # ------------------------------------------------------------------ expected tokens per iteration
 def test_alpha_at_the_threshold_uses_the_closed_form():
     """The shortcut ``E = gamma + 1`` is strictly above ``1 - 1e-9``: at the threshold itself E is the
-    closed form ``(1 - a^(g+1)) / (1 - a)``. At depth 15 that is just below 16 in floats, so 16
-    tokens need 2 iterations there (the shortcut would give exactly 1), in both forms."""
-    a, g = THRESHOLD, 15
+    closed form ``(1 - a^(g+1)) / (1 - a)``. At depth 1000 that is 1001 - 5e-4 (far beyond the formula's
+    rounding, ~1e-7 there, which differs between Python's and numpy's power and between hosts), so 1001
+    tokens need 2 iterations (the shortcut would give exactly 1), in both forms."""
+    a, g = THRESHOLD, 1000
     closed = (1.0 - a ** (g + 1.0)) / (1.0 - a)
-    assert closed < g + 1.0  # the float closed form differs from the shortcut at this depth
-    assert float(expected_tokens_per_iteration(a, g)) == closed
-    assert int(sd_iterations(16, a, g)) == 2
-    assert sd_iterations1(16, a, g) == 2
-    # one ulp above the threshold is "near one": exactly gamma + 1 tokens, one iteration for 16
+    assert closed < g + 1.0 - 1e-4  # the closed form is well below the shortcut at this depth
+    assert float(expected_tokens_per_iteration(a, g)) == pytest.approx(closed, rel=1e-9)
+    assert int(sd_iterations(g + 1, a, g)) == 2
+    assert sd_iterations1(g + 1, a, g) == 2
+    # one ulp above the threshold is "near one": exactly gamma + 1 tokens, one iteration for g + 1
     above = math.nextafter(a, 2.0)
-    assert float(expected_tokens_per_iteration(above, g)) == 16.0
-    assert int(sd_iterations(16, above, g)) == 1 and sd_iterations1(16, above, g) == 1
+    assert float(expected_tokens_per_iteration(above, g)) == g + 1.0
+    assert int(sd_iterations(g + 1, above, g)) == 1 and sd_iterations1(g + 1, above, g) == 1
 
 
 def test_expected_tokens_are_float64_for_a_float32_acceptance():
