@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 import pytest
+from builder_cases import TwiceSdParts, add_special_users
 from golden_round import golden_cost, make_round
 
 from envs.config import EnvConfig
@@ -39,18 +40,6 @@ def tight(p, n_users: float):
     """The profile with room for both models' weights and about ``n_users`` SD users' KV."""
     kv_user = 300 * CostModel(p).kv_sd
     return p.with_memory(p.device.reserve_bytes + p.llm.weight_bytes + p.slm.weight_bytes + n_users * kv_user)
-
-
-class TwiceSdParts(CostModel):
-    """SD twice as slow through ``sd_parts1`` alone (so ``sd_time1``; not ``sd_parts_all1``) and the exact
-    check's ``sd_time``; x2 is exact in floats."""
-
-    def sd_parts1(self, b, s_max, n_max, gamma):
-        prefill, iteration = super().sd_parts1(b, s_max, n_max, gamma)
-        return 2.0 * prefill, 2.0 * iteration
-
-    def sd_time(self, b, s_max, n_max, j_max, gamma):
-        return 2.0 * super().sd_time(b, s_max, n_max, j_max, gamma)
 
 
 class TwiceSdMemory(CostModel):
@@ -86,15 +75,7 @@ def special_round(seed: int):
     """A sampled round with users certain to accept (alpha = 1, O = 60: a multiple of every g + 1) and
     users whose uplink uses their whole slack (budget exactly 0) or more."""
     rnd = sample_round(np.random.default_rng(9000 + seed), EnvConfig(num_users=K, max_gamma=G))
-    rng = np.random.default_rng(seed)
-    for i in rng.choice(K, size=3, replace=False):
-        rnd.alpha[i] = 1.0
-        rnd.output_tokens[i] = 60
-    zero, neg = rng.choice(K, size=2, replace=False)
-    rnd.downlink_s[[zero, neg]] = 0.0  # slack = deadline
-    rnd.deadline_s[zero] = rnd.uplink_s[zero]
-    rnd.deadline_s[neg] = 0.5 * rnd.uplink_s[neg]
-    return rnd
+    return add_special_users(rnd, np.random.default_rng(seed))
 
 
 def user_of(rnd, k: int):

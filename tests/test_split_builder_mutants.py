@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 import pytest
+from builder_cases import TwiceSdParts, add_special_users
 from split_rounds import PROFILE, G, decode, round_of, user_args
 
 from envs.cost_model import CostModel
@@ -44,15 +45,7 @@ def special_round(seed: int):
     """A round with users certain to accept (alpha = 1, output a multiple of every g + 1), users whose
     uplink uses their whole slack (budget exactly 0) or more, spread over the round."""
     rnd = round_of(K, 7000 + seed, edge_fraction=0.7)
-    rng = np.random.default_rng(seed)
-    for i in rng.choice(K, size=3, replace=False):
-        rnd.alpha[i] = 1.0
-        rnd.output_tokens[i] = 60
-    zero, neg = rng.choice(K, size=2, replace=False)
-    rnd.downlink_s[[zero, neg]] = 0.0  # slack = deadline
-    rnd.deadline_s[zero] = rnd.uplink_s[zero]
-    rnd.deadline_s[neg] = 0.5 * rnd.uplink_s[neg]
-    return rnd
+    return add_special_users(rnd, np.random.default_rng(seed))
 
 
 def walk(cost, split, rnd, rng, prefer=None):
@@ -91,17 +84,6 @@ def walk(cost, split, rnd, rng, prefer=None):
         assert plan.share == [rep.ad_share_min, rep.sd_share_min, rep.ed_share_min], t
         assert plan.mem == [rep.ad_memory_bytes, rep.sd_memory_bytes, rep.ed_memory_bytes], t
     return seen, blocked
-
-
-class TwiceSdParts(CostModel):
-    """SD twice as slow, through ``sd_parts1`` (so ``sd_time1``) and the exact check's ``sd_time``; x2 is exact in floats."""
-
-    def sd_parts1(self, b, s_max, n_max, gamma):
-        prefill, iteration = super().sd_parts1(b, s_max, n_max, gamma)
-        return 2.0 * prefill, 2.0 * iteration
-
-    def sd_time(self, b, s_max, n_max, j_max, gamma):
-        return 2.0 * super().sd_time(b, s_max, n_max, j_max, gamma)
 
 
 def calibrated(p):
