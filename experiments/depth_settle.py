@@ -57,15 +57,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from agents.artefacts import save_figure_atomic, write_csv_atomic, write_text_atomic
+from agents.artefacts import write_csv_atomic, write_text_atomic
 from experiments import split_bench
-from experiments.sweep_best import near_any, paired_best, paired_ratio
+from experiments.depth_settle_assess import assess, client_traces
+from experiments.depth_settle_report import markdown, plot
 
-SETTLE_ITERATIONS = 20  #: the issue's horizon: the controller may roam this many iterations
-BAND = 1  #: the issue's tolerance: within +-1 of the sweep's best depth
 MAX_DEPTH = 8  #: runtime.edge's --max-depth default: the controller's range and the largest fixed depth the edge accepts
 
 
@@ -91,6 +89,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse
                     help="the edge's --seed: 0 in every run (fixed: the repeats re-measure the same texts) or the repeat's number "
                          "(per-repeat: each repeat draws new texts -- what a sampling sweep needs; fixed is the default so that "
                          "earlier runs' commands reproduce them)")
+    ap.add_argument("--depth-hold", type=float, default=0.0,
+                    help="the auto runs' controller: runtime.edge --depth-hold (keep a near-best depth; 0: off)")
+    ap.add_argument("--depth-memory", type=float, default=0.98, help="the auto runs' controller: runtime.edge --depth-memory")
+    ap.add_argument("--sweep-from", type=Path, default=None, metavar="DIR",
+                    help="reuse the fixed-depth runs of a finished run in DIR (same settings but the controller's, and its "
+                         "requests.csv) and run only the controller: a controller variant against the same sweep and texts")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="the edge's sampling temperature (runtime.edge --temperature; 0: greedy). Sampling lowers acceptance "
                          "(sample-and-match), which moves the best depth inside the range")
@@ -101,126 +105,64 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, argparse
         raise SystemExit(f"--repeats must be >= 1, got {own.repeats}")
     if not 0 <= own.temperature < math.inf:
         raise SystemExit(f"--temperature must be a finite number >= 0, got {own.temperature}")
+    if not 0 <= own.depth_hold < 1 or not 0 < own.depth_memory <= 1:
+        raise SystemExit(f"--depth-hold must lie in [0, 1) (got {own.depth_hold}) and --depth-memory in (0, 1] (got {own.depth_memory})")
     bench = split_bench.parse_args(["--out", str(own.out), "--rtt-ms", own.rtt_ms, "--clients", str(own.clients), "--cohorts", str(own.cohorts),
                                     "--proactive", own.proactive, "--requests", str(own.requests), "--max-new-tokens", str(own.max_new_tokens),
                                     "--repeats", str(own.repeats), *rest])
     return own, bench
 
 
-def client_traces(logs: Sequence[dict], max_new_tokens: int) -> dict[int, list[tuple[int, bool]]]:
-    """Each client's iterations in order (request ``c{i}r{k}``: client i's k-th request), as
-    (drafted depth, capped): ``capped`` where the token limit set the depth (``runtime.split.edge_client``
-    drafts ``min(controller's depth, tokens left - 1)``: depth = tokens left - 1), not the controller."""
-    keyed: dict[int, list[tuple[int, int, int, int]]] = {}
-    for log in logs:
-        client, _, request = log["request_id"].lstrip("c").partition("r")
-        keyed.setdefault(int(client), []).append((int(request), int(log["iteration"]), int(log["depth"]), int(log["emitted"])))
-    traces = {}
-    for client, rows in sorted(keyed.items()):
-        trace, emitted, last = [], 0, None
-        for request, _, depth, new in sorted(rows):
-            emitted = 0 if request != last else emitted
-            trace.append((depth, depth == max_new_tokens - emitted - 1))
-            emitted, last = emitted + new, request
-        traces[client] = trace
-    return traces
+def controller_flags(own: argparse.Namespace, depth: str) -> list[str]:
+    """The ``runtime.edge`` flags of the controller's settings for an auto run (none for a fixed depth,
+    and none at their defaults, so the runs of earlier commands stay as they were)."""
+    if depth != "auto":
+        return []
+    return ([] if own.depth_hold == 0 else ["--depth-hold", str(own.depth_hold)]) + ([] if own.depth_memory == 0.98 else ["--depth-memory", str(own.depth_memory)])
 
 
-def settled_after(trace: Sequence[int], best: int | Sequence[int], band: int = BAND) -> int | None:
-    """How many leading iterations of ``trace`` come before the last stretch within ``best +- band``
-    that runs to its end (0: every iteration is in the band); None when its last iteration is not.
-    ``best`` may be several depths (the sweep's tied depths): within ``band`` of any of them."""
-    centres = [best] if isinstance(best, int) else list(best)
-    i = len(trace)
-    while i > 0 and near_any(trace[i - 1], centres, band):
-        i -= 1
-    return i if i < len(trace) else None
+CONTROLLER_OPTIONS = ("depth_hold", "depth_memory", "depth_probe")  #: settings that change only the auto runs
 
 
-def best_depth(sweep: pd.DataFrame) -> tuple[int, float, list[int]]:
-    """The fixed depth of lowest mean ITL, that ITL (ms), and the depths whose runs' ITL range
-    overlaps the best's (the best included)."""
-    by = sweep.groupby("depth").itl_ms.agg(["mean", "min", "max"])
-    best = int(by["mean"].idxmin())
-    lo, hi = by.loc[best, "min"], by.loc[best, "max"]
-    tied = sorted(int(d) for d, row in by.iterrows() if row["min"] <= hi and row["max"] >= lo)
-    return best, float(by.loc[best, "mean"]), tied
+def recorded_command(folder: Path) -> str:
+    """The command a finished run's markdown records (SystemExit when ``folder`` holds none)."""
+    md_path = folder / "depth_settle.md"
+    first = md_path.read_text().split("Command: `", 1)[1].split("`", 1)[0] if md_path.is_file() else ""
+    if not first.startswith("python -m experiments.depth_settle"):
+        raise SystemExit(f"need a finished run's folder (depth_settle.md naming its command), got {str(folder)!r}")
+    return first
 
 
-def assess(sweep: pd.DataFrame, traces: pd.DataFrame, requests: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per RTT and auto-run client trace: the sweep's best depth and the trace's settling.
-
-    With ``requests`` (one row per run and request: ``requests.csv``) the best depth, the tied
-    depths and the controller's ITL ratio come from the paired bootstrap over texts
-    (:mod:`experiments.sweep_best`); without (runs recorded before it) from the runs' mean ITLs,
-    ties by overlapping ITL ranges and no interval."""
-    rows = []
-    for rtt, fixed in sweep[sweep.depth != "auto"].groupby("rtt_ms"):
-        auto = sweep[(sweep.rtt_ms == rtt) & (sweep.depth == "auto")]
-        if requests is not None:
-            mine = requests[requests.rtt_ms == rtt]
-            fixed_texts = mine[mine.depth != "auto"].assign(depth=lambda d: d.depth.astype(int))
-            found = paired_best(fixed_texts)
-            best, best_itl, tied, p_best, texts = found.best, found.best_itl_ms, found.tied, found.p_best[found.best], found.texts
-            ratio, low, high, _ = paired_ratio(mine[mine.depth == "auto"], fixed_texts[fixed_texts.depth == best])
-        else:
-            best, best_itl, tied = best_depth(fixed.assign(depth=fixed.depth.astype(int)))
-            p_best, texts, ratio, low, high = float("nan"), None, auto.itl_ms.mean() / best_itl, float("nan"), float("nan")
-        for (repeat, client), t in traces[traces.rtt_ms == rtt].groupby(["repeat", "client"]):
-            trace = t[~t.capped.astype(bool)].sort_values("position").depth.tolist()  # the controller's choices only
-            after, after_tied = settled_after(trace, best), settled_after(trace, tied)
-            late = trace[SETTLE_ITERATIONS:]
-            too_short = len(trace) <= SETTLE_ITERATIONS
-            rows.append({"rtt_ms": rtt, "repeat": repeat, "client": client, "best_depth": best, "best_itl_ms": best_itl,
-                         "p_best": p_best, "texts": texts, "tied_depths": " ".join(map(str, tied)), "iterations": len(trace),
-                         "settled_after": after, "too_short": too_short,
-                         "met": (not too_short) and after is not None and after <= SETTLE_ITERATIONS,
-                         "met_tied": (not too_short) and after_tied is not None and after_tied <= SETTLE_ITERATIONS,
-                         "in_band_after_20": float(np.mean([abs(d - best) <= BAND for d in late])) if late else float("nan"),
-                         "mean_depth_after_20": float(np.mean(late)) if late else float("nan"),
-                         "depth_at_20": trace[SETTLE_ITERATIONS] if not too_short else None,
-                         "auto_itl_ms": float(auto[auto.repeat == repeat].itl_ms.mean()),
-                         "auto_vs_best_itl": ratio, "auto_vs_best_low": low, "auto_vs_best_high": high,
-                         "trace": " ".join(map(str, trace))})
-    return pd.DataFrame(rows)
-
-
-def by_rtt(result: pd.DataFrame) -> pd.DataFrame:
-    """One row per RTT: the sweep's best depth, how many traces met the target (``traces_met``:
-    within +-1 of the best depth; ``traces_met_tied``: of some depth tied with it), and what the
-    controller's depths cost against the best fixed depth (``auto_vs_best_itl``: ITL ratio, with its
-    95 % paired bootstrap interval when the run recorded its requests)."""
-    rows = []
-    for rtt, r in result.groupby("rtt_ms"):
-        judged, first = r[~r.too_short], r.iloc[0]
-        ratio = first.auto_vs_best_itl if "auto_vs_best_itl" in r else r.auto_itl_ms.mean() / first.best_itl_ms
-        has_ci = "auto_vs_best_low" in r and np.isfinite(first.auto_vs_best_low)
-        row = {"rtt_ms": rtt, "best_depth": int(first.best_depth)}
-        if "p_best" in r and np.isfinite(first.p_best):
-            row |= {"texts": int(first.texts), "p_best": first.p_best}
-        row |= {"tied_depths": first.tied_depths, "traces_met": f"{int(judged.met.sum())} of {len(judged)}"}
-        if "met_tied" in r:
-            row["traces_met_tied"] = f"{int(judged.met_tied.sum())} of {len(judged)}"
-        row |= {  # the slowest trace's settling (never: some trace ends outside the band)
-            "settled_after_worst": "never" if judged.settled_after.isna().any() else int(judged.settled_after.max()),
-            "mean_depth_after_20": judged.mean_depth_after_20.mean(), "in_band_after_20": judged.in_band_after_20.mean(),
-            "auto_vs_best_itl": f"{ratio:.3g} [{first.auto_vs_best_low:.3g}, {first.auto_vs_best_high:.3g}]" if has_ci else ratio}
-        rows.append(row)
-    return pd.DataFrame(rows)
+def reused_sweep(own: argparse.Namespace, bench: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``--sweep-from DIR``: DIR's fixed-depth runs and their requests, after checking that DIR ran
+    with this run's settings (all but the controller's and the output folder)."""
+    folder = own.sweep_from
+    argv = shlex.split(recorded_command(folder))[3:]
+    i = argv.index("--out")
+    old_own, old_bench = parse_args([*argv[:i], "--out", str(own.out), *argv[i + 2 :]])
+    ignore = {"out", "sweep_from", *CONTROLLER_OPTIONS}
+    differ = sorted({k for ns, old in ((own, old_own), (bench, old_bench)) for k in vars(ns) if k not in ignore and vars(ns)[k] != vars(old).get(k)})
+    if differ:
+        raise SystemExit(f"--sweep-from {folder}: that run's settings differ from this one's in {', '.join(differ)} (only the controller's may)")
+    if not (folder / "requests.csv").is_file():
+        raise SystemExit(f"--sweep-from {folder}: it has no requests.csv (runs before it cannot pair the controller's texts with the sweep's)")
+    sweep, texts = pd.read_csv(folder / "sweep.csv", dtype={"depth": str}), pd.read_csv(folder / "requests.csv", dtype={"depth": str})
+    return sweep[sweep.depth != "auto"], texts[texts.depth != "auto"]
 
 
 def run(own: argparse.Namespace, bench: argparse.Namespace) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Every (repeat, RTT, depth) run; returns the per-run table, the auto runs' iterations and the
     per-request table (one row per run and request: its text's key and ITL)."""
     runs, iterations, texts = [], [], []
-    grid = [(r, rtt, d) for r in range(own.repeats) for rtt in bench.rtt_ms for d in [*map(str, own.depths), "auto"]]
+    depths = ["auto"] if own.sweep_from is not None else [*map(str, own.depths), "auto"]  # --sweep-from: the fixed runs are reused
+    grid = [(r, rtt, d) for r in range(own.repeats) for rtt in bench.rtt_ms for d in depths]
     for k, (repeat, rtt, depth) in enumerate(grid, 1):
         folder = own.out / "runs" / f"rtt{rtt:g}_depth-{depth}_repeat{repeat}"
         folder.mkdir(parents=True, exist_ok=True)
         load, t0 = os.getloadavg()[0], time.perf_counter()
         seed = repeat if own.seeds == "per-repeat" else 0
         result = split_bench.split_run(argparse.Namespace(**{**vars(bench), "depth": depth}), rtt, own.proactive, own.cohorts, own.clients, folder,
-                                      edge_flags=["--temperature", str(own.temperature), "--seed", str(seed)])
+                                      edge_flags=["--temperature", str(own.temperature), "--seed", str(seed), *controller_flags(own, depth)])
         edge = result["edge"]
         for req in edge["requests_detail"]:  # request c{i}r{k}: client i's k-th request, the same text at every depth of this seed
             client, _, request = req["request_id"].lstrip("c").partition("r")
@@ -241,96 +183,11 @@ def run(own: argparse.Namespace, bench: argparse.Namespace) -> tuple[pd.DataFram
             pd.DataFrame(texts, columns=["repeat", "rtt_ms", "depth", "seed", "client", "request", "outcome", "tokens", "itl_ms"]))
 
 
-def markdown(own: argparse.Namespace, bench: argparse.Namespace, cmd: str, sweep: pd.DataFrame, result: pd.DataFrame, load: str) -> str:
-    """The report; ``load``: a sentence on the host's load while the runs ran."""
-    fixed = sweep[sweep.depth != "auto"].assign(depth=lambda d: d.depth.astype(int))
-    curve = fixed.pivot_table(index="depth", columns="rtt_ms", values="itl_ms", aggfunc="mean")
-    curve.columns = [f"ITL ms at {c:g} ms RTT" for c in curve.columns]
-    met, counted = int(result.met.sum()), int((~result.too_short).sum())
-    paired = "p_best" in result and result.p_best.notna().any()
-    tied_rule = ("fixed depths whose paired ITL difference to the best has a 95 % bootstrap interval (over the texts) that reaches 0" if paired
-                 else "fixed depths whose runs' ITL range overlaps the best's")
-    lines = [
-        "# The live depth controller against a depth sweep",
-        "",
-        f"Command: `{cmd}`",
-        "",
-        f"Pair: {'path ' + str(bench.pair) if bench.pair else bench.preset}, {bench.device} {bench.dtype}; {own.clients} edge client(s), "
-        f"{own.cohorts} cohort(s), proactive drafting {own.proactive}, {'greedy' if own.temperature == 0 else f'sampling at temperature {own.temperature:g}'}, {own.requests} request(s) x {own.max_new_tokens} tokens per client, "
-        f"jitter {bench.jitter_ms:g} ms, {bench.bandwidth_mbps:g} Mbit/s, batching window {bench.window_ms:g} ms; "
-        f"{'server and edge pinned to a core each' if bench.cpu_pair else 'processes not pinned'}; {own.repeats} repeat(s) of the whole grid"
-        f"{', each with its own edge seed (new texts)' if own.seeds == 'per-repeat' else ', every run with edge seed 0 (the repeats re-measure the same texts)'}. "
-        f"Host: {os.cpu_count()} CPUs; {load} (per run: sweep.csv).",
-        "",
-        f"**Target** (issue #14): the controller settles within +-{BAND} of the sweep's best depth within {SETTLE_ITERATIONS} iterations. "
-        f"Met by **{met} of {counted}** client traces long enough to judge"
-        + (f" ({int(result.too_short.sum())} too short)" if result.too_short.any() else "") + "."
-        + (f" Within +-{BAND} of some depth the sweep cannot tell from the best (`tied_depths`): **{int(result.met_tied.sum())} of {counted}**."
-           if "met_tied" in result else ""),
-        "",
-        f"`tied_depths`: {tied_rule}."
-        + (" `texts`: the texts (seed, client, request) served at every depth; `p_best`: the share of bootstrap resamples of them in "
-           "which `best_depth` is the best. Under sampling a run's ITL depends on the text it drew, so the texts, not the runs, are "
-           "the evidence (`experiments/sweep_best.py`)." if paired else ""),
-        "",
-        "## By RTT",
-        "",
-        by_rtt(result).to_markdown(index=False, floatfmt=".3g"),
-        "",
-        "## The sweep (mean ITL over the repeats, fixed depths)",
-        "",
-        curve.to_markdown(floatfmt=".2f"),
-        "",
-        "## The controller (`--depth auto`), one row per client trace",
-        "",
-        "`settled_after`: leading iterations before the trace stays within +-1 of `best_depth` to its end (empty: it ends outside); "
-        "`met_tied`: within +-1 of some tied depth from iteration 20 on; `trace`: the depth of every iteration.",
-        "",
-        result.drop(columns=[c for c in ("too_short", "auto_vs_best_itl", "auto_vs_best_low", "auto_vs_best_high", "p_best", "texts")
-                             if c in result]).to_markdown(index=False, floatfmt=".3g"),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def plot(sweep: pd.DataFrame, result: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rtts = sorted(result.rtt_ms.unique())
-    fig, axes = plt.subplots(2, len(rtts), figsize=(4.2 * len(rtts), 6.5), squeeze=False)
-    for j, rtt in enumerate(rtts):
-        mine = result[result.rtt_ms == rtt]
-        best = int(mine.best_depth.iloc[0])
-        ax = axes[0, j]
-        ax.axhspan(best - BAND - 0.5, best + BAND + 0.5, color="tab:green", alpha=0.15, label=f"best {best} +- {BAND}")
-        ax.axvline(SETTLE_ITERATIONS, color="grey", ls="--", lw=1)
-        for _, row in mine.iterrows():
-            trace = [int(d) for d in str(row["trace"]).split()]
-            ax.step(range(len(trace)), trace, where="post", lw=1, label=f"client {row['client']}, repeat {row['repeat']}")
-        ax.set(title=f"RTT {rtt:g} ms", xlabel="iteration", ylabel="draft depth")
-        ax.legend(fontsize=7)
-        fixed = sweep[(sweep.rtt_ms == rtt) & (sweep.depth != "auto")].assign(depth=lambda d: d.depth.astype(int))
-        by = fixed.groupby("depth").itl_ms.agg(["mean", "min", "max"])
-        ax = axes[1, j]
-        ax.errorbar(by.index, by["mean"], yerr=[by["mean"] - by["min"], by["max"] - by["mean"]], marker="o", capsize=3)
-        auto = sweep[(sweep.rtt_ms == rtt) & (sweep.depth == "auto")].itl_ms
-        ax.axhline(auto.mean(), color="tab:red", ls=":", label="auto (mean)")
-        ax.set(xlabel="fixed depth", ylabel="ITL, ms")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return save_figure_atomic(fig, path)
-
-
 def report(folder: Path) -> str:
     """Rebuild ``depth_settle.csv``, ``.md`` and ``.png`` of a finished run from its ``sweep.csv`` and
     ``traces.csv`` with this code (the run's settings: the command its markdown records)."""
     md_path = folder / "depth_settle.md"
-    first = md_path.read_text().split("Command: `", 1)[1].split("`", 1)[0] if md_path.is_file() else ""
-    if not first.startswith("python -m experiments.depth_settle"):
-        raise SystemExit(f"--report needs a finished run's folder (depth_settle.md naming its command), got {str(folder)!r}")
+    first = recorded_command(folder)
     argv = shlex.split(first)[3:]
     i = argv.index("--out")
     own, bench = parse_args([*argv[:i], "--out", str(folder), *argv[i + 2 :]])
@@ -354,8 +211,11 @@ def main(argv: list[str] | None = None) -> None:
         print(report(Path(argv[1])))
         return
     own, bench = parse_args(argv)
+    reused = reused_sweep(own, bench) if own.sweep_from is not None else None  # checked before any run starts
     load0 = os.getloadavg()[0]
     sweep, traces, texts = run(own, bench)
+    if reused is not None:
+        sweep, texts = pd.concat([reused[0], sweep], ignore_index=True), pd.concat([reused[1], texts], ignore_index=True)
     result = assess(sweep, traces, texts)
     write_csv_atomic(sweep, own.out / "sweep.csv")
     write_csv_atomic(traces, own.out / "traces.csv")

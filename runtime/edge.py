@@ -98,6 +98,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--depth-probe", choices=list(PROBES), default="inside",
                     help="with --depth auto: which way the depth controller's probes go (runtime.split.depth): inside (towards the "
                          "middle of the range) or cheaper (towards the depth its estimates predict more tokens/s for)")
+    ap.add_argument("--depth-hold", type=float, default=0.0,
+                    help="with --depth auto: keep the depth while its predicted tokens/s is within this fraction of the best's "
+                         "(runtime.split.depth's hold; 0: off, the band's middle every iteration)")
+    ap.add_argument("--depth-memory", type=float, default=0.98,
+                    help="with --depth auto: the controller's per-iteration decay of its acceptance counts and verify-time fit, in (0, 1]")
     ap.add_argument("--shared-device", choices=["auto", "batched", "on", "off"], default="auto",
                     help="auto: batched when the draft supports it (a Llama draft), else on; batched: the clients share this process's draft device, which drafts every waiting client's next token in one "
                          "batched forward (runtime.split.batched_drafter; Llama drafts); on: they share it one after another, proactive "
@@ -166,6 +171,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("--profile calibrates the direct mode's start depth; with --placement on the server's plan sets it (drop one)")
     if not 0 < args.alpha < 1:
         raise SystemExit(f"--alpha must lie in (0, 1), got {args.alpha}")
+    if not 0 <= args.depth_hold < 1 or not 0 < args.depth_memory <= 1:
+        raise SystemExit(f"--depth-hold must lie in [0, 1) (got {args.depth_hold}) and --depth-memory in (0, 1] (got {args.depth_memory})")
     for path in (args.log, args.summary):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -265,8 +272,10 @@ def depth_for(args: argparse.Namespace, start: CalibratedStart | None) -> int | 
     if args.depth != "auto":
         return args.depth
     if start is None:
-        return DepthController(1, args.max_depth, initial=min(4, args.max_depth), probe=args.depth_probe)
-    return DepthController(1, args.max_depth, initial=start.depth, prior_alpha=start.alpha, probe=args.depth_probe)
+        return DepthController(1, args.max_depth, initial=min(4, args.max_depth), probe=args.depth_probe, hold=args.depth_hold,
+                               memory=args.depth_memory)
+    return DepthController(1, args.max_depth, initial=start.depth, prior_alpha=start.alpha, probe=args.depth_probe, hold=args.depth_hold,
+                           memory=args.depth_memory)
 
 
 def write_reports(args: argparse.Namespace, outcomes: list[RequestOutcome], wall_s: float, start: CalibratedStart | None) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.depth_settle import assess, best_depth, client_traces, parse_args, settled_after
+from experiments.depth_settle import parse_args
+from experiments.depth_settle_assess import assess, best_depth, by_rtt, client_traces, settled_after
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -101,7 +102,6 @@ def test_bad_arguments_fail_fast(args, tmp_path):
 
 
 def test_by_rtt_names_a_trace_that_never_settles():
-    from experiments.depth_settle import by_rtt
 
     sweep = _sweep({5: [10.0], 8: [12.0]})
     result = assess(sweep, _traces(5.0, {0: [5] * 25, 1: [4] * 22 + [5] * 3, 2: [5] * 24 + [8]}))
@@ -132,6 +132,9 @@ def test_depth_settle_end_to_end(pair, tmp_path):
     sweep, traces, result = (pd.read_csv(tmp_path / f) for f in ("sweep.csv", "traces.csv", "depth_settle.csv"))
     assert sorted(sweep.depth.astype(str)) == ["1", "2", "auto"] and len(result) == 2  # one trace per client
     assert set(traces.client) == {0, 1} and (result.best_depth.isin([1, 2])).all()
+    texts = pd.read_csv(tmp_path / "requests.csv", dtype={"depth": str})  # one row per run and request: the paired evidence
+    assert len(texts) == 3 * 2 and set(texts.depth) == {"1", "2", "auto"} and (texts.seed == 0).all() and texts.itl_ms.notna().all()
+    assert result.texts.eq(2).all() and result.p_best.between(0, 1).all()
     for _, row in result.iterrows():  # the trace column is the auto run's uncapped iterations, in order
         mine = traces[(traces.client == row.client) & ~traces.capped].sort_values("position")
         assert row.trace.split() == [str(d) for d in mine.depth] and row.iterations == len(mine)
@@ -146,3 +149,80 @@ def test_depth_settle_end_to_end(pair, tmp_path):
     assert (tmp_path / "depth_settle.csv").read_text() == before
     rebuilt = (tmp_path / "depth_settle.md").read_text()
     assert "Report rebuilt from its CSVs" in rebuilt and rebuilt.split("## By RTT")[1] == md.split("## By RTT")[1]
+
+
+def _requests(itl_by_depth: dict, rtt: float = 5.0, seeds: int = 2, clients: int = 2) -> pd.DataFrame:
+    """One row per text (seed, client, request 0) and depth; ``itl_by_depth[d]``: a function of (seed, client)."""
+    return pd.DataFrame([{"repeat": s, "rtt_ms": rtt, "depth": str(d), "seed": s, "client": c, "request": 0, "itl_ms": f(s, c)}
+                         for d, f in itl_by_depth.items() for s in range(seeds) for c in range(clients)])
+
+
+def test_assess_with_requests_takes_the_best_depth_from_the_texts_and_judges_the_tied_band():
+    # the runs' means say 8; paired over the texts 8 is 1 ms slower than 4 on three texts and 2 ms faster on the
+    # fourth: 4 is best, and 8 is tied with it (a resample of the fourth text alone makes 8 the best)
+    def luck(s, c):
+        return 10.0 + 5.0 * (s == 0 and c == 0)
+
+    texts = _requests({4: luck, 5: lambda s, c: luck(s, c) + 3.0, 8: lambda s, c: luck(s, c) + 1.0 - 3.0 * (s == 1 and c == 1),
+                       "auto": lambda s, c: 1.1 * luck(s, c)})
+    sweep = _sweep({4: [11.0, 11.0], 5: [14.0, 14.0], 8: [9.0, 9.0]}, auto_itl=12.0)
+    trace = [4] * 22 + [7] * 10  # ends within +-1 of 8 (tied), outside +-1 of 4 (best)
+    out = assess(sweep, _traces(5.0, {0: trace}), texts).iloc[0]
+    assert out.best_depth == 4 and out.tied_depths == "4 8" and out.texts == 4 and 0 < out.p_best < 1
+    assert not out.met and out.met_tied and pd.isna(out.settled_after)
+    assert out.auto_vs_best_itl == pytest.approx(1.1)
+
+    row = by_rtt(assess(sweep, _traces(5.0, {0: trace}), texts)).iloc[0]
+    assert row.traces_met == "0 of 1" and row.traces_met_tied == "1 of 1" and row.auto_vs_best_itl.startswith("1.1 [")
+    legacy = assess(sweep, _traces(5.0, {0: trace})).iloc[0]  # without requests: the runs' means (8) and no interval
+    assert legacy.best_depth == 8 and legacy.settled_after == 22 and not legacy.met and pd.isna(legacy.p_best) and pd.isna(legacy.auto_vs_best_low)
+
+
+def test_seeds_per_repeat_is_an_option_and_fixed_the_default(tmp_path):
+    assert parse_args(["--out", str(tmp_path)])[0].seeds == "fixed"
+    assert parse_args(["--out", str(tmp_path), "--seeds", "per-repeat"])[0].seeds == "per-repeat"
+    with pytest.raises(SystemExit):
+        parse_args(["--out", str(tmp_path), "--seeds", "random"])
+
+
+def test_controller_flags_reach_only_the_auto_runs_and_only_when_set(tmp_path):
+    from experiments.depth_settle import controller_flags
+
+    own = parse_args(["--out", str(tmp_path), "--depth-hold", "0.01", "--depth-memory", "0.995"])[0]
+    assert controller_flags(own, "auto") == ["--depth-hold", "0.01", "--depth-memory", "0.995"] and controller_flags(own, "3") == []
+    assert controller_flags(parse_args(["--out", str(tmp_path)])[0], "auto") == []  # defaults: the earlier runs' edge commands
+    for bad in (["--depth-hold", "1"], ["--depth-memory", "0"]):
+        with pytest.raises(SystemExit, match=bad[0]):
+            parse_args(["--out", str(tmp_path), *bad])
+
+
+def _finished_run(folder: Path, command: str, with_requests: bool = True) -> None:
+    folder.mkdir(parents=True)
+    (folder / "depth_settle.md").write_text(f"# x\n\nCommand: `{command}`\n")
+    _sweep({3: [10.0], 5: [11.0]}).to_csv(folder / "sweep.csv", index=False)
+    if with_requests:
+        _requests({3: lambda s, c: 10.0, 5: lambda s, c: 11.0, "auto": lambda s, c: 12.0}).to_csv(folder / "requests.csv", index=False)
+
+
+def test_sweep_from_reuses_a_finished_runs_fixed_depths_when_only_the_controller_differs(tmp_path):
+    from experiments.depth_settle import reused_sweep
+
+    old = tmp_path / "old"
+    _finished_run(old, "python -m experiments.depth_settle --out /tmp/elsewhere --temperature 1 --seeds per-repeat --depths 3,5")
+    own, bench = parse_args(["--out", str(tmp_path / "new"), "--temperature", "1", "--seeds", "per-repeat", "--depths", "3,5",
+                             "--depth-hold", "0.01", "--sweep-from", str(old)])
+    sweep, texts = reused_sweep(own, bench)
+    assert sorted(sweep.depth) == ["3", "5"] and set(texts.depth) == {"3", "5"} and len(texts) == 8  # the auto rows stay behind
+    for other in (["--temperature", "0.5"], ["--seeds", "fixed"], ["--depths", "3,5", "--rtt-ms", "20"]):
+        own, bench = parse_args(["--out", str(tmp_path / "new"), "--temperature", "1", "--seeds", "per-repeat", "--depths", "3,5", *other,
+                                 "--sweep-from", str(old)])
+        with pytest.raises(SystemExit, match="differ"):
+            reused_sweep(own, bench)
+    legacy = tmp_path / "legacy"
+    _finished_run(legacy, "python -m experiments.depth_settle --out /tmp/x --depths 3,5", with_requests=False)
+    own, bench = parse_args(["--out", str(tmp_path / "new"), "--depths", "3,5", "--sweep-from", str(legacy)])
+    with pytest.raises(SystemExit, match="requests.csv"):
+        reused_sweep(own, bench)
+    own, bench = parse_args(["--out", str(tmp_path / "new"), "--sweep-from", str(tmp_path)])
+    with pytest.raises(SystemExit, match="finished run"):
+        reused_sweep(own, bench)

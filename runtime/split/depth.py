@@ -47,6 +47,15 @@ its argmax moves with every acceptance estimate), and the band's middle depth is
 depth moves by at most ``max_step`` per iteration (one outlier cannot swing it across the range),
 clamped to ``[min_depth, max_depth]``. Before any acceptance is known it answers the crossing.
 
+**Hold** (``hold``, off by default). With ``hold > 0`` the controller keeps its depth while that
+depth's predicted tokens/s is within ``hold`` (relative) of the best depth's, and moves (to the
+band's middle, as above) only when it falls further behind. Why: under sampling the acceptance
+differs from text to text and the decayed estimate follows it, so on a flat objective the band's
+middle wanders by a depth or two at no gain (``results/depth_settle``); holding turns those moves
+into none while a depth the estimates rate clearly worse is still left. ``runtime.edge
+--depth-hold`` and ``--depth-memory`` set ``hold`` and ``memory`` (``experiments.depth_settle``
+measures them against a live sweep); the defaults keep the published runs' behaviour.
+
 The defaults (``memory`` 0.98, ``tolerance`` 0.03, ``probe_step`` 4, ``min_spread`` 4, prior 0.7
 of weight 1) were chosen on the scenarios of ``tests/test_split_depth_controller.py`` and
 ``tests/test_split_runtime.py``; an attempt without the shrinkage, the band and the prior
@@ -64,7 +73,7 @@ PROBES = ("inside", "cheaper")  #: which way a probe goes (DepthController's ``p
 class DepthController:
     def __init__(self, min_depth: int = 1, max_depth: int = 8, initial: int = 4, smoothing: float = 0.3, max_step: int = 2,
                  prior_alpha: float = 0.7, prior_weight: float = 1.0, memory: float = 0.98, tolerance: float = 0.03,
-                 probe_step: int = 4, min_spread: float = 4.0, probe: str = "inside"):
+                 probe_step: int = 4, min_spread: float = 4.0, probe: str = "inside", hold: float = 0.0):
         if not 1 <= min_depth <= initial <= max_depth:
             raise ValueError(f"need 1 <= min_depth <= initial <= max_depth, got {min_depth}, {initial}, {max_depth}")
         if not 0 < smoothing <= 1 or max_step < 1:
@@ -76,9 +85,11 @@ class DepthController:
             raise ValueError(f"probe must be one of {PROBES}, got {probe!r}")
         if not 0 <= tolerance < 1 or probe_step < 1 or min_spread < 0:
             raise ValueError(f"tolerance must lie in [0, 1) (got {tolerance}), probe_step >= 1 (got {probe_step}), min_spread >= 0 (got {min_spread})")
+        if not 0 <= hold < 1:
+            raise ValueError(f"hold must lie in [0, 1), got {hold}")
         self.min_depth, self.max_depth, self.smoothing, self.max_step = min_depth, max_depth, smoothing, max_step
         self.prior_alpha, self.prior_weight, self.memory, self.tolerance = prior_alpha, prior_weight, memory, tolerance
-        self.probe_step, self.min_spread, self.probe = probe_step, min_spread, probe
+        self.probe_step, self.min_spread, self.probe, self.hold = probe_step, min_spread, probe, hold
         self.current = initial
         self.draft_s: float | None = None  #: mean draft time per token, s
         self.network_s: float | None = None  #: mean round trip without the server's time, s
@@ -177,12 +188,15 @@ class DepthController:
         return tokens_per_s
 
     def ideal(self) -> int | None:
-        """The best depth under the current estimates (None before a draft time is known)."""
+        """The best depth under the current estimates (None before a draft time is known); with
+        ``hold``, the current depth while it is near-best (module docstring)."""
         rule = self.crossing()
         rate = self.rate()
         if rule is None or rate is None:
             return rule
         rates = {d: rate(d) for d in range(self.min_depth, self.max_depth + 1)}
         top = max(rates.values())
+        if self.hold > 0 and self.min_depth <= self.current <= self.max_depth and rates[self.current] >= (1 - self.hold) * top:
+            return self.current
         near = [d for d, r in rates.items() if r >= (1 - self.tolerance) * top]
         return near[len(near) // 2]  # the middle of the near-best band
