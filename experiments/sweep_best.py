@@ -18,6 +18,10 @@ evidence is one text, not one run, and two runs of the same seed are one text me
 
 A sweep of greedy runs generates one text per prompt whatever the depth, so the same statistics
 apply; the bootstrap then measures only the timing noise between the prompts' runs.
+
+A limit: the texts of one run share its host's conditions, and the bootstrap treats them as
+independent, so when the host's speed drifts between runs (other work on it) the intervals are
+too narrow. Measure on a quiet host; ``experiments.depth_settle`` records the load of every run.
 """
 
 from __future__ import annotations
