@@ -9,6 +9,8 @@ and the edge process over loopback, as ``experiments.split_bench`` runs them.
     python -m experiments.depth_settle --out results/depth_settle
     python -m experiments.depth_settle --out /tmp/ds --preset tiny --rtt-ms 5 --depths 1,2 --max-new-tokens 16 --repeats 1  # a smoke run
     python -m experiments.depth_settle --out /tmp/ds_t1 --temperature 1 --seeds per-repeat --requests 4 --max-new-tokens 128 --repeats 3
+    python -m experiments.depth_settle --out /tmp/ds_t1h --temperature 1 --seeds per-repeat --requests 4 --max-new-tokens 128 --repeats 3 --depth-hold 0.01 --depth-memory 0.995 --sweep-from /tmp/ds_t1
+        # (a controller variant against that sweep and its texts: only the auto runs)
     python -m experiments.depth_settle --report results/depth_settle/greedy   # rebuild a run's report from its CSVs
 
 For every RTT, and every repeat: one run at each fixed depth of ``--depths`` (the sweep) and one
