@@ -196,7 +196,7 @@ class DepthController:
             return rule
         rates = {d: rate(d) for d in range(self.min_depth, self.max_depth + 1)}
         top = max(rates.values())
-        if self.hold > 0 and self.min_depth <= self.current <= self.max_depth and rates[self.current] >= (1 - self.hold) * top:
+        if self.hold > 0 and rates[self.current] >= (1 - self.hold) * top:  # current stays in range: so do initial, targets and probes
             return self.current
         near = [d for d, r in rates.items() if r >= (1 - self.tolerance) * top]
         return near[len(near) // 2]  # the middle of the near-best band
