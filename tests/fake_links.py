@@ -15,7 +15,8 @@ class AcceptAllLink:
     def submit(self, req):
         fut = Future()
         fut.set_result(SimpleNamespace(accepted=len(req.drafts), bonus=7, committed=req.committed + len(req.drafts) + 1, queue_wait_ms=0.0,
-                                       compute_ms=self.compute_ms, arrived_at=time.time(), batch_size=1, cohort=0))
+                                       compute_ms=self.compute_ms, arrived_at=time.time(), batch_size=1, cohort=0,
+                                       prompts=int(bool(req.prompt))))
         return fut
 
     def release(self):

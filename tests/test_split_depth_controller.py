@@ -336,3 +336,92 @@ def test_the_edge_process_passes_hold_and_memory_to_its_controllers():
     for bad in (["--depth-hold", "1"], ["--depth-memory", "0"], ["--depth-memory", "1.5"]):
         with pytest.raises(SystemExit, match=bad[0]):
             parse_args(["--server", "127.0.0.1:1", *bad])
+
+
+def requests_run(controller: DepthController, t: Timing, seed: int, prefill_s: float | None, iterations: int = 280,
+                 request_iterations: int = 70) -> np.ndarray:
+    """A client serving requests of ``request_iterations`` iterations each; the first iteration
+    of a request carries its prompt's prefill. ``prefill_s``: the extra server time the
+    controller is shown for it (the pre-fix edge), or None (the edge reports no verify sample)."""
+    rng = np.random.default_rng(seed)
+    depth, depths = controller.current, []
+    for i in range(iterations):
+        draws = rng.random(depth) < t.alpha
+        accepted = depth if draws.all() else int(np.argmin(draws))
+        jitter = rng.uniform(0.9, 1.1, size=3)
+        verify: float | None = t.verify_s(depth) * jitter[2]
+        if i % request_iterations == 0:
+            verify = None if prefill_s is None else verify + prefill_s
+        depth = controller.observe(t.t_draft * jitter[0], t.rtt * jitter[1], verify, accepted, depth)
+        depths.append(depth)
+    return np.array(depths)
+
+
+def test_a_verify_time_of_none_leaves_the_fit_alone_and_still_counts_the_verdict():
+    ctl = DepthController(1, 8, initial=4)
+    for d in (2, 6, 2, 6, 2, 6):
+        ctl.observe(0.001, 0.01, 0.012 + 0.001 * d, accepted=1, depth=d)
+    fit, accepted, rejections = ctl.verify_fit(), ctl.accepted, ctl.rejections
+    ctl.observe(0.001, 0.01, None, accepted=0, depth=2)
+    assert ctl.verify_fit() == fit
+    assert ctl.rejections > rejections and ctl.accepted < accepted  # decayed, and one more rejection
+
+
+def test_prefill_outliers_left_out_of_the_verify_fit_keep_the_controller_near_the_best():
+    """The live failure behind the fix (results/depth_settle/temperature1_texts at 5 ms RTT, two
+    cohorts, sampling): each request's first batch carries its prompt's prefill (+25 ms on a ~15 ms
+    verification); fed to the fit, those outliers flattened the verify slope, and the controller
+    drafted deeper than the best. The edge now reports no verify sample for them."""
+    t = Timing(t_draft=0.0012, rtt=0.0085, v0=0.0125, v1=0.0008, alpha=0.47)  # verify-bound, like the live run
+    best, _ = sweep_best(t)
+    assert best == 3
+    in_band = {}
+    for name, prefill in (("left_out", None), ("fed", 0.025)):
+        runs = [requests_run(DepthController(1, 8, initial=4), t, seed, prefill) for seed in range(40)]
+        in_band[name] = np.mean([(np.abs(depths[20:] - best) <= 1).mean() for depths in runs])
+    assert in_band["left_out"] >= 0.8, in_band
+    assert in_band["fed"] < in_band["left_out"] - 0.2, in_band  # the outliers do the harm
+
+
+class RecordingController(DepthController):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.verify_seen: list[float | None] = []
+
+    def observe(self, draft_s_per_token, network_s, verify_s, *args, **kwargs):
+        self.verify_seen.append(verify_s)
+        return super().observe(draft_s_per_token, network_s, verify_s, *args, **kwargs)
+
+
+def test_the_edge_shows_the_controller_no_verify_sample_for_a_batch_that_prefilled(monkeypatch):
+    """A request's first batch (its own prefill) and a batch the server reports another client's
+    prompt in (``prompts`` > 0) are not verification samples; the rest are, in seconds."""
+    from fake_links import AcceptAllLink
+
+    from runtime.split import edge_client
+    from runtime.split.drafter import DraftChain
+
+    class Sevens(DraftChain):  # drafts token 7, what AcceptAllLink's bonus is
+        def extend(self, upto, stop=None, speculative=False):
+            while len(self.chain) < upto:
+                self.record_draft(7)
+
+    class OthersPrompts(AcceptAllLink):
+        def __init__(self):
+            super().__init__(compute_ms=2.0)
+            self.calls = 0
+
+        def submit(self, req):
+            fut, self.calls = super().submit(req), self.calls + 1
+            if self.calls == 3:  # another client's prompt shared this batch
+                reply = fut.result()
+                reply.prompts = 1
+            return fut
+
+    ctl = RecordingController(1, 2, initial=2)
+    monkeypatch.setattr(edge_client, "DraftSession", lambda draft, prompt: Sevens(prompt))
+    out = edge_client.EdgeClient(None, OthersPrompts(), depth=ctl, proactive=False).generate([1, 2], 30)
+    assert out.outcome == "length" and len(ctl.verify_seen) >= 4
+    assert ctl.verify_seen[0] is None and ctl.verify_seen[2] is None
+    assert all(v == pytest.approx(0.002) for i, v in enumerate(ctl.verify_seen) if i not in (0, 2))
+    assert [log.batch_prompts for log in out.iterations][:3] == [1, 0, 1]

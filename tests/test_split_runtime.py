@@ -18,6 +18,7 @@ from runtime.split.depth import DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.drafter import DraftSession
 from runtime.split.edge_client import EdgeClient
+from runtime.split.messages import Reply
 from runtime.split.transport import DelayedLink, LocalLink
 from runtime.split.verifier import BatchVerifier, InvalidRequest, VerifyRequest
 
@@ -307,3 +308,19 @@ def test_the_depth_controller_sees_every_drafted_token_but_the_prefill(models, p
     else:
         assert not hits and depth.seen[0] is None
         assert all(depth.seen[i] is not None for i in range(1, len(out.iterations)) if out.iterations[i].depth > 0)
+
+
+def test_the_batcher_reports_the_prompts_its_batch_prefilled(models):
+    """``Reply.prompts`` counts the batch's rows that began a request (their prefill is in
+    ``compute_ms``, so the depth controller leaves such a batch out of its verify fit); it
+    survives the wire message."""
+    from runtime.split.messages import msg_to_reply, reply_to_msg
+
+    target, draft, _ = models
+    [[first, second]], _ = run_clients(target, draft, [([[1, 2, 3], [4, 5]], [10, 10])], depth=2, proactive=False)
+    for out in (first, second):
+        prompts = [log.batch_prompts for log in out.iterations]
+        assert prompts[0] == 1 and set(prompts[1:]) == {0}, prompts
+    for prompts in (0, 3):
+        reply = msg_to_reply(reply_to_msg(Reply(2, 7, 9, 1.5, 0.1, 4.0, 3, 1, prompts), seq=5))
+        assert reply.prompts == prompts and reply == Reply(2, 7, 9, 1.5, 0.1, 4.0, 3, 1, prompts)

@@ -196,11 +196,11 @@ class VerificationBatcher:
             st.last_at, st.busy_s = end, st.busy_s + (end - start)
             st.batches, st.rows = st.batches + 1, st.rows + len(batch)
             st.batch_sizes[len(batch)] = st.batch_sizes.get(len(batch), 0) + 1
-            cohort = self._last_cohort
+            cohort, prompts = self._last_cohort, sum(1 for q in batch if q.req.prompt)
             for q, res in zip(batch, results, strict=True):
                 if isinstance(res, Exception):
                     q.future.set_exception(res)
                     continue
                 st.tokens += res.accepted + 1
                 q.future.set_result(Reply(res.accepted, res.bonus, res.committed, q.arrived_wall, 1e3 * (start - q.arrived),
-                                          1e3 * (end - start), len(batch), cohort))
+                                          1e3 * (end - start), len(batch), cohort, prompts))

@@ -28,7 +28,11 @@ observed (depth, verify s) pairs, the slope shrunk towards 0 (flat verification,
 memory-bound accelerator) like a ridge of weight ``min_spread`` depth^2: ``v1 = cov / (spread +
 min_spread)``, kept >= 0, and used only once the depths seen have ``spread`` (weighted sum of
 squared deviations from their mean) >= ``min_spread``; before that the verify time is the mean
-seen, at every depth. A controller sitting at one depth cannot learn ``v1``, so it probes: on
+seen, at every depth. A batch that prefilled a prompt is no sample (the edge passes ``verify_s``
+None for it: the server reports how many rows began a request): one such batch costs a prefill on
+top of its verification, and fed to the fit, a few of them at depths below the client's mean
+flattened the slope to 0 and kept the controller too deep (``results/depth_settle``, sampling at
+5 ms RTT). A controller sitting at one depth cannot learn ``v1``, so it probes: on
 its iterations 1, 2, 4, 8, ... (a back-off: early, when the estimates are poorest, then rarer)
 while the spread is short, it drafts one block ``probe_step`` away and returns to its depth next
 iteration. Which way (``probe``): ``inside`` (the default) towards the inside of the range;
@@ -103,17 +107,22 @@ class DepthController:
     def _mean(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
-    def observe(self, draft_s_per_token: float | None, network_s: float, verify_s: float, accepted: int | None = None, depth: int | None = None) -> int:
-        """One iteration's timings (``draft_s_per_token`` None when nothing was drafted) and,
-        optionally, its verdict (``accepted`` of ``depth`` drafts); returns the next depth.
-        ``depth`` (the depth the timings belong to) defaults to the controller's current depth."""
+    def observe(self, draft_s_per_token: float | None, network_s: float, verify_s: float | None, accepted: int | None = None,
+                depth: int | None = None) -> int:
+        """One iteration's timings (``draft_s_per_token`` None when nothing was drafted;
+        ``verify_s`` None when the server's time is not a verification sample, e.g. it carried
+        the prompt's prefill) and, optionally, its verdict (``accepted`` of ``depth`` drafts);
+        returns the next depth. ``depth`` (the depth the timings belong to) defaults to the
+        controller's current depth."""
         if draft_s_per_token is not None and draft_s_per_token > 0:
             self.draft_s = self._mean(self.draft_s, draft_s_per_token)
         self.network_s = self._mean(self.network_s, max(network_s, 0.0))
-        d, v, k = float(self.current if depth is None else depth), max(verify_s, 0.0), self.memory  # depth 0 (no drafts) is a point of the fit too
-        self._w, self._sd, self._sdd = k * self._w + 1, k * self._sd + d, k * self._sdd + d * d
-        self._sv, self._sdv = k * self._sv + v, k * self._sdv + d * v
-        self.verify_s = self._sv / self._w
+        d, k = float(self.current if depth is None else depth), self.memory  # depth 0 (no drafts) is a point of the fit too
+        if verify_s is not None:
+            v = max(verify_s, 0.0)
+            self._w, self._sd, self._sdd = k * self._w + 1, k * self._sd + d, k * self._sdd + d * d
+            self._sv, self._sdv = k * self._sv + v, k * self._sdv + d * v
+            self.verify_s = self._sv / self._w
         if accepted is not None and depth:
             self.accepted = k * self.accepted + accepted
             self.rejections = k * self.rejections + (accepted < depth)

@@ -51,6 +51,7 @@ class IterationLog:
     emitted: int  #: tokens this iteration added to the output (after the limit and EOS)
     proactive_hit: bool
     device_wait_ms: float = 0.0  #: on-demand drafting's wait for a shared draft device to take it (0 with a device of its own)
+    batch_prompts: int = 0  #: rows of the verification batch that began a request (their prefill is in server_compute_ms)
 
 
 @dataclass
@@ -184,7 +185,8 @@ class EdgeClient:
             round_trip_ms = 1e3 * (t_reply - t_send)
             network_ms = round_trip_ms - reply.queue_wait_ms - reply.compute_ms
             log = IterationLog(out.request_id, it, depth, sent_at, reply.arrived_at, time.time(), 1e3 * draft_s, 1e3 * proactive_s,
-                               reply.queue_wait_ms, reply.compute_ms, network_ms, reply.batch_size, reply.cohort, reply.accepted, len(new), hit, 1e3 * waited_s)
+                               reply.queue_wait_ms, reply.compute_ms, network_ms, reply.batch_size, reply.cohort, reply.accepted, len(new), hit, 1e3 * waited_s,
+                               reply.prompts)
             out.iterations.append(log)
             if self.on_iteration:
                 self.on_iteration(log)
@@ -195,7 +197,11 @@ class EdgeClient:
                 # block's on-demand time carries the prompt's prefill, not a per-token cost
                 spent, drafted = proactive_s + (0.0 if first else draft_s), proactive_steps + (0 if first else new_drafted)
                 per_token = spent / drafted if drafted else None
-                self.depth.observe(per_token, network_ms / 1e3, reply.compute_ms / 1e3, reply.accepted, depth)
+                # likewise a batch that prefilled a prompt (this client's first, or another client's)
+                # is not a verification sample: one such outlier at a low depth turned the verify
+                # slope's fit flat or negative (results/depth_settle/temperature1_texts, at 5 ms)
+                verify_s = reply.compute_ms / 1e3 if reply.prompts == 0 and not first else None
+                self.depth.observe(per_token, network_ms / 1e3, verify_s, reply.accepted, depth)
             first, it = False, it + 1
             if on_tokens is not None and (ended := on_tokens(new)):
                 out.outcome = ended

@@ -29,7 +29,8 @@ _FIELDS = {
                   ("release", _F.TYPE_BOOL, False), ("sent_at", _F.TYPE_DOUBLE, False)],
     "VerdictMsg": [("seq", _F.TYPE_UINT32, False), ("accepted", _F.TYPE_INT32, False), ("bonus", _F.TYPE_INT32, False),
                    ("committed", _F.TYPE_INT32, False), ("arrived_at", _F.TYPE_DOUBLE, False), ("queue_wait_ms", _F.TYPE_DOUBLE, False),
-                   ("compute_ms", _F.TYPE_DOUBLE, False), ("batch_size", _F.TYPE_INT32, False), ("cohort", _F.TYPE_INT32, False)],
+                   ("compute_ms", _F.TYPE_DOUBLE, False), ("batch_size", _F.TYPE_INT32, False), ("cohort", _F.TYPE_INT32, False),
+                   ("prompts", _F.TYPE_INT32, False)],
 }
 
 
@@ -61,6 +62,7 @@ class Reply:
     compute_ms: float
     batch_size: int
     cohort: int = 0
+    prompts: int = 0  #: rows of the batch that began a request (their prompt's prefill is in ``compute_ms``)
 
 
 def request_to_msg(req: VerifyRequest, seq: int, sent_at: float) -> Message:
