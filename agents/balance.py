@@ -77,6 +77,8 @@ def search_splits(cost: CostModel, rnd: Round, gamma: int, z_values: ArrayLike, 
     best_n, best, solved = -1, None, 0
     zs = sorted((float(v) for v in z_values), reverse=True)
     lams = sorted(float(v) for v in lam_values)
+    if not zs or not lams:
+        return None  # an empty grid solves no point
     # visit the single-mode corners first (cheap, and a strong incumbent prunes the rest)
     corners = [(z, lam) for z, lam in ((0.0, 0.0), (1.0, 1.0)) if z in zs and lam in lams]
     for z, lam in corners:

@@ -221,13 +221,17 @@ def _best_for_tuple(tab: ModeTable, cost_row: np.ndarray, base: float, elig_row:
     def feasible(b: int):
         if b > len(users):
             return None
-        u_lim = s_cands - cost_row[b] / share
+        # the uplink a threshold leaves, with the exact check's tolerance: envs.feasibility accepts
+        # C / (s - u) <= share * (1 + EPS), i.e. u <= s - C / (share * (1 + EPS)) -- relative to the
+        # batch time, not to the uplink (a tolerance relative to the uplink refused users the
+        # check accepts when the uplink is short beside the batch time)
+        u_lim = s_cands - cost_row[b] / (share * (1 + EPS))
         # only thresholds that leave b users with enough slack and some uplink budget can work
-        ok_rows = (u_lim >= up_min * (1 - EPS)) & (s_cands <= slack_desc[b - 1])
+        ok_rows = (u_lim >= up_min) & (s_cands <= slack_desc[b - 1])
         if not ok_rows.any():
             return None
         sc, ul = s_cands[ok_rows], u_lim[ok_rows]
-        el = (slack[None, :] >= sc[:, None]) & (up[None, :] <= ul[:, None] * (1 + EPS) + 1e-15)
+        el = (slack[None, :] >= sc[:, None]) & (up[None, :] <= ul[:, None])
         cnt = np.cumsum(el, axis=1)
         enough = cnt[:, -1] >= b
         if not enough.any():

@@ -270,3 +270,18 @@ def test_balance_with_an_explicit_grid_searches_those_points():
     cost, rnd = golden(), _big_ad_user()
     plan = Fixed(cost, 4, GAMMA).plan(rnd)
     assert (plan.modes.tolist(), plan.z, plan.lam) == ([AD], 1.0, 1.0)
+
+
+def test_an_empty_grid_solves_no_point_and_rejects_everyone():
+    """``search_splits`` promises None when no grid point was solved: an empty z or lam grid
+    (it once raised from ``np.stack``), and ``split_search`` then rejects every user."""
+    from agents.balance import search_splits, split_search
+    from envs import CostModel, EnvConfig
+    from envs.workload import make_rounds
+
+    cfg = EnvConfig(num_users=4)
+    cost, rnd = CostModel.from_config(cfg), make_rounds(cfg, 1, seed=0)[0]
+    for zs, lams in (([], [0.5]), ([0.5], []), ([], [])):
+        assert search_splits(cost, rnd, 4, zs, lams) is None
+        plan = split_search(cost, rnd, 4, zs, lams)
+        assert (plan.modes == 0).all() and plan.extra["grid_points_solved"] == 0

@@ -214,3 +214,22 @@ def test_a_user_whose_uplink_uses_its_whole_slack_is_never_counted(kv, mode):
     assert ub.tolist() == exact
     assert max(map(max, exact)) >= 3
     assert 2 not in _solve(cost, rnd, mode, 1.0, mems[-1])
+
+
+# ------------------------------------------------------------------ the exact check's tolerance
+@pytest.mark.parametrize("kv", ["per_user", "padded"])
+@pytest.mark.parametrize("mode", [AD, SD])
+def test_a_user_the_exact_check_accepts_within_its_tolerance_is_served(kv, mode):
+    """A user whose time budget falls short of its batch time by half the check's tolerance
+    (``C / beta = 1 + 0.5e-9 <= 1 + EPS``), with an uplink short beside the batch time: the exact
+    check accepts it, so the solver must too. The solver once applied the tolerance relative to
+    the uplink (1e-3 s * 1e-9) instead of the batch time (~0.1 s * 1e-9) and refused it."""
+    cost = golden(kv)
+    c = float(mode_cost_and_memory(cost, make_round([5], [10], [1.0], [0.9], [0.0], [0.0]), np.ones((1, 1), dtype=bool), mode, GAMMA)[0][0])
+    up = 1e-3
+    rnd = make_round([5], [10], [c + up - 0.5e-9 * c], [0.9], [up], [0.0])
+    assert best_subset(cost, rnd, mode, GAMMA, 1.0, 1e9) == 1
+    assert _solve(cost, rnd, mode, 1.0, 1e9) == [0]
+    beyond = make_round([5], [10], [c + up - 2e-9 * c], [0.9], [up], [0.0])  # twice the tolerance short: refused by both
+    assert best_subset(cost, beyond, mode, GAMMA, 1.0, 1e9) == 0
+    assert _solve(cost, beyond, mode, 1.0, 1e9) == []
