@@ -134,12 +134,13 @@ def _table_with(path: Path, *prefixes: str) -> str:
 def depth_settle_summary() -> str:
     """The live depth-controller runs (greedy; sampling at temperature 1 with the repeats re-drawing
     the same texts, then with new texts per repeat, for the default controller and the holding
-    variant): the target line and the by-RTT table of each."""
+    variant, then after the prefill fix): the target line and the by-RTT table of each."""
     parts = []
     for name, label in (("greedy", "Greedy decoding"),
                         ("temperature1", "Sampling at temperature 1, every repeat the same two texts"),
                         ("temperature1_texts", "Sampling at temperature 1, 24 texts per depth (`--seeds per-repeat`), the default controller"),
-                        ("temperature1_texts_hold", "The same sweep and texts, the controller with `--depth-hold 0.01 --depth-memory 0.995`")):
+                        ("temperature1_texts_hold", "The same sweep and texts, the controller with `--depth-hold 0.01 --depth-memory 0.995`"),
+                        ("temperature1_texts_after_fix", "The same command after the prefill fix, a new sweep and new runs of the default controller")):
         path = RESULTS / "depth_settle" / name / "depth_settle.md"
         target = next(line for line in path.read_text().splitlines() if line.startswith("**Target**"))
         parts += [f"{label} (`results/depth_settle/{name}`). {target}", _table(path)]

@@ -64,3 +64,41 @@ def test_paired_ratio_is_the_ratio_of_the_means_over_the_shared_texts():
 
 def test_near_any():
     assert near_any(4, [2, 6], 1) is False and near_any(5, [2, 6], 1) and not near_any(3, [], 1)
+
+
+def _host_drift_sweep() -> pd.DataFrame:
+    """Four seeds (repeats) of 8 texts at depths 2 and 3. Within a seed depth 3 beats depth 2 by the
+    same margin on every text, but that margin is the two runs' host speeds: +1.5 ms in three
+    repeats, -1.0 ms in the fourth."""
+    rng = np.random.default_rng(3)
+    parts = []
+    for seed, host in enumerate((1.5, 1.5, 1.5, -1.0)):
+        base = list(rng.uniform(10.0, 20.0, size=8))
+        parts.append(_texts({2: [b + host for b in base], 3: base}, seed=seed))
+    return pd.concat(parts)
+
+
+def test_the_seed_stage_widens_the_interval_when_the_runs_host_speed_differs():
+    """Texts-only, every text says depth 3 wins (no tie); resampling the seeds first sees that one
+    repeat in four says the opposite, and the interval reaches 0 (tied)."""
+    sweep = _host_drift_sweep()
+    texts_only = paired_best(sweep, clusters=None)
+    by_seed = paired_best(sweep)  # the default: clusters="seed"
+    assert texts_only.best == by_seed.best == 3
+    assert texts_only.tied == [3] and by_seed.tied == [2, 3]
+    assert by_seed.p_best[2] > 0.0 == texts_only.p_best[2]
+    _, low, high, _ = paired_ratio(sweep[sweep.depth == 2], sweep[sweep.depth == 3], clusters=None)
+    _, low_seed, high_seed, _ = paired_ratio(sweep[sweep.depth == 2], sweep[sweep.depth == 3])
+    assert low_seed < low and high_seed >= high and low_seed < 1.0 < low  # only the seed stage admits no gain
+
+
+def test_with_one_seed_the_two_stage_bootstrap_is_the_texts_bootstrap():
+    rng = np.random.default_rng(4)
+    base = rng.uniform(10.0, 20.0, size=12)
+    sweep = _texts({1: list(base + rng.normal(0, 1, 12)), 2: list(base + 0.3 + rng.normal(0, 1, 12))})
+    assert paired_best(sweep) == paired_best(sweep, clusters=None)
+
+
+def test_an_unknown_cluster_column_is_refused():
+    with pytest.raises(ValueError, match="clusters"):
+        paired_best(_texts({1: [10.0], 2: [11.0]}), clusters="repeat")
