@@ -302,7 +302,10 @@ def _may_fit(tab: ModeTable, rows: np.ndarray, elig: np.ndarray, share: float, m
     memory. Pruning on this spares most of the exact per-tuple checks that would fail.
     """
     need_s = tab.cost[rows, min(b, tab.cost.shape[1] - 1)] / share
-    e = elig & ((tab.slack_sorted - tab.up_sorted)[None, :] >= need_s[:, None] * (1 - EPS))
+    # looser than the exact check's C / (s - u) <= share * (1 + EPS) by ~EPS: a necessary condition
+    # must never be the stricter one, and (1 - EPS) sat within rounding of the check's 1 / (1 + EPS)
+    # (a user exactly at the check's tolerance was refused; tests/test_build_table_mutants.py)
+    e = elig & ((tab.slack_sorted - tab.up_sorted)[None, :] >= need_s[:, None] * (1 - 2 * EPS))
     cnt = np.cumsum(e, axis=1)
     enough = cnt[:, -1] >= b
     mem_tokens = mem / tab.mem_unit * (1 + EPS)

@@ -51,7 +51,7 @@ FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py agents/
 # the agents group runs only fast tests with exact expected values (brute force on tiny rounds,
 # hand-walked rounds); the slower hypothesis / brute-force suites (test_mode_solver.py,
 # test_schedulers.py, test_optimal.py) stay in the default run, out of the per-mutant selection
-TESTS[agents]="tests/test_agents_core.py tests/test_golden.py tests/test_binding.py tests/test_balance_mutants.py tests/test_mode_solver_mutants.py tests/test_exact_search_mutants.py tests/test_optimal_mutants.py"
+TESTS[agents]="tests/test_agents_core.py tests/test_golden.py tests/test_binding.py tests/test_balance_mutants.py tests/test_mode_solver_mutants.py tests/test_exact_search_mutants.py tests/test_optimal_mutants.py tests/test_build_table_mutants.py"
 GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.* agents.exact_search.*"
 TIMEOUT[split]=15
 FILES[split]="envs/split_cost.py envs/split_cohorts.py envs/draft_tree.py envs/split_plan.py envs/split_builder.py envs/split_outcome.py envs/scalar_times.py agents/balance_ed.py agents/edge_first.py agents/ed_batch.py"

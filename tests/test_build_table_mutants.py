@@ -318,3 +318,24 @@ def test_an_sd_row_is_priced_at_the_output_of_its_own_longest_input_user(kv):
     assert best_subset(cost, rnd, SD, GAMMA, 1.0, 1e9) == 0
     assert upper_bound_grid(build_table(cost, rnd, SD, GAMMA), [1.0], [1e9]).tolist() == [[0]]
     assert _solve(cost, rnd, SD, 1.0, 1e9) == []
+
+
+@pytest.mark.parametrize("kv", KVS)
+@pytest.mark.parametrize("mode", [AD, SD])
+def test_a_user_exactly_at_the_checks_tolerance_survives_the_row_pruning(kv, mode):
+    """User 0's slack is ``C / (share * (1 + EPS))``, the least time the exact check accepts; user 1
+    has 10 s, and the memory is exactly user 0's need, so brute force serves one user. The rows'
+    necessary condition (``_may_fit``) once compared the slack with ``C / share * (1 - EPS)``,
+    within rounding of the check's bound, and refused user 0 for 40 of these 66 shares (AD, per-user
+    KV); it is now looser than the check by about EPS. Where the check's own rounding refuses user 0
+    (brute force serves no one), so must the solver."""
+    cost = golden(kv)
+    c, _, m = mode_cost_and_memory(cost, make_round([6], [9], [1.0], [0.9], [0.0], [0.0]), np.ones((1, 1), dtype=bool), mode, GAMMA)
+    c, m = float(c[0]), float(m[0])
+    served = 0
+    for share in np.linspace(0.3, 1.0, 66):
+        rnd = make_round([6, 4], [9, 12], [c / (share * (1 + EPS)), 10.0], [0.9, 0.9], [0.0, 0.0], [0.0, 0.0])
+        want = best_subset(cost, rnd, mode, GAMMA, float(share), m)  # 0 where the check's own rounding refuses
+        assert len(_solve(cost, rnd, mode, float(share), m)) == want, share
+        served += want
+    assert served >= 33  # the edge is exercised: most of these shares serve user 0
