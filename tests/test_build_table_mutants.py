@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from adversarial_rounds import issue_counterexample, mode_cost_and_memory
-from test_agents_core import best_subset, golden, make_round, mode_need
+from test_agents_core import best_subset, golden, make_round
+from test_mode_solver_mutants import _solve
 
 from agents.mode_solver import EPS, build_table, solve_mode, upper_bound_grid
 from envs import AD, SD, CostModel, EnvConfig
@@ -27,20 +28,6 @@ GAMMA = 4
 CFG = EnvConfig(num_users=8)
 PAPER = {kv: CostModel(CostModel.from_config(CFG).profile, kv) for kv in ("per_user", "padded")}
 KVS = ["per_user", "padded"]
-
-
-def _solve(cost, rnd, mode, share, mem, avail=None, gamma=GAMMA, optimistic=False):
-    """solve_mode's users for ``rnd`` (all available by default); the set is checked to fit
-    ``share`` and ``mem`` exactly unless the table is optimistic (a relaxation)."""
-    avail = np.ones(rnd.num_users, dtype=bool) if avail is None else avail
-    got = solve_mode(build_table(cost, rnd, mode, gamma, optimistic), avail, share, mem)
-    mask = np.zeros(rnd.num_users, dtype=bool)
-    mask[got] = True
-    assert len(set(got.tolist())) == len(got) and not (mask & ~avail).any()
-    if len(got) and not optimistic:
-        need, kv = mode_need(cost, rnd, mask[None, :], mode, gamma)
-        assert need[0] <= share * (1 + 1e-9) and kv[0] <= mem * (1 + 1e-9)
-    return sorted(got.tolist())
 
 
 def _alone(cost, rnd, user, mode, gamma=GAMMA):
@@ -286,6 +273,13 @@ def _hopeless_but_first(cost, inp, out, alpha):
     return make_round(inp, out, [0.99 * c0] + [1e-3] * (k - 1), alpha, [0.0] * k, [0.0] * k), c0
 
 
+def _assert_no_one_served(cost, rnd):
+    """Brute force, the SD table's bound (share 1, ample KV) and the solver all serve no one."""
+    assert best_subset(cost, rnd, SD, GAMMA, 1.0, 1e9) == 0
+    assert upper_bound_grid(build_table(cost, rnd, SD, GAMMA), [1.0], [1e9]).tolist() == [[0]]
+    assert _solve(cost, rnd, SD, 1.0, 1e9) == []
+
+
 @pytest.mark.parametrize("kv", KVS)
 def test_an_sd_row_is_priced_at_the_output_of_its_own_longest_iteration_user(kv):
     """A: I=10, O=120, alpha 0.5 (J = 62), deadline 0.99 x its SD time alone (2.3068 s); B: I=20,
@@ -298,9 +292,7 @@ def test_an_sd_row_is_priced_at_the_output_of_its_own_longest_iteration_user(kv)
     rnd, c0 = _hopeless_but_first(cost, [10, 20, 200], [120, 5, 62], [0.5, 0.5, 0.0])
     assert sd_iterations(rnd.output_tokens, rnd.alpha, GAMMA).tolist() == [62, 3, 62]
     assert float(cost.sd_time(1, 20, 62, 62, GAMMA)) < 0.99 * c0
-    assert best_subset(cost, rnd, SD, GAMMA, 1.0, 1e9) == 0
-    assert upper_bound_grid(build_table(cost, rnd, SD, GAMMA), [1.0], [1e9]).tolist() == [[0]]
-    assert _solve(cost, rnd, SD, 1.0, 1e9) == []
+    _assert_no_one_served(cost, rnd)
 
 
 @pytest.mark.parametrize("kv", KVS)
@@ -315,9 +307,7 @@ def test_an_sd_row_is_priced_at_the_output_of_its_own_longest_input_user(kv):
     rnd, c0 = _hopeless_but_first(cost, [20, 10, 20], [120, 30, 40], [0.95, 0.0, 0.0])
     assert sd_iterations(rnd.output_tokens, rnd.alpha, GAMMA).tolist() == [27, 30, 40]
     assert float(cost.sd_time(1, 20, 40, 30, GAMMA)) < 0.99 * c0
-    assert best_subset(cost, rnd, SD, GAMMA, 1.0, 1e9) == 0
-    assert upper_bound_grid(build_table(cost, rnd, SD, GAMMA), [1.0], [1e9]).tolist() == [[0]]
-    assert _solve(cost, rnd, SD, 1.0, 1e9) == []
+    _assert_no_one_served(cost, rnd)
 
 
 @pytest.mark.parametrize("kv", KVS)
@@ -330,8 +320,7 @@ def test_a_user_exactly_at_the_checks_tolerance_survives_the_row_pruning(kv, mod
     KV); it is now looser than the check by about EPS. Where the check's own rounding refuses user 0
     (brute force serves no one), so must the solver."""
     cost = golden(kv)
-    c, _, m = mode_cost_and_memory(cost, make_round([6], [9], [1.0], [0.9], [0.0], [0.0]), np.ones((1, 1), dtype=bool), mode, GAMMA)
-    c, m = float(c[0]), float(m[0])
+    c, m = _alone(cost, make_round([6], [9], [1.0], [0.9], [0.0], [0.0]), 0, mode)
     served = 0
     for share in np.linspace(0.3, 1.0, 66):
         rnd = make_round([6, 4], [9, 12], [c / (share * (1 + EPS)), 10.0], [0.9, 0.9], [0.0, 0.0], [0.0, 0.0])

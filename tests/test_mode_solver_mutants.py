@@ -25,14 +25,15 @@ CFG = EnvConfig(num_users=8)
 PAPER = {kv: CostModel(CostModel.from_config(CFG).profile, kv) for kv in ("per_user", "padded")}
 
 
-def _solve(cost, rnd, mode, share, mem, avail=None, gamma=GAMMA):
-    """solve_mode's users for ``rnd`` (all available by default), checked to fit ``share`` and ``mem``."""
+def _solve(cost, rnd, mode, share, mem, avail=None, gamma=GAMMA, optimistic=False):
+    """solve_mode's users for ``rnd`` (all available by default); the set is checked to fit
+    ``share`` and ``mem`` exactly unless the table is optimistic (a relaxation)."""
     avail = np.ones(rnd.num_users, dtype=bool) if avail is None else avail
-    got = solve_mode(build_table(cost, rnd, mode, gamma), avail, share, mem)
+    got = solve_mode(build_table(cost, rnd, mode, gamma, optimistic), avail, share, mem)
     mask = np.zeros(rnd.num_users, dtype=bool)
     mask[got] = True
     assert len(set(got.tolist())) == len(got) and not (mask & ~avail).any()
-    if len(got):
+    if len(got) and not optimistic:
         need, kv = mode_need(cost, rnd, mask[None, :], mode, gamma)
         assert need[0] <= share * (1 + 1e-9) and kv[0] <= mem * (1 + 1e-9)
     return sorted(got.tolist())
