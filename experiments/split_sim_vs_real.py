@@ -109,6 +109,7 @@ from runtime.machine_profile import (
     profile_file,
     resolve_profile,
 )
+from runtime.serve_config import DEVICE_SHARING
 from runtime.split_loadgen import add_round_args, check_ranges, draw_round, run_round
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,13 +118,13 @@ SETTINGS = ("ed", "mix")
 
 
 def start_server(scheduler: str, pair: Path, profile: str, window_s: float, alpha: float, cohorts: int, threads: int, policy: str | None,
-                 cpus: set[int] | None = None):
+                 cpus: set[int] | None = None, device_sharing: str = "turns"):
     """``runtime.serve placement=split`` in its own process (on ``cpus`` when given: every thread it
     starts inherits them); returns (process, http url, grpc address) once warmed up."""
     port, split_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "runtime.serve", f"scheduler={scheduler}", f"port={port}", f"pair={pair}", f"profile={profile}", f"window_s={window_s}",
            f"alpha_init={alpha}", f"threads={threads}", "placement=split", f"split.port={split_port}", f"split.cohorts={cohorts}",
-           "calibration_bounds=[1.0,1.0]", "calibration_probe_s=0", "max_queue=4096"]
+           f"split.device_sharing={device_sharing}", "calibration_bounds=[1.0,1.0]", "calibration_probe_s=0", "max_queue=4096"]
     if policy:
         cmd.append(f"policy_path={policy}")
     log = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads would block the server once full
@@ -168,6 +169,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pin-cpus", choices=["on", "off"], default="on" if len(available_cpus()) >= 2 else "off",
                     help="on (default with 2+ CPUs): the server on one CPU and this process (the edges' drafting) on another "
                          "(runtime.cpu_pinning), so the server's verifier and engines share one core, as the model's one server; off: both anywhere")
+    ap.add_argument("--device-sharing", choices=list(DEVICE_SHARING), default="turns",
+                    help="the server's split.device_sharing: turns (default; the verifier gets the plan's ED share of the device, "
+                         "runtime.device_turns) or os (the verifier and the engines as two free threads)")
     ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
                     help="when simulated users end: own (each at its own last token, as the server answers) or batch (at its batch's end, v1's default)")
     ap.add_argument("--out", type=Path, default=None, help=f"where to write (default {RESULTS.relative_to(ROOT)}; with --resimulate, its DIR)")
@@ -240,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for scheduler in args.schedulers.split(","):
             proc, url, address = start_server(scheduler, pair_path, profile, args.window_s, args.alpha, args.cohorts, args.threads,
-                                              args.policy if scheduler == "policy" else None, server_cpus)
+                                              args.policy if scheduler == "policy" else None, server_cpus, args.device_sharing)
             edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
             try:
                 for setting in args.settings.split(","):
@@ -276,7 +280,8 @@ def main(argv: list[str] | None = None) -> None:
 
 #: the options that describe a live run (the rest -- --completion, --out, --resimulate -- are the simulator's or the report's)
 LIVE_OPTIONS = ("schedulers", "policy", "settings", "rounds", "edge_users", "http_users", "tokens", "deadline_s", "rtt_ms", "window_s", "alpha",
-                "cohorts", "threads", "profile", "auto_profile", "remeasure_profile", "pair", "seed", "pin_cpus")
+                "cohorts", "threads", "profile", "auto_profile", "remeasure_profile", "pair", "seed", "pin_cpus",
+                "device_sharing")
 
 
 def _recorded(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -290,6 +295,8 @@ def _recorded(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
     recorded_argv = shlex.split(line.group(1))
     if "--pin-cpus" not in recorded_argv:
         recorded_argv += ["--pin-cpus", "off"]
+    if "--device-sharing" not in recorded_argv:  # before the switch the server's verifier ran as a free thread
+        recorded_argv += ["--device-sharing", "os"]
     try:
         recorded = ap.parse_args(recorded_argv)
     except SystemExit:  # argparse has printed why
@@ -349,7 +356,8 @@ def command(args: argparse.Namespace) -> str:
             + (f" --policy {args.policy}" if "policy" in args.schedulers.split(",") else "")
             + (f" --alpha {args.alpha:g}" if args.alpha != 0.8 else "") + (f" --threads {args.threads}" if args.threads != 1 else "")
             + ("" if args.auto_profile else " --no-auto-profile") + (" --remeasure-profile" if args.remeasure_profile else "")
-            + ("" if args.completion == "own" else f" --completion {args.completion}") + f" --pin-cpus {args.pin_cpus}")
+            + ("" if args.completion == "own" else f" --completion {args.completion}") + f" --pin-cpus {args.pin_cpus}"
+            + f" --device-sharing {args.device_sharing}")
 
 
 def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list[str], profile_text: str, profile_name: str) -> None:
@@ -369,7 +377,9 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list
         f"`ed` = {args.edge_users} edge users, `mix` = {args.edge_users} edge + {args.http_users} HTTP users; max_tokens in {args.tokens}, deadlines in "
         f"{args.deadline_s} s, RTTs in {args.rtt_ms} ms (the edges' verification links delayed by it), {args.cohorts} verification cohorts, "
         f"round window {args.window_s} s; " + ("the server pinned to one CPU and the edges to another (`--pin-cpus on`)" if args.pin_cpus == "on"
-                                               else "server and edges on any CPU (`--pin-cpus off`)") + ". ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
+                                               else "server and edges on any CPU (`--pin-cpus off`)")
+        + ("; the verifier and the AD/SD engines took turns at the plan's ED share (`--device-sharing turns`)" if args.device_sharing == "turns"
+           else "; the verifier and the AD/SD engines ran as free threads (`--device-sharing os`)") + ". ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
         "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
         "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device). "
         "Simulated users end "

@@ -17,12 +17,16 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.engines import GenerationResult, RowEnd, drain
 from runtime.live_request import LiveRequest
 from runtime.metrics import ServeMetrics
+
+if TYPE_CHECKING:
+    from runtime.device_turns import DeviceTurns
 
 
 class Cancelled(RuntimeError):
@@ -41,12 +45,13 @@ def _check(cancel: threading.Event | None) -> None:
 
 
 def run_shared(jobs: dict[str, tuple[Generator, float]], after_step: Callable[[], None] | None = None,
-               cancel: threading.Event | None = None) -> dict[str, BatchRun]:
+               cancel: threading.Event | None = None, turns: DeviceTurns | None = None, party: str = "engine") -> dict[str, BatchRun]:
     """Step several engine generators on one device with compute shares by weighted time-slicing.
 
     ``jobs`` maps a name to ``(generator, share)``; the job with the least ``used time / share``
     steps next, so over any stretch each gets its share of the device; ``after_step`` runs after
-    every step (outside the timed part).
+    every step (outside the timed part). With ``turns`` (another thread uses the device too: the
+    split verifier) each step is taken as one of ``party``'s turns; a step's time excludes its wait.
     """
     used = dict.fromkeys(jobs, 0.0)
     results: dict[str, BatchRun] = {}
@@ -55,15 +60,16 @@ def run_shared(jobs: dict[str, tuple[Generator, float]], after_step: Callable[[]
         _check(cancel)
         name = min(live, key=lambda n: used[n] / max(live[n][1], 1e-9))
         gen = live[name][0]
-        start = time.perf_counter()
-        try:
-            next(gen)
-        except StopIteration as stop:
-            used[name] += time.perf_counter() - start
-            results[name] = BatchRun(stop.value, used[name])
-            del live[name]
-        else:
-            used[name] += time.perf_counter() - start
+        with turns.turn(party) if turns is not None else nullcontext():
+            start = time.perf_counter()
+            try:
+                next(gen)
+            except StopIteration as stop:
+                used[name] += time.perf_counter() - start
+                results[name] = BatchRun(stop.value, used[name])
+                del live[name]
+            else:
+                used[name] += time.perf_counter() - start
         if after_step is not None:
             after_step()
     return results

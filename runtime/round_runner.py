@@ -48,6 +48,7 @@ from runtime.serve_config import ServeConfig, check_profile_matches_pair, policy
 if TYPE_CHECKING:
     from agents.scheduler import Scheduler
     from envs.plan import Plan
+    from runtime.device_turns import DeviceTurns
 
 log = logging.getLogger("specsched.serve")
 PROBE_PROMPT = "def probe(values):\n    total = 0\n    for v in values:\n"
@@ -93,11 +94,17 @@ class RoundRunner:
         self.calibrated_at = -float("inf")  #: monotonic time of the last calibration sample
         self.probe_s = 0.0  #: wall time of the last speed probe (the warm-up's at first: an upper estimate)
         self.cancel = threading.Event()
+        #: turns on the one device with another thread (placement=split: the verifier); None: the engines alone
+        self.device_turns: DeviceTurns | None = None
 
     def make_scheduler(self) -> Scheduler:
         """The round planner (a hook: runtime.split_rounds plans with a v1 scheduler)."""
         cfg = self.cfg
         return make_scheduler(cfg.scheduler, self.cost, EnvConfig.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
+
+    def share_device(self, plan: Plan) -> None:
+        """A new round's plan, before any of its users is placed (a hook: runtime.split_rounds sets the
+        verifier's and the engines' shares of the device from it)."""
 
     def place_other(self, req: LiveRequest, index: int, plan: Plan, loop: asyncio.AbstractEventLoop) -> bool:
         """A plan's mode other than AD / SD for ``req`` (row ``index``): True if taken care of, else it is
@@ -192,6 +199,7 @@ class RoundRunner:
         decided = time.monotonic()
         self.metrics.round_done()
         alpha_planned = self.alpha
+        self.share_device(plan)
         groups: dict[str, list[LiveRequest]] = {}
         for i, (r, m) in enumerate(zip(batch, plan.modes, strict=True)):
             r.alpha_planned, r.round_start, r.planned_at = alpha_planned, began, decided
@@ -223,7 +231,7 @@ class RoundRunner:
             if self.cfg.devices and len(jobs) > 1:
                 runs = run_parallel({name: gen for name, (gen, _) in jobs.items()}, outbox.flush, self.cancel)
             else:
-                runs = run_shared(jobs, outbox.flush, self.cancel)
+                runs = run_shared(jobs, outbox.flush, self.cancel, turns=self.device_turns)
         finally:
             outbox.flush(force=True)  # what finished before a fault is answered as served / late
         self._learn(groups, runs, plan.gamma)

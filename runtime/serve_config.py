@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 #: schedulers that plan the ED mode (EdgeSchedule-v1): the only ones placement=split accepts
 SPLIT_SCHEDULERS = ("balance_ed", "edge_first", "policy")
 V1_ENV_ID = "EdgeSchedule-v1"
+#: ``split.device_sharing``: the plan's ED share enforced by turns, or left to the OS
+DEVICE_SHARING = ("turns", "os")
 
 
 @dataclass
@@ -39,6 +41,9 @@ class SplitSettings:
     window_ms: float = 5.0  #: how long a verification batch waits for the rest of its cohort, ms
     max_depth: int = 16  #: the deepest draft chain the verifier accepts
     max_clients: int = 64  #: concurrent gRPC streams (placement + verification)
+    #: how the verifier and the round's AD / SD engines share one device: ``turns`` (the plan's ED
+    #: share enforced, :mod:`runtime.device_turns`) or ``os`` (two free threads; the OS time-slices them)
+    device_sharing: str = "turns"
 
     @classmethod
     def from_value(cls, value: SplitSettings | Mapping[str, Any] | None) -> SplitSettings:
@@ -65,6 +70,7 @@ class SplitSettings:
         need(isinstance(s.window_ms, int | float) and not isinstance(s.window_ms, bool) and 0 <= s.window_ms <= 1000, "window_ms", "in [0, 1000] ms")
         need(integer(s.max_depth) and 1 <= s.max_depth <= 64, "max_depth", "an integer in [1, 64]")
         need(integer(s.max_clients) and 1 <= s.max_clients <= 1024, "max_clients", "an integer in [1, 1024]")
+        need(s.device_sharing in DEVICE_SHARING, "device_sharing", f"one of {list(DEVICE_SHARING)}")
         return s
 
 

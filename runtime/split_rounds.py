@@ -15,11 +15,15 @@ Every round is planned with a v1 scheduler (``balance_ed``, ``edge_first`` or a 
 ``placement=local`` (:class:`runtime.rounds.RoundServer`); an ED user gets its depth over its
 placement stream and the round moves on -- ED work is the verifier's, not the round's.
 
-**One target, time-sliced (choice).** The verifier shares the AD / SD engines' target model (one
-copy: the weights are read-only and every forward has its own KV, so the two threads may run it at
-once). On a CPU the verification thread and the round's engine thread share the cores (the OS and
-torch's thread pools time-slice them); the plan's ED share ``ed_share`` is not enforced -- it is the
-planner's estimate, the verifier takes what the CPU gives it.
+**One target, shared at the plan's shares (choice, ``split.device_sharing``).** The verifier shares
+the AD / SD engines' target model (one copy: the weights are read-only and every forward has its own
+KV, so the two threads may run it at once). ``turns`` (default): the verification thread and the
+round's engine thread take weighted turns on the device, one step each (:mod:`runtime.device_turns`),
+the verifier at the round plan's ED share ``ed_share`` and the engines at the rest, so the share the
+planner priced is the share the verifier gets (to within one engine step, work-conserving: a party
+with nothing to do lends its turns). ``os``: two free threads; on a CPU the OS and torch's thread
+pools time-slice them (about half each while both run, whatever the plan said). With two devices
+(``devices``) there are no turns.
 
 **Outcomes.** Every request ends with exactly one outcome (served / late / rejected / error), in
 :meth:`finish`: counted in the server's metrics (``specsched_requests``) and, per kind of user, in
@@ -60,6 +64,7 @@ from envs.plan import ED
 from envs.split_cost import SplitCostModel
 from envs.split_plan import ed_time1, ed_users
 from envs.workload import Round
+from runtime.device_turns import DeviceTurns
 from runtime.live_request import OUTCOMES, LiveRequest
 from runtime.rounds import Refused, RoundServer
 from runtime.split.batcher import VerificationBatcher
@@ -81,6 +86,8 @@ log = logging.getLogger("specsched.serve")
 KINDS = ("edge", "http")
 REPORT_GRACE_S = 5.0  #: how long after its deadline a placement stream waits for its request's end (an ED report), s
 FIRST_MESSAGE_S = 30.0  #: how long a new placement stream waits for its request message, s
+#: the two parties of the device's turns (``split.device_sharing=turns``)
+ENGINE_PARTY, ED_PARTY = "engine", "ed"
 SUBMIT_TIMEOUT_S = 10.0  #: how long a placement stream waits for the event loop to queue its request, s
 
 
@@ -102,8 +109,11 @@ class SplitRoundServer(RoundServer):
     def __init__(self, cfg, pair, metrics=None):
         super().__init__(cfg, pair, metrics)
         s = cfg.split
+        # turns only where the verifier and the engines share one device (with two, AD and SD each have their own)
+        if s.device_sharing == "turns" and not cfg.devices:
+            self.device_turns = DeviceTurns({ENGINE_PARTY: 1.0, ED_PARTY: 1.0})
         self.batcher = VerificationBatcher(BatchVerifier(pair.target, max_depth=s.max_depth), cohorts=s.cohorts, window_s=s.window_ms / 1e3,
-                                           max_batch=s.max_clients)
+                                           max_batch=s.max_clients, turns=self.device_turns, party=ED_PARTY)
         self.by_kind = Counter("specsched_split_requests", "Requests that ended, by kind of user (edge over gRPC, http) and outcome",
                                ["kind", "outcome"], registry=self.metrics.registry)
         for kind in KINDS:
@@ -148,6 +158,16 @@ class SplitRoundServer(RoundServer):
                      for g in range(1, EnvConfig.max_gamma + 1) if users.allowed[0, g - 1]]
             req.ed_alone_s = min(times, default=float("inf"))
         return min(fastest, req.ed_alone_s * self.calibration.factor["sd"])
+
+    def share_device(self, plan: Plan) -> None:
+        """The verifier's turns at the plan's ED share, the engines' at the rest. A plan that places no
+        ED user keeps the share of the ED users still drafting from earlier rounds, if any."""
+        if self.device_turns is None:
+            return
+        ed = float(plan.ed_share) if plan.ed_depth is not None and np.any(plan.modes == ED) else 0.0
+        if ed <= 0.0 and self.edge_active:
+            return
+        self.device_turns.set_shares({ENGINE_PARTY: max(1.0 - ed, 0.0), ED_PARTY: ed})
 
     def place_other(self, req: LiveRequest, index: int, plan: Plan, loop: asyncio.AbstractEventLoop) -> bool:
         if plan.modes[index] != ED or not isinstance(req, EdgeRequest) or plan.ed_depth is None:

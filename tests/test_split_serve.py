@@ -42,6 +42,7 @@ SPLIT = {"placement": "split", "scheduler": "balance_ed", "profile": "split_cpu1
     ({"split": {"port": 8011}, "port": 8011}, "'split.port' must differ"),
     ({"split": {"prt": 1}}, "split.['prt']"),
     ({"devices": ["cpu", "cpu"]}, "'devices' must be null"),
+    ({"split": {"device_sharing": "fair"}}, "'split.device_sharing' must be one of ['turns', 'os'], got 'fair'"),
 ])
 def test_split_config_is_refused_before_anything_is_built(change, words):
     with pytest.raises(ValueError) as err:
@@ -62,8 +63,8 @@ def pair():
     return tiny_pair()
 
 
-@pytest.mark.parametrize("scheduler", ["edge_first", "balance_ed", "policy"])
-def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler):
+@pytest.mark.parametrize("scheduler, sharing", [("edge_first", "turns"), ("balance_ed", "os"), ("policy", "turns")])
+def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler, sharing):
     from runtime.engines import generate_ad
     from runtime.split_placement import EdgeUser
 
@@ -72,7 +73,7 @@ def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler
     n_new = 12
     policy = {"policy_path": str(ROOT / "policies" / "split_k20")} if scheduler == "policy" else {}
     with running(pair, split_tiny_profile(pair, tmp_path), scheduler=scheduler, placement="split", window_s=0.3, **policy,
-                 split={"port": 0, "cohorts": 2, "window_ms": 2.0}, calibration_probe_s=0) as srv:
+                 split={"port": 0, "cohorts": 2, "window_ms": 2.0, "device_sharing": sharing}, calibration_probe_s=0) as srv:
         url, rounds = srv.url, srv.serve_app.rounds
         for _ in range(100):
             if rounds.split_port:
@@ -103,6 +104,7 @@ def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler
         bad.close()
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
         health = httpx.get(f"{url}/health", timeout=10).json()
+        turns = rounds.device_turns
 
     assert refused.outcome == "error" and "INVALID_ARGUMENT" in refused.reason
     assert [r.status_code for r in http_results[:2]] == [200, 200]
@@ -127,6 +129,12 @@ def test_edge_and_http_users_each_end_with_one_outcome(pair, tmp_path, scheduler
     if planned:
         assert by_kind["edge"]["served"] == 2 and by_kind["http"]["served"] == 2 and by_kind["http"]["rejected"] == 1
     assert health["edge_active"] == 0
+    # the verifier's passes and the engines' steps ran as turns on the one device (or as free threads)
+    if sharing == "os":
+        assert turns is None and rounds.batcher.turns is None
+    else:
+        assert turns is not None and rounds.batcher.turns is turns
+        assert (turns.used_s["ed"] > 0) == bool(ed) and turns.used_s["engine"] > 0
 
 
 def test_a_broken_edge_stream_ends_its_request_with_error(pair, tmp_path):
@@ -178,6 +186,30 @@ def test_a_broken_edge_stream_ends_its_request_with_error(pair, tmp_path):
         again = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, "deadline_s": 30}, timeout=60)
     assert sum(counts.values()) == 1 and counts["error"] == 1
     assert again.status_code == 200 and again.json()["specsched"]["outcome"] == "served"
+
+
+def test_the_plan_sets_the_verifiers_and_the_engines_shares(pair, tmp_path):
+    """split.device_sharing=turns: each round's plan sets the ED share of the device's turns; a plan
+    without ED users keeps it while earlier ED users still verify."""
+    from envs.plan import AD, ED, Plan
+    from runtime.device_turns import MIN_SHARE
+    from runtime.split_rounds import ED_PARTY, ENGINE_PARTY, SplitRoundServer
+
+    cfg = ServeConfig(scheduler="edge_first", placement="split", port=0, profile=str(split_tiny_profile(pair, tmp_path)), split={"port": 0})
+    rounds = SplitRoundServer(cfg, pair)
+    try:
+        turns = rounds.device_turns
+        rounds.share_device(Plan(np.array([ED, AD]), gamma=2, z=0.2, ed_depth=np.array([3, 0]), ed_share=0.3))
+        assert (turns.share(ED_PARTY), turns.share(ENGINE_PARTY)) == pytest.approx((0.3, 0.7))
+        rounds.edge_active["x"] = object()  # an ED user of that round still drafting
+        rounds.share_device(Plan(np.array([AD]), gamma=2, z=1.0))
+        assert turns.share(ED_PARTY) == pytest.approx(0.3)
+        rounds.edge_active.clear()
+        rounds.share_device(Plan(np.array([AD]), gamma=2, z=1.0))
+        assert (turns.share(ED_PARTY), turns.share(ENGINE_PARTY)) == (MIN_SHARE, 1.0)
+    finally:
+        rounds.batcher.stop()
+        rounds.pool.shutdown(wait=False)
 
 
 def test_the_queue_counts_ed_as_a_way_to_serve_an_edge_user(pair, tmp_path):

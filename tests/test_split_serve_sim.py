@@ -87,7 +87,8 @@ def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
     stale = simulate(live, "edge_first", PROFILE, 0.3, None, completion="batch").drop(columns=["prompt"])
     stale.to_csv(run / "requests.csv", index=False)
     (run / "summary.md").write_text("# old\n\nWall time of the live part: 9 s; load.\n")
-    args = ["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--http-users", "1", "--window-s", "0.3", "--pin-cpus", "off"]
+    args = ["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--http-users", "1", "--window-s", "0.3", "--pin-cpus", "off",
+            "--device-sharing", "os"]
     with pytest.raises(SystemExit, match="rounds 1, the arguments say 24"):  # no record: the arguments must describe the run
         svr.main(["--schedulers", "edge_first", "--settings", "mix", "--http-users", "1", "--profile", PROFILE, "--resimulate", str(run)])
     with pytest.raises(SystemExit, match="http-users 1, the arguments say 2"):
@@ -99,7 +100,7 @@ def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
     assert not np.allclose(got.sim_latency_s, stale.sim_latency_s)  # the stale batch-completion figures were replaced
     text = (run / "summary.md").read_text()
     reproduce = ("Reproduce (the live run): `python -m experiments.split_sim_vs_real --schedulers edge_first --settings mix --rounds 1 --edge-users 2 "
-                 f"--http-users 1 --tokens 24 64 --deadline-s 0.8 3 --rtt-ms 5 30 --window-s 0.3 --cohorts 2 --profile {PROFILE} --seed 0 --pin-cpus off`")
+                 f"--http-users 1 --tokens 24 64 --deadline-s 0.8 3 --rtt-ms 5 30 --window-s 0.3 --cohorts 2 --profile {PROFILE} --seed 0 --pin-cpus off --device-sharing os`")
     assert "Wall time of the live part: 9 s" in text and reproduce in text and f"`python -m experiments.split_sim_vs_real --resimulate {run}`" in text
     assert (run / "profile.yaml").is_file() and set(pd.read_csv(run / "summary.csv").users) == {"ED users", "edge users", "everyone"}
     # again from the record alone (its Reproduce line and saved profile): the same figures and the same live lines
@@ -118,7 +119,8 @@ def test_resimulate_refuses_a_contradicting_live_option(tmp_path, capsys):
         parse_args(["--resimulate", str(tmp_path), "--window-s", "0.5"])
     assert "has --window-s 0.3, the command line 0.5" in capsys.readouterr().err
     args = parse_args(["--resimulate", str(tmp_path)])
-    assert (args.rounds, args.window_s, args.pin_cpus, args.profile) == (8, 0.3, "off", "split_cpu1_specsched-pair")  # before --pin-cpus: unpinned
+    # before --pin-cpus: unpinned; before --device-sharing: the verifier a free thread
+    assert (args.rounds, args.window_s, args.pin_cpus, args.device_sharing, args.profile) == (8, 0.3, "off", "os", "split_cpu1_specsched-pair")
     (tmp_path / "summary.md").write_text("Reproduce: `python -m experiments.split_sim_vs_real --rounds zero`\n")
     with pytest.raises(SystemExit):
         parse_args(["--resimulate", str(tmp_path)])

@@ -21,10 +21,15 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from runtime.split.messages import Reply
 from runtime.split.verifier import BatchVerifier, InvalidRequest, VerifyRequest
+
+if TYPE_CHECKING:
+    from runtime.device_turns import DeviceTurns
 
 
 @dataclass
@@ -61,10 +66,19 @@ def _fail(fut: Future, exc: BaseException) -> None:
 
 
 class VerificationBatcher:
-    def __init__(self, verifier: BatchVerifier, cohorts: int = 1, window_s: float = 0.005, max_batch: int = 64):
+    """The verification loop (see the module docstring).
+
+    ``turns``: when the device is shared with another thread (``runtime.serve placement=split``: the
+    round's AD / SD engines), each verification pass is one of party ``party``'s turns
+    (:class:`runtime.device_turns.DeviceTurns`); its wait for the turn counts as queue wait, not compute.
+    """
+
+    def __init__(self, verifier: BatchVerifier, cohorts: int = 1, window_s: float = 0.005, max_batch: int = 64,
+                 turns: DeviceTurns | None = None, party: str = "ed"):
         if cohorts < 1 or window_s < 0 or max_batch < 1:
             raise ValueError(f"cohorts must be >= 1 (got {cohorts}), window_s >= 0 (got {window_s}), max_batch >= 1 (got {max_batch})")
         self.verifier, self.cohorts, self.window_s, self.max_batch = verifier, cohorts, window_s, max_batch
+        self.turns, self.party = turns, party
         self.stats = BatcherStats()
         self._cond = threading.Condition()
         self._queue: list[_Queued] = []
@@ -182,14 +196,17 @@ class VerificationBatcher:
             batch = self._take_batch()
             if not batch:
                 return
-            start, cpu0 = time.perf_counter(), time.thread_time()
-            try:
-                results = self.verifier.verify([q.req for q in batch])
-            except Exception as exc:  # noqa: BLE001 - the batch's requests get the fault; the loop goes on
+            with self.turns.turn(self.party) if self.turns is not None else nullcontext():
+                start, cpu0 = time.perf_counter(), time.thread_time()
+                try:
+                    results = self.verifier.verify([q.req for q in batch])
+                except Exception as exc:  # noqa: BLE001 - the batch's requests get the fault; the loop goes on
+                    results = exc
+                end = time.perf_counter()
+            if isinstance(results, Exception):
                 for q in batch:
-                    q.future.set_exception(exc)
+                    q.future.set_exception(results)
                 continue
-            end = time.perf_counter()
             st = self.stats
             st.verify_cpu_s += time.thread_time() - cpu0
             st.first_at = start if st.first_at is None else st.first_at

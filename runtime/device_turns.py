@@ -1,0 +1,107 @@
+"""Weighted turns on one device between threads that each run whole steps: the plan's compute shares, enforced.
+
+The v1 model (``envs.split_plan``) gives the ED verify batch a compute share ``zeta_E`` of the server
+and the AD / SD batches the rest. With ``placement=split`` the verifier runs in its own thread
+(:class:`runtime.split.batcher.VerificationBatcher`) beside the round's engine thread
+(:func:`runtime.executor.run_shared`); left alone, the OS time-slices the two (about half each while
+both run, whatever the plan said). :class:`DeviceTurns` makes the shares the plan's: each thread
+takes a *turn* for every step (one engine step, one verification pass), one turn at a time, and
+the turn goes to the waiting party with the least virtual time ``used seconds / share``.
+
+**Start-time fair queueing (choice).** A party that starts waiting after an idle spell has its
+virtual time raised to the system's (the start tag of the turn in progress, or of the last one):
+a verifier that idled while its edges drafted does not bank the idle time and then hold the device
+for a burst. So over any stretch in which both parties have work, each gets its share of the
+device time (to within one step); while one idles the other runs alone (work-conserving: the
+model's fixed sharing lends nothing, so a party never gets less than the model gives it, but for
+waiting out the step in progress -- turns are whole steps, there is no preemption).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+MIN_SHARE = 1e-6  #: a share below this counts as this (a zero share would never get a turn)
+
+
+class DeviceTurns:
+    """Weighted fair turns between named parties on one device (thread-safe).
+
+    ``shares`` maps a party's name to its compute share (any positive weights; only their ratios
+    matter). :meth:`turn` is the context manager a party holds around one step; ``used_s`` and
+    ``waited_s`` have each party's seconds inside its turns and waiting for them.
+    """
+
+    def __init__(self, shares: dict[str, float]):
+        if not shares:
+            raise ValueError("shares must name at least one party")
+        self._cond = threading.Condition()
+        self._share = _checked(shares)
+        self._vt = dict.fromkeys(self._share, 0.0)  #: virtual time: used seconds / share
+        self._system_vt = 0.0  #: the start tag of the turn in progress (or of the last one)
+        self._holder: str | None = None
+        self._waiting: set[str] = set()
+        self.used_s = dict.fromkeys(self._share, 0.0)  #: device seconds per party (inside its turns)
+        self.waited_s = dict.fromkeys(self._share, 0.0)  #: seconds per party spent waiting for a turn
+
+    def set_shares(self, shares: dict[str, float]) -> None:
+        """Set some parties' shares (a new round's plan); the parties are those named at construction."""
+        unknown = sorted(set(shares) - set(self._share))
+        if unknown:
+            raise ValueError(f"unknown part{'y' if len(unknown) == 1 else 'ies'} {unknown}; known: {sorted(self._share)}")
+        checked = _checked(shares)
+        with self._cond:
+            self._share.update(checked)
+
+    def share(self, name: str) -> float:
+        """``name``'s share now (floored at :data:`MIN_SHARE`)."""
+        return self._share[name]
+
+    @property
+    def holder(self) -> str | None:
+        """The party inside its turn now, or None."""
+        return self._holder
+
+    def _next(self) -> str | None:
+        """The waiting party whose turn it is (least virtual time; ties by name, for determinism)."""
+        return min(self._waiting, key=lambda n: (self._vt[n], n)) if self._waiting else None
+
+    @contextmanager
+    def turn(self, name: str) -> Iterator[None]:
+        """Hold the device for one step of ``name``; the step's wall time is charged at its share."""
+        if name not in self._vt:
+            raise ValueError(f"unknown party {name!r}; known: {sorted(self._vt)}")
+        asked = time.perf_counter()
+        with self._cond:
+            if self._holder == name or name in self._waiting:
+                raise RuntimeError(f"party {name!r} already holds or waits for a turn (turns are not re-entrant)")
+            self._vt[name] = max(self._vt[name], self._system_vt)  # no credit for idle time
+            self._waiting.add(name)
+            while self._holder is not None or self._next() != name:
+                self._cond.wait()
+            self._waiting.discard(name)
+            self._holder, self._system_vt = name, self._vt[name]
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            end = time.perf_counter()
+            with self._cond:
+                self._vt[name] += (end - start) / self._share[name]
+                self.used_s[name] += end - start
+                self.waited_s[name] += start - asked
+                self._holder = None
+                self._cond.notify_all()
+
+
+def _checked(shares: dict[str, float]) -> dict[str, float]:
+    """``shares`` as floats floored at :data:`MIN_SHARE`; a clear error naming a bad one."""
+    out = {}
+    for name, share in shares.items():
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < float("inf"):
+            raise ValueError(f"share of {name!r} must be a finite number >= 0, got {share!r}")
+        out[name] = max(float(share), MIN_SHARE)
+    return out
