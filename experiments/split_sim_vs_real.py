@@ -55,15 +55,22 @@ model has one server that the ED verify batch and the AD/SD batches share; unpin
 and the SD engine can run side by side on the two cores (likely; not measured), and under
 ``edge_first`` the HTTP (SD) users of mixed rounds finished well before the model said (that row
 +19 % to +30 % off in the four calibrated or unrecorded-host unpinned runs, -5.4 % to +6.3 % pinned).
-Pinned, the ED users' p50 errors came out negative in all four runs (-2.7 % to -12.6 %, real
-slower); in those four unpinned runs, positive in 7 of their 8 rows (the eighth -0.0 %). Part by
-part (the report's last table, from the edges' iteration logs, the prompt's prefill spread over the
-iterations on both sides), the published run's ``ed`` rounds show what the model leaves out: the
-server's queue wait (3.9 ms per iteration) and the round trip beyond the emulated RTT (21.7 against
-19.1 ms; the transport, likely, not separated) -- about 6 ms of a ~44 ms iteration -- while its
-verify compute is close (17.4 against 16.8 ms) and the edges drafted less before each send (1.1
-against 2.1 ms; proactive hits). The published runs and what each showed: the README's section on
-the live server with edge users (``results/split_sim_vs_real/*/summary.md``).
+Pinned, the ED users' p50 errors came out negative in all four runs of 2026-12-02 (-2.7 % to -12.6 %,
+real slower); in those four unpinned runs, positive in 7 of their 8 rows (the eighth -0.0 %).
+
+**How the verifier shares the server's core** (``--device-sharing``, the server's
+``split.device_sharing``): ``turns`` (default) makes the verifier and the AD/SD engines take weighted
+turns at the plan's ED share (:mod:`runtime.device_turns`), the model's premise; ``os`` runs them as
+two free threads, as every run before 2026-12-03 did (a report without the option is read as
+``os``). Part by part (the report's last table, from the edges' iteration logs, the prompt's
+prefill spread over the iterations on both sides), the three runs of 2026-12-03 on the same rounds
+show what the switch changes: in mixed rounds the verify pass took 14.5 / 13.1 ms under turns, as
+in ED-only rounds (14.7-15.1 ms), against 18.5 ms as a free thread beside the SD engine, and waited
+16.4 / 14.8 ms for its turn against 6.0 ms -- nearer the model's 35.7 ms at the ED share in sum
+(30.9 / 27.9 against 24.6 ms). What the model leaves out: the round trip beyond the emulated RTT
+(20.9 against 18.3 ms; the transport, likely, not separated) and, under turns, waiting out an
+engine step already running (no preemption). The published runs and what each showed: the
+README's section on the live server with edge users (``results/split_sim_vs_real/*/summary.md``).
 
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
