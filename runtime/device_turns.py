@@ -80,9 +80,15 @@ class DeviceTurns:
                 raise RuntimeError(f"party {name!r} already holds or waits for a turn (turns are not re-entrant)")
             self._vt[name] = max(self._vt[name], self._system_vt)  # no credit for idle time
             self._waiting.add(name)
-            while self._holder is not None or self._next() != name:
-                self._cond.wait()
-            self._waiting.discard(name)
+            try:
+                while self._holder is not None or self._next() != name:
+                    self._cond.wait()
+            except BaseException:
+                # interrupted while waiting: a waiter left behind would hold every other party back
+                self._cond.notify_all()
+                raise
+            finally:
+                self._waiting.discard(name)
             self._holder, self._system_vt = name, self._vt[name]
         start = time.perf_counter()
         try:

@@ -176,3 +176,44 @@ def test_run_shared_takes_each_engine_step_as_a_turn():
     assert held == ["engine"] * 7
     assert {k: r.result for k, r in runs.items()} == {"ad": 3, "sd": 4}
     assert turns.used_s["engine"] == pytest.approx(sum(r.device_s for r in runs.values()), rel=0.05, abs=2e-3)
+
+
+def test_a_waiter_interrupted_while_waiting_does_not_block_the_others(monkeypatch):
+    """An exception raised inside the wait (an interrupt) takes the waiter out of the queue: the
+    next party gets the device."""
+    turns = DeviceTurns({"engine": 1.0, "ed": 1.0, "sd": 1.0})
+    entered, release = threading.Event(), threading.Event()
+
+    def holder():
+        with turns.turn("engine"):
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    entered.wait(5)
+    real_wait = threading.Condition.wait
+    calls = []
+
+    def interrupted(self, timeout=None):
+        if threading.current_thread() is threading.main_thread() and not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(threading.Condition, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt), turns.turn("ed"):  # 'ed' < 'sd': it would be next
+        pass
+    monkeypatch.setattr(threading.Condition, "wait", real_wait)
+    got = threading.Event()
+
+    def other():
+        with turns.turn("sd"):
+            got.set()
+
+    o = threading.Thread(target=other)
+    o.start()
+    release.set()
+    t.join(5)
+    o.join(5)
+    assert got.is_set()
