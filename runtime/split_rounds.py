@@ -22,8 +22,7 @@ round's engine thread take weighted turns on the device, one step each (:mod:`ru
 the verifier at the round plan's ED share ``ed_share`` and the engines at the rest, so the share the
 planner priced is the share the verifier gets (to within one engine step, work-conserving: a party
 with nothing to do lends its turns). ``os``: two free threads; on a CPU the OS and torch's thread
-pools time-slice them (about half each while both run, whatever the plan said). With two devices
-(``devices``) there are no turns.
+pools time-slice them (about half each while both run, whatever the plan said).
 
 **Outcomes.** Every request ends with exactly one outcome (served / late / rejected / error), in
 :meth:`finish`: counted in the server's metrics (``specsched_requests``) and, per kind of user, in
@@ -109,8 +108,7 @@ class SplitRoundServer(RoundServer):
     def __init__(self, cfg, pair, metrics=None):
         super().__init__(cfg, pair, metrics)
         s = cfg.split
-        # turns only where the verifier and the engines share one device (with two, AD and SD each have their own)
-        if s.device_sharing == "turns" and not cfg.devices:
+        if s.device_sharing == "turns":  # placement=split runs on one device (ServeConfig refuses ``devices``)
             self.device_turns = DeviceTurns({ENGINE_PARTY: 1.0, ED_PARTY: 1.0})
         self.batcher = VerificationBatcher(BatchVerifier(pair.target, max_depth=s.max_depth), cohorts=s.cohorts, window_s=s.window_ms / 1e3,
                                            max_batch=s.max_clients, turns=self.device_turns, party=ED_PARTY)
