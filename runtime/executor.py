@@ -61,6 +61,8 @@ def run_shared(jobs: dict[str, tuple[Generator, float]], after_step: Callable[[]
         name = min(live, key=lambda n: used[n] / max(live[n][1], 1e-9))
         gen = live[name][0]
         with turns.turn(party) if turns is not None else nullcontext():
+            if turns is not None:
+                _check(cancel)  # cancelled while it waited for its turn
             start = time.perf_counter()
             try:
                 next(gen)

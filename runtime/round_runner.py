@@ -29,7 +29,7 @@ from envs.cost_model import CostModel, sd_iterations1
 from envs.plan import AD, SD
 from envs.workload import Round
 from runtime.calibration import CalibratedCostModel, StepCalibration
-from runtime.engines import ad_steps, drain, sd_steps
+from runtime.engines import ad_steps, sd_steps
 from runtime.executor import (
     BatchRun,
     Outbox,
@@ -56,6 +56,12 @@ PROBE_TOKENS = 8
 #: the calibration's assumed relative spread until a mode has a few samples: the first one is a probe
 #: of one row (a round's batch under a CPU hog was measured ~15 % slower than its probe said)
 FIRST_REL_SD = 0.2
+
+
+def batch_shares(plan: Plan) -> dict[str, float]:
+    """The AD and SD batches' compute shares in ``plan`` (floored at 1e-6): AD ``z``, SD
+    ``1 - z - ed_share`` -- ED's share, if any, is the split verifier's (:mod:`runtime.split_rounds`)."""
+    return {"ad": max(float(plan.z), 1e-6), "sd": max(1.0 - float(plan.z) - float(plan.ed_share), 1e-6)}
 
 
 class RoundRunner:
@@ -102,9 +108,10 @@ class RoundRunner:
         cfg = self.cfg
         return make_scheduler(cfg.scheduler, self.cost, EnvConfig.max_gamma, draft_depth=cfg.draft_depth, seed=0, policy_path=cfg.policy_path)
 
-    def share_device(self, plan: Plan) -> None:
-        """A new round's plan, before any of its users is placed (a hook: runtime.split_rounds sets the
-        verifier's and the engines' shares of the device from it)."""
+    def share_device(self, plan: Plan, round_start: float) -> None:
+        """A new round's plan (the round began at monotonic ``round_start``), before any of its users
+        is placed (a hook: runtime.split_rounds sets the verifier's and the engines' shares of the
+        device from it)."""
 
     def place_other(self, req: LiveRequest, index: int, plan: Plan, loop: asyncio.AbstractEventLoop) -> bool:
         """A plan's mode other than AD / SD for ``req`` (row ``index``): True if taken care of, else it is
@@ -171,14 +178,17 @@ class RoundRunner:
         g = self.cfg.draft_depth
         began = time.perf_counter()
         for mode in ("ad", "sd"):
-            start = time.perf_counter()
             if mode == "ad":
-                res = drain(ad_steps(self.ad_target, [prompt], PROBE_TOKENS, pad_id=tok.pad_id))
+                steps = ad_steps(self.ad_target, [prompt], PROBE_TOKENS, pad_id=tok.pad_id)
+            else:
+                steps = sd_steps(self.pair.target, self.pair.draft, [prompt], g, PROBE_TOKENS, pad_id=tok.pad_id)
+            # its steps as the engines' turns when the verifier shares the device: timed as a round's batch is
+            run = run_shared({mode: (steps, 1.0)}, turns=self.device_turns)[mode]
+            res, real = run.result, run.device_s
+            if mode == "ad":
                 predicted = self.base_cost.ad_time1(1, len(prompt), PROBE_TOKENS)
             else:
-                res = drain(sd_steps(self.pair.target, self.pair.draft, [prompt], g, PROBE_TOKENS, pad_id=tok.pad_id))
                 predicted = self.base_cost.sd_time1(1, len(prompt), PROBE_TOKENS, max(res.iterations), g)
-            real = time.perf_counter() - start
             if learn and (factor := self.calibration.update(mode, real, predicted)) is not None:
                 self.metrics.calibration.labels(mode).set(factor)
         self.probe_s = time.perf_counter() - began
@@ -199,7 +209,7 @@ class RoundRunner:
         decided = time.monotonic()
         self.metrics.round_done()
         alpha_planned = self.alpha
-        self.share_device(plan)
+        self.share_device(plan, began)
         groups: dict[str, list[LiveRequest]] = {}
         for i, (r, m) in enumerate(zip(batch, plan.modes, strict=True)):
             r.alpha_planned, r.round_start, r.planned_at = alpha_planned, began, decided
@@ -224,9 +234,9 @@ class RoundRunner:
                           **row_sampling(members))
             prompts = [r.prompt_ids for r in members]
             if mode == "ad":
-                jobs[mode] = (ad_steps(self.ad_target, prompts, **common), max(plan.z, 1e-6))
+                jobs[mode] = (ad_steps(self.ad_target, prompts, **common), batch_shares(plan)["ad"])
             else:
-                jobs[mode] = (sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common), max(1.0 - plan.z, 1e-6))
+                jobs[mode] = (sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common), batch_shares(plan)["sd"])
         try:
             if self.cfg.devices and len(jobs) > 1:
                 runs = run_parallel({name: gen for name, (gen, _) in jobs.items()}, outbox.flush, self.cancel)

@@ -59,7 +59,7 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from envs.config import EnvConfig
-from envs.plan import ED
+from envs.plan import AD, ED, SD
 from envs.split_cost import SplitCostModel
 from envs.split_plan import ed_time1, ed_users
 from envs.workload import Round
@@ -120,6 +120,7 @@ class SplitRoundServer(RoundServer):
         self.kind_counts = {kind: dict.fromkeys(OUTCOMES, 0) for kind in KINDS}
         self.split_cost = SplitCostModel(self.base_cost.profile)  # ServeConfig checked the edge and network sections
         self.edge_active: dict[str, EdgeRequest] = {}  #: ED requests between their decision and their end
+        self.ed_round_shares: dict[float, float] = {}  #: round start (monotonic) -> its plan's ED share, while its ED users are active
         self.loop: asyncio.AbstractEventLoop | None = None
         self.grpc_server: grpc.Server | None = None
         self.split_port: int | None = None
@@ -157,15 +158,25 @@ class SplitRoundServer(RoundServer):
             req.ed_alone_s = min(times, default=float("inf"))
         return min(fastest, req.ed_alone_s * self.calibration.factor["sd"])
 
-    def share_device(self, plan: Plan) -> None:
-        """The verifier's turns at the plan's ED share, the engines' at the rest. A plan that places no
-        ED user keeps the share of the ED users still drafting from earlier rounds, if any."""
+    def share_device(self, plan: Plan, round_start: float) -> None:
+        """The device's turns from the round plans in force (``split.device_sharing=turns``).
+
+        Each round is planned on its own, with the whole device, while ED users of earlier rounds may
+        still be drafting; so each party is weighted by what its own plans gave it (only the ratio
+        matters): the verifier by the ED shares of the rounds whose ED users are still active, this
+        one's included (summed, at most 1), the engines by this plan's AD + SD share (``1 - ed_share``;
+        a plan without AD / SD users leaves them the rest). A plan that puts everyone in ED (ED share
+        1) against a later AD / SD round so splits the device half and half, not all to the verifier."""
         if self.device_turns is None:
             return
-        ed = float(plan.ed_share) if plan.ed_depth is not None and np.any(plan.modes == ED) else 0.0
-        if ed <= 0.0 and self.edge_active:
-            return
-        self.device_turns.set_shares({ENGINE_PARTY: max(1.0 - ed, 0.0), ED_PARTY: ed})
+        placed = plan.ed_depth is not None and bool(np.any(plan.modes == ED))
+        if placed:
+            self.ed_round_shares[round_start] = float(plan.ed_share)
+        active = {r.round_start for r in self.edge_active.values()} | ({round_start} if placed else set())
+        self.ed_round_shares = {k: v for k, v in self.ed_round_shares.items() if k in active}
+        ed = min(sum(self.ed_round_shares.values()), 1.0)
+        engines = 1.0 - float(plan.ed_share) if np.any((plan.modes == AD) | (plan.modes == SD)) else 1.0 - ed
+        self.device_turns.set_shares({ENGINE_PARTY: max(engines, 0.0), ED_PARTY: ed})
 
     def place_other(self, req: LiveRequest, index: int, plan: Plan, loop: asyncio.AbstractEventLoop) -> bool:
         if plan.modes[index] != ED or not isinstance(req, EdgeRequest) or plan.ed_depth is None:

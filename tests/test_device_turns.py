@@ -24,6 +24,11 @@ class FakeClock:
         with self.lock:
             return self.now
 
+    @staticmethod
+    def monotonic() -> float:
+        """The anticipation window's clock stays real: it bounds a real wait."""
+        return time.monotonic()
+
     def advance(self, s: float) -> None:
         with self.lock:
             self.now += s
@@ -217,3 +222,156 @@ def test_a_waiter_interrupted_while_waiting_does_not_block_the_others(monkeypatc
     t.join(5)
     o.join(5)
     assert got.is_set()
+
+
+def gapped(turns: DeviceTurns, clock: FakeClock, name: str, stop: threading.Event, order: list[str], step_s: float, gap_s: float) -> None:
+    """Take turns until ``stop`` with a real pause of ``gap_s`` after each (the batcher's own work between passes)."""
+    while not stop.is_set():
+        with turns.turn(name):
+            order.append(name)
+            clock.advance(step_s)
+        time.sleep(gap_s)
+
+
+@pytest.mark.parametrize("anticipate_s, holds", [(0.05, True), (0.0, False)])
+def test_a_party_with_short_gaps_keeps_its_share_by_anticipation(clock, anticipate_s, holds):
+    """The verifier's 1 ms passes with a short pause between them against 4 ms engine steps at ED
+    share 0.8: held for it while it is behind, it gets its share; without anticipation every pause
+    lets a whole engine step in and the two alternate (0.2 of the device, whatever the share)."""
+    turns = DeviceTurns({"engine": 0.2, "ed": 0.8}, anticipate_s=anticipate_s)
+    stop, order, inside = threading.Event(), [], [0]
+    threads = [threading.Thread(target=busy, args=(turns, clock, "engine", stop, order, inside, 0.004)),
+               threading.Thread(target=gapped, args=(turns, clock, "ed", stop, order, 0.001, 0.0003))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(order) < 400 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    share = turns.used_s["ed"] / sum(turns.used_s.values())
+    if holds:
+        assert share == pytest.approx(0.8, abs=0.05), turns.used_s
+    else:
+        assert share < 0.5, turns.used_s
+
+
+def test_time_charged_at_a_tiny_share_does_not_lock_a_party_out_after_it_grows(clock):
+    """One 20 ms pass at share 0.01 puts the verifier 2 s of virtual time ahead; after its share
+    becomes 0.5 it is rescaled to 40 ms ahead, not 2 s (which would take the engine 1 s of device)."""
+    turns = DeviceTurns({"engine": 0.99, "ed": 0.01}, anticipate_s=0.0)
+    with turns.turn("ed"):
+        clock.advance(0.020)
+    turns.set_shares({"engine": 0.5, "ed": 0.5})
+    order = run_parties(turns, clock, ["engine", "ed"], 300)
+    assert order.count("ed") >= 100, order.count("ed")
+
+
+def test_the_device_held_for_a_party_that_does_not_come_back_is_released(clock):
+    """Anticipation is bounded: a party behind its share that goes idle holds the others back for
+    ``anticipate_s`` at most, then they go on."""
+    turns = DeviceTurns({"engine": 0.1, "ed": 0.9}, anticipate_s=0.05)
+    with turns.turn("engine"):
+        clock.advance(0.001)
+    got = []
+
+    def engine_again():
+        t0 = time.monotonic()
+        with turns.turn("engine"):
+            got.append(time.monotonic() - t0)
+
+    waiter = threading.Thread(target=engine_again)
+    with turns.turn("ed"):  # 'ed' behind (0.0011 against 0.01 of virtual time): held for it when it ends
+        waiter.start()
+        while "engine" not in turns.waiting:
+            time.sleep(0.001)
+        clock.advance(0.001)
+    waiter.join(5)
+    assert got and 0.04 <= got[0] < 2.0
+
+
+# ------------------------------------------------------------------ the turns' users: shutdown paths
+def hold_turn(turns: DeviceTurns, name: str) -> tuple[threading.Event, threading.Thread]:
+    """A thread holding ``name``'s turn until the returned event is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with turns.turn(name):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(5)
+    return release, t
+
+
+def test_a_round_cancelled_while_it_waits_for_its_turn_runs_no_step():
+    from runtime.executor import Cancelled
+
+    turns = DeviceTurns({"engine": 1.0, "ed": 1.0}, anticipate_s=0.0)
+    release, holder = hold_turn(turns, "ed")
+    cancel, stepped, raised = threading.Event(), [], []
+
+    def steps():
+        stepped.append(1)
+        yield
+        return 1
+
+    def round_thread():
+        try:
+            run_shared({"sd": (steps(), 1.0)}, cancel=cancel, turns=turns)
+        except Cancelled as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=round_thread)
+    t.start()
+    while "engine" not in turns.waiting:
+        time.sleep(0.001)
+    cancel.set()
+    release.set()
+    t.join(5)
+    holder.join(5)
+    assert raised and not stepped
+
+
+class RecordingVerifier:
+    """The batcher's verifier, minus the model: records the batches it verifies."""
+
+    vocab_size = 100
+
+    def __init__(self):
+        self.batches = []
+
+    def check(self, req) -> None:
+        pass
+
+    def release(self, client: str) -> bool:
+        return True
+
+    def verify(self, requests):
+        from runtime.split.verifier import Verdict
+
+        self.batches.append(requests)
+        return [Verdict(0, 1, 1) for _ in requests]
+
+
+def test_a_batcher_stopped_while_it_waits_for_its_turn_fails_the_batch_unverified():
+    from runtime.split.batcher import VerificationBatcher
+    from runtime.split.verifier import VerifyRequest
+
+    turns = DeviceTurns({"engine": 1.0, "ed": 1.0}, anticipate_s=0.0)
+    verifier = RecordingVerifier()
+    batcher = VerificationBatcher(verifier, window_s=0.0, turns=turns, party="ed")
+    release, holder = hold_turn(turns, "engine")
+    batcher.join("c")
+    fut = batcher.submit(VerifyRequest("c", (1,), (2, 3), 2))
+    while "ed" not in turns.waiting:
+        time.sleep(0.001)
+    batcher.stop(timeout=0.05)  # the batcher thread still waits for its turn
+    release.set()
+    holder.join(5)
+    with pytest.raises(RuntimeError, match="stopped"):
+        fut.result(5)
+    assert verifier.batches == []

@@ -189,24 +189,37 @@ def test_a_broken_edge_stream_ends_its_request_with_error(pair, tmp_path):
 
 
 def test_the_plan_sets_the_verifiers_and_the_engines_shares(pair, tmp_path):
-    """split.device_sharing=turns: each round's plan sets the ED share of the device's turns; a plan
-    without ED users keeps it while earlier ED users still verify."""
+    """split.device_sharing=turns: the verifier weighted by the ED shares of the rounds whose ED users
+    are active (summed), the engines by the new plan's AD + SD share."""
+    from types import SimpleNamespace
+
     from envs.plan import AD, ED, Plan
     from runtime.device_turns import MIN_SHARE
     from runtime.split_rounds import ED_PARTY, ENGINE_PARTY, SplitRoundServer
 
     cfg = ServeConfig(scheduler="edge_first", placement="split", port=0, profile=str(split_tiny_profile(pair, tmp_path)), split={"port": 0})
     rounds = SplitRoundServer(cfg, pair)
+
+    def shares():
+        return turns.share(ED_PARTY), turns.share(ENGINE_PARTY)
+
     try:
         turns = rounds.device_turns
-        rounds.share_device(Plan(np.array([ED, AD]), gamma=2, z=0.2, ed_depth=np.array([3, 0]), ed_share=0.3))
-        assert (turns.share(ED_PARTY), turns.share(ENGINE_PARTY)) == pytest.approx((0.3, 0.7))
-        rounds.edge_active["x"] = object()  # an ED user of that round still drafting
-        rounds.share_device(Plan(np.array([AD]), gamma=2, z=1.0))
-        assert turns.share(ED_PARTY) == pytest.approx(0.3)
+        rounds.share_device(Plan(np.array([ED, AD]), gamma=2, z=0.2, ed_depth=np.array([3, 0]), ed_share=0.3), round_start=1.0)
+        assert shares() == pytest.approx((0.3, 0.7))
+        rounds.edge_active["a"] = SimpleNamespace(round_start=1.0)  # round 1's ED user still drafting
+        rounds.share_device(Plan(np.array([AD]), gamma=2, z=1.0), round_start=2.0)
+        assert shares() == pytest.approx((0.3, 1.0))  # its share kept; the new plan's engines at theirs
+        rounds.share_device(Plan(np.array([ED]), gamma=2, z=0.0, ed_depth=np.array([2]), ed_share=0.02), round_start=3.0)
+        assert turns.share(ED_PARTY) == pytest.approx(0.32)  # a few new ED users do not shrink the earlier ones' share
         rounds.edge_active.clear()
-        rounds.share_device(Plan(np.array([AD]), gamma=2, z=1.0))
-        assert (turns.share(ED_PARTY), turns.share(ENGINE_PARTY)) == (MIN_SHARE, 1.0)
+        rounds.share_device(Plan(np.array([ED, ED]), gamma=2, z=0.0, ed_depth=np.array([2, 2]), ed_share=1.0), round_start=4.0)
+        rounds.edge_active["b"] = SimpleNamespace(round_start=4.0)
+        rounds.share_device(Plan(np.array([AD]), gamma=2, z=1.0), round_start=5.0)
+        assert shares() == pytest.approx((1.0, 1.0))  # an all-ED round against an AD round: half and half, not all to ED
+        rounds.edge_active.clear()
+        rounds.share_device(Plan(np.array([AD]), gamma=2, z=1.0), round_start=6.0)
+        assert shares() == (MIN_SHARE, 1.0)
     finally:
         rounds.batcher.stop()
         rounds.pool.shutdown(wait=False)
@@ -228,5 +241,48 @@ def test_the_queue_counts_ed_as_a_way_to_serve_an_edge_user(pair, tmp_path):
         far = EdgeRequest(id="f", rtt_s=5.0, **common)  # a 5 s round trip per iteration: ED is no faster than AD / SD
         assert rounds.min_service_s(far) == rounds.min_service_s(http) < far.ed_alone_s
     finally:
+        rounds.batcher.stop()
+        rounds.pool.shutdown(wait=False)
+
+
+def test_the_engines_split_their_turns_by_the_plans_ad_and_sd_shares():
+    """Inside the engines' turns AD gets z and SD 1 - z - ed_share (not 1 - z: with an ED share, AD
+    would get less than planned)."""
+    from envs.plan import AD, ED, SD, Plan
+    from runtime.round_runner import batch_shares
+
+    plan = Plan(np.array([AD, SD, ED]), gamma=2, z=0.4, ed_depth=np.array([0, 0, 2]), ed_share=0.3)
+    assert batch_shares(plan) == pytest.approx({"ad": 0.4, "sd": 0.3})
+    assert batch_shares(Plan(np.array([AD, SD]), gamma=2, z=0.25)) == pytest.approx({"ad": 0.25, "sd": 0.75})  # v0 plans as before
+
+
+def test_the_calibration_probe_takes_the_engines_turns(pair, tmp_path):
+    """With turns the probe's steps wait for the verifier's turn and are timed without the wait."""
+    from runtime.split_rounds import ED_PARTY, ENGINE_PARTY, SplitRoundServer
+
+    cfg = ServeConfig(scheduler="edge_first", placement="split", port=0, profile=str(split_tiny_profile(pair, tmp_path)), split={"port": 0})
+    rounds = SplitRoundServer(cfg, pair)
+    turns = rounds.device_turns
+    held, release = threading.Event(), threading.Event()
+
+    def verifier_pass():
+        with turns.turn(ED_PARTY):
+            held.set()
+            release.wait(30)
+
+    try:
+        v = threading.Thread(target=verifier_pass)
+        v.start()
+        assert held.wait(5)
+        probe = threading.Thread(target=rounds.probe, kwargs={"learn": False})
+        probe.start()
+        probe.join(0.5)
+        assert probe.is_alive() and ENGINE_PARTY in turns.waiting  # it waits for the device
+        release.set()
+        probe.join(60)
+        v.join(5)
+        assert not probe.is_alive() and turns.used_s[ENGINE_PARTY] > 0
+    finally:
+        release.set()
         rounds.batcher.stop()
         rounds.pool.shutdown(wait=False)

@@ -197,6 +197,10 @@ class VerificationBatcher:
             if not batch:
                 return
             with self.turns.turn(self.party) if self.turns is not None else nullcontext():
+                if self._stopped:  # stopped while it waited for its turn: the batch fails, as every queued request
+                    for q in batch:
+                        q.future.set_exception(RuntimeError("the verification server stopped"))
+                    continue
                 start, cpu0 = time.perf_counter(), time.thread_time()
                 try:
                     results = self.verifier.verify([q.req for q in batch])
