@@ -63,13 +63,13 @@ real slower); in those four unpinned runs, positive in 7 of their 8 rows (the ei
 turns at the plan's ED share (:mod:`runtime.device_turns`), the model's premise; ``os`` runs them as
 two free threads, as every run before 2026-12-03 did (a report without the option is read as
 ``os``). Part by part (the report's last table, from the edges' iteration logs, the prompt's
-prefill spread over the iterations on both sides), the three runs of 2026-12-03 on the same rounds
-show what the switch changes: in mixed rounds the verify pass took 14.5 / 13.1 ms under turns, as
-in ED-only rounds (14.7-15.1 ms), against 18.5 ms as a free thread beside the SD engine, and waited
-16.4 / 14.8 ms for its turn against 6.0 ms -- nearer the model's 35.7 ms at the ED share in sum
-(30.9 / 27.9 against 24.6 ms). What the model leaves out: the round trip beyond the emulated RTT
-(20.9 against 18.3 ms; the transport, likely, not separated) and, under turns, waiting out an
-engine step already running (no preemption). The published runs and what each showed: the
+prefill spread over the iterations on both sides), the two runs of 2026-12-03 at ``fafa5f0``
+show what the turns do: in mixed rounds the verify pass took 19.5 / 15.7 ms, within 1.4 ms of the
+ED-only rounds' (18.0 / 15.0 ms), where a free thread beside the SD engine took 18.5 against 15.1
+ms; verify plus queue, 45.6 / 37.5 ms, lies within 9 % of the model's verify at the plan's ED share
+(42.4 / 34.5 ms). What the model leaves out: the round trip beyond the emulated RTT (19.7 against
+15.8 ms in mixed rounds; the transport and the server's threads on the one core, likely, not
+separated) and, under turns, waiting out an engine step already running (no preemption). The published runs and what each showed: the
 README's section on the live server with edge users (``results/split_sim_vs_real/*/summary.md``).
 
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's

@@ -19,9 +19,10 @@ placement stream and the round moves on -- ED work is the verifier's, not the ro
 the AD / SD engines' target model (one copy: the weights are read-only and every forward has its own
 KV, so the two threads may run it at once). ``turns`` (default): the verification thread and the
 round's engine thread take weighted turns on the device, one step each (:mod:`runtime.device_turns`),
-the verifier at the round plan's ED share ``ed_share`` and the engines at the rest, so the share the
-planner priced is the share the verifier gets (to within one engine step, work-conserving: a party
-with nothing to do lends its turns). ``os``: two free threads; on a CPU the OS and torch's thread
+the verifier at the round plan's ED share ``ed_share`` and the engines at the rest (with ED users
+of earlier rounds still active: :meth:`SplitRoundServer.share_device`), so the share the planner
+priced is the share the verifier gets (to within one engine step; work-conserving but for a 2 ms
+anticipation window: a party with nothing to do lends its turns). ``os``: two free threads; on a CPU the OS and torch's thread
 pools time-slice them (about half each while both run, whatever the plan said).
 
 **Outcomes.** Every request ends with exactly one outcome (served / late / rejected / error), in
