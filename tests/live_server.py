@@ -19,17 +19,18 @@ def tiny_pair():
     return load_pair(build_pair(recipe="tiny", progress=False))
 
 
-def tiny_profile(pair, folder: Path) -> Path:
-    """The one-thread CPU profile's timings with the tiny pair's dimensions (the server refuses a
-    profile of other dimensions); slower than the tiny pair really is, which only makes planning
-    conservative until the calibration has learnt the real speed."""
-    prof = yaml.safe_load((ROOT / "envs" / "profiles" / "cpu1_specsched-pair.yaml").read_text())
+def tiny_profile(pair, folder: Path, base: str = "cpu1_specsched-pair", name: str = "tiny_test") -> Path:
+    """The shipped profile ``base``'s timings (default: the one-thread CPU profile) with the tiny
+    pair's dimensions (the server refuses a profile of other dimensions), saved as ``name``; slower
+    than the tiny pair really is, which only makes planning conservative until the calibration has
+    learnt the real speed."""
+    prof = yaml.safe_load((ROOT / "envs" / "profiles" / f"{base}.yaml").read_text())
     for role, model in (("llm", pair.target), ("slm", pair.draft)):
         c = model.config
         prof[role].update(layers=c.num_hidden_layers, hidden=c.hidden_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
                           vocab=c.vocab_size, head_dim=c.hidden_size // c.num_attention_heads)
-    prof["name"] = "tiny_test"
-    path = Path(folder) / "tiny_test.yaml"
+    prof["name"] = name
+    path = Path(folder) / f"{name}.yaml"
     path.write_text(yaml.safe_dump(prof))
     return path
 

@@ -8,23 +8,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import yaml
-from live_server import ROOT, running, tiny_pair
+from live_server import ROOT, running, tiny_pair, tiny_profile
 
 from runtime.serve_config import ServeConfig, SplitSettings
 
 
 def split_tiny_profile(pair, folder: Path) -> Path:
     """The measured one-thread split profile with the tiny pair's dimensions (the server refuses others)."""
-    prof = yaml.safe_load((ROOT / "envs" / "profiles" / "split_cpu1_specsched-pair.yaml").read_text())
-    for role, model in (("llm", pair.target), ("slm", pair.draft)):
-        c = model.config
-        prof[role].update(layers=c.num_hidden_layers, hidden=c.hidden_size, heads=c.num_attention_heads, kv_heads=c.num_key_value_heads,
-                          vocab=c.vocab_size, head_dim=c.hidden_size // c.num_attention_heads)
-    prof["name"] = "split_tiny_test"
-    path = Path(folder) / "split_tiny_test.yaml"
-    path.write_text(yaml.safe_dump(prof))
-    return path
+    return tiny_profile(pair, folder, base="split_cpu1_specsched-pair", name="split_tiny_test")
 
 
 # ----------------------------------------------------------------------------- config, before anything is built
