@@ -62,15 +62,9 @@ real slower); in those four unpinned runs, positive in 7 of their 8 rows (the ei
 ``split.device_sharing``): ``turns`` (default) makes the verifier and the AD/SD engines take weighted
 turns at the plan's ED share (:mod:`runtime.device_turns`), the model's premise; ``os`` runs them as
 two free threads, as every run before 2026-12-03 did (a report without the option is read as
-``os``). Part by part (the report's last table, from the edges' iteration logs, the prompt's
-prefill spread over the iterations on both sides), the two runs of 2026-12-03 at ``fafa5f0``
-show what the turns do: in mixed rounds the verify pass took 19.5 / 15.7 ms, within 1.4 ms of the
-ED-only rounds' (18.0 / 15.0 ms), where a free thread beside the SD engine took 18.5 against 15.1
-ms; verify plus queue, 45.6 / 37.5 ms, lies within 9 % of the model's verify at the plan's ED share
-(42.4 / 34.5 ms). What the model leaves out: the round trip beyond the emulated RTT (19.7 against
-15.8 ms in mixed rounds; the transport and the server's threads on the one core, likely, not
-separated) and, under turns, waiting out an engine step already running (no preemption). The published runs and what each showed: the
-README's section on the live server with edge users (``results/split_sim_vs_real/*/summary.md``).
+``os``). What the switch changes part by part (the report's last table), and what the model still
+leaves out: the README's section on the live server with edge users
+(``results/split_sim_vs_real/*/summary.md``).
 
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``

@@ -57,12 +57,10 @@ def run_shared(jobs: dict[str, tuple[Generator, float]], after_step: Callable[[]
     results: dict[str, BatchRun] = {}
     live = dict(jobs)
     while live:
-        _check(cancel)
         name = min(live, key=lambda n: used[n] / max(live[n][1], 1e-9))
         gen = live[name][0]
         with turns.turn(party) if turns is not None else nullcontext():
-            if turns is not None:
-                _check(cancel)  # cancelled while it waited for its turn
+            _check(cancel)  # after the wait for the turn: a round cancelled while it waited runs no step
             start = time.perf_counter()
             try:
                 next(gen)

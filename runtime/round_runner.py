@@ -228,15 +228,15 @@ class RoundRunner:
         loop.call_soon_threadsafe(self.on_planned)
         tok = self.pair.tokenizer
         outbox = Outbox(loop, self.deliver, self.cfg.stream_interval_s, self.metrics)
-        jobs = {}
+        jobs, shares = {}, batch_shares(plan)
         for mode, members in groups.items():
             common = dict(max_new_tokens=[r.max_tokens for r in members], eos_id=tok.eos_id, pad_id=tok.pad_id, **batch_callbacks(members, outbox),
                           **row_sampling(members))
             prompts = [r.prompt_ids for r in members]
             if mode == "ad":
-                jobs[mode] = (ad_steps(self.ad_target, prompts, **common), batch_shares(plan)["ad"])
+                jobs[mode] = (ad_steps(self.ad_target, prompts, **common), shares["ad"])
             else:
-                jobs[mode] = (sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common), batch_shares(plan)["sd"])
+                jobs[mode] = (sd_steps(self.pair.target, self.pair.draft, prompts, plan.gamma, **common), shares["sd"])
         try:
             if self.cfg.devices and len(jobs) > 1:
                 runs = run_parallel({name: gen for name, (gen, _) in jobs.items()}, outbox.flush, self.cancel)

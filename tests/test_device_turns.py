@@ -121,18 +121,24 @@ def test_share_changes_apply_to_the_next_turns(clock):
     assert used["ed"] / sum(used.values()) == pytest.approx(0.8, abs=0.03), used
 
 
+def take_turn_in_thread(turns: DeviceTurns, name: str) -> tuple[threading.Event, threading.Thread]:
+    """A started thread that takes one turn of ``name``; the event is set once it has the device."""
+    got = threading.Event()
+
+    def take():
+        with turns.turn(name):
+            got.set()
+
+    t = threading.Thread(target=take)
+    t.start()
+    return got, t
+
+
 def test_a_fault_inside_a_turn_releases_the_device():
     turns = DeviceTurns({"engine": 1.0, "ed": 1.0})
     with pytest.raises(ZeroDivisionError), turns.turn("ed"):
         raise ZeroDivisionError("a fault in a verification pass")
-    done = threading.Event()
-
-    def other():
-        with turns.turn("engine"):
-            done.set()
-
-    t = threading.Thread(target=other)
-    t.start()
+    done, t = take_turn_in_thread(turns, "engine")
     t.join(5)
     assert done.is_set()
 
@@ -210,14 +216,7 @@ def test_a_waiter_interrupted_while_waiting_does_not_block_the_others(monkeypatc
     with pytest.raises(KeyboardInterrupt), turns.turn("ed"):  # 'ed' < 'sd': it would be next
         pass
     monkeypatch.setattr(threading.Condition, "wait", real_wait)
-    got = threading.Event()
-
-    def other():
-        with turns.turn("sd"):
-            got.set()
-
-    o = threading.Thread(target=other)
-    o.start()
+    got, o = take_turn_in_thread(turns, "sd")
     release.set()
     t.join(5)
     o.join(5)
