@@ -66,6 +66,15 @@ two free threads, as every run before 2026-12-03 did (a report without the optio
 leaves out: the README's section on the live server with edge users
 (``results/split_sim_vs_real/*/summary.md``).
 
+**Which round trip** (``--rtt-report``): ``measured`` (default) has each edge user report the
+emulated RTT plus the stack time its own recent round trips took beyond their emulated delays (gRPC
+on loopback, both processes' threads: 2.3 to 3.9 ms per round trip in the eight runs before it,
+none of which the emulated RTT holds; :mod:`runtime.split.rtt_estimate`), after one probe generation
+per edge user at the RTT range's midpoint (not a round: nothing planned or counted); the server and
+the simulator plan with the reported value (``reported_rtt_s`` in ``requests.csv``). ``link``
+reports the emulated RTT alone, as every run before 2026-12-03 (stop 43) did (a report without the
+option is read as ``link``).
+
 **Re-simulating a finished run.** ``--resimulate DIR`` reads ``DIR/requests.csv`` (the live part's
 records), plans and costs its rounds again with this code and ``DIR/profile.yaml`` (or ``--profile``
 when the run saved none), and rewrites ``requests.csv``, ``summary.csv`` and ``summary.md`` in
@@ -111,7 +120,7 @@ from runtime.machine_profile import (
     resolve_profile,
 )
 from runtime.serve_config import DEVICE_SHARING
-from runtime.split_loadgen import add_round_args, check_ranges, draw_round, run_round
+from runtime.split_loadgen import add_round_args, check_ranges, draw_round, probe_links, run_round
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results" / "split_sim_vs_real"
@@ -246,8 +255,11 @@ def main(argv: list[str] | None = None) -> None:
         for scheduler in args.schedulers.split(","):
             proc, url, address = start_server(scheduler, pair_path, profile, args.window_s, args.alpha, args.cohorts, args.threads,
                                               args.policy if scheduler == "policy" else None, server_cpus, args.device_sharing)
-            edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
+            edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=i, rtt_report=args.rtt_report) for i in range(args.edge_users)]
             try:
+                if args.rtt_report == "measured":  # not a round: the probe's requests are neither planned nor counted
+                    stack = probe_links(edges, tok, prompts, sum(args.rtt_ms) / 2e3)
+                    print(f"[{scheduler} probe] stack ms per round trip: " + ", ".join(f"{ms:.2f}" for ms in stack), flush=True)
                 for setting in args.settings.split(","):
                     rng = np.random.default_rng([args.seed, SETTINGS.index(setting)])  # the same users for every scheduler
                     for r in range(args.rounds):
@@ -282,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
 #: the options that describe a live run (the rest -- --completion, --out, --resimulate -- are the simulator's or the report's)
 LIVE_OPTIONS = ("schedulers", "policy", "settings", "rounds", "edge_users", "http_users", "tokens", "deadline_s", "rtt_ms", "window_s", "alpha",
                 "cohorts", "threads", "profile", "auto_profile", "remeasure_profile", "pair", "seed", "pin_cpus",
-                "device_sharing")
+                "device_sharing", "rtt_report")
 
 
 def _recorded(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -298,6 +310,8 @@ def _recorded(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
         recorded_argv += ["--pin-cpus", "off"]
     if "--device-sharing" not in recorded_argv:  # before the switch the server's verifier ran as a free thread
         recorded_argv += ["--device-sharing", "os"]
+    if "--rtt-report" not in recorded_argv:  # before stop 43 the edges reported the emulated RTT alone
+        recorded_argv += ["--rtt-report", "link"]
     try:
         recorded = ap.parse_args(recorded_argv)
     except SystemExit:  # argparse has printed why
@@ -358,7 +372,7 @@ def command(args: argparse.Namespace) -> str:
             + (f" --alpha {args.alpha:g}" if args.alpha != 0.8 else "") + (f" --threads {args.threads}" if args.threads != 1 else "")
             + ("" if args.auto_profile else " --no-auto-profile") + (" --remeasure-profile" if args.remeasure_profile else "")
             + ("" if args.completion == "own" else f" --completion {args.completion}") + f" --pin-cpus {args.pin_cpus}"
-            + f" --device-sharing {args.device_sharing}")
+            + f" --device-sharing {args.device_sharing} --rtt-report {args.rtt_report}")
 
 
 def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list[str], profile_text: str, profile_name: str) -> None:

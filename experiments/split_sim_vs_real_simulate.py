@@ -46,7 +46,7 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
         edge = (g.kind == "edge").to_numpy()
         rnd = Round.from_requests(g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6),
                                   np.full(n, float(g.alpha_server.iloc[0])), uplink_s=0.0, downlink_s=0.0)
-        rnd.has_edge, rnd.rtt_s = edge, g.rtt_s.to_numpy(dtype=float)
+        rnd.has_edge, rnd.rtt_s = edge, reported_rtt_s(g)
         plan = sched.plan(rnd)
         produced = np.maximum(g.tokens.fillna(0).to_numpy(dtype=np.int64), 1)
         realised = np.where(g.outcome.isin(["served", "late"]), produced, rnd.output_tokens)  # a rejected request's output is never seen
@@ -68,6 +68,17 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
             row.update({f"sim_{name}": float(v[k]) for name, v in parts.items()})
             rows.append(row)
     return df.join(pd.DataFrame(rows).set_index("index"))
+
+
+def reported_rtt_s(g: pd.DataFrame) -> np.ndarray:
+    """Each user's round trip as the server saw it, s: the RTT the edge reported (``reported_rtt_s``:
+    the emulated RTT plus its measured stack time, ``runtime.split.rtt_estimate``) where the records
+    have it, else the emulated ``rtt_s`` (runs before stop 43, and ``--rtt-report link``)."""
+    rtt = g.rtt_s.to_numpy(dtype=float)
+    if "reported_rtt_s" not in g.columns:
+        return rtt
+    reported = g.reported_rtt_s.to_numpy(dtype=float)
+    return np.where(np.isfinite(reported), reported, rtt)
 
 
 def ed_iteration_parts(cost: CostModel, split, rnd: Round, plan) -> dict[str, np.ndarray]:

@@ -10,6 +10,10 @@ request ends with the server's one outcome (served / late / rejected / error), r
 (mode, ED depth, latency on the server's clock, wait before planning, tokens, and the acceptance the
 run measured: the edge's iteration log for ED, the engine's counters for SD). Edge users draft with
 this process's copy of the draft model (``--pair`` / ``--preset``; one torch thread by default).
+With ``--rtt-report measured`` (default) each edge user reports the emulated RTT plus the stack time
+it measured on its own round trips (:mod:`runtime.split.rtt_estimate`), seeded by one probe
+generation per edge user before the first round (:func:`probe_links`); ``link`` reports the
+emulated RTT alone. Each record keeps both (``rtt_s``: emulated; ``reported_rtt_s``: reported).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
+
+from runtime.split.rtt_estimate import RTT_REPORTS
 
 if TYPE_CHECKING:
     from runtime.split_placement import EdgeUser
@@ -53,6 +59,30 @@ def iteration_means(iterations: list) -> dict[str, float]:
             for name, field in ITERATION_PARTS.items()}
 
 
+def probe_links(edges: list[EdgeUser], tok: Tokenizer, prompts: list[str], rtt_s: float) -> list[float]:
+    """Every edge user's link probe at once (:meth:`EdgeUser.probe_link`, emulated RTT ``rtt_s``),
+    before the first round, so the first requests report a measured round trip too; returns each
+    user's stack time per round trip, ms."""
+    stack_ms = [float("nan")] * len(edges)
+    errors: list[BaseException] = []
+
+    def probe(i: int) -> None:
+        edges[i].rtt_s = rtt_s
+        try:
+            stack_ms[i] = 1e3 * edges[i].probe_link(tok.encode(prompts[i % len(prompts)]))
+        except Exception as exc:  # noqa: BLE001 - re-raised on the caller's thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=probe, args=(i,)) for i in range(len(edges))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return stack_ms
+
+
 def run_round(users: list[dict], edges: list[EdgeUser], url: str, tok: Tokenizer) -> None:
     """All users of a round at once (edge user ``i`` of the round on ``edges[i]``); fills each dict with what happened."""
 
@@ -62,7 +92,8 @@ def run_round(users: list[dict], edges: list[EdgeUser], url: str, tok: Tokenizer
         ids = tok.encode(u["prompt"])
         res = user.request(ids, u["max_tokens"], u["deadline_s"], request_id=f"{u['setting']}-{u['round']}-{u['user']}")
         its = res.edge.iterations if res.edge else []
-        u.update(prompt_tokens=len(ids), mode=res.mode, outcome=res.outcome, reason=res.reason, latency_s=res.server_latency_s, wait_s=res.wait_s,
+        u.update(reported_rtt_s=res.reported_rtt_s, prompt_tokens=len(ids), mode=res.mode, outcome=res.outcome, reason=res.reason,
+                 latency_s=res.server_latency_s, wait_s=res.wait_s,
                  tokens=len(res.tokens), depth=res.depth, iterations=len(its), accepted=sum(log.accepted for log in its),
                  rejections=sum(log.accepted < log.depth for log in its), edge_latency_s=res.latency_s, **iteration_means(its))
 
@@ -112,6 +143,9 @@ def add_round_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tokens", type=int, nargs=2, default=[24, 64], help="max_tokens drawn uniformly in [lo, hi]")
     ap.add_argument("--deadline-s", type=float, nargs=2, default=[0.8, 3.0], help="deadlines drawn uniformly in [lo, hi] seconds")
     ap.add_argument("--rtt-ms", type=float, nargs=2, default=[5.0, 30.0], help="edge RTTs drawn uniformly in [lo, hi] ms")
+    ap.add_argument("--rtt-report", choices=list(RTT_REPORTS), default="measured",
+                    help="the RTT an edge user reports to the server: measured (default: the emulated RTT plus the stack time measured on "
+                         "its own round trips, runtime.split.rtt_estimate; one probe per user first) or link (the emulated RTT alone)")
 
 
 def check_ranges(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -137,9 +171,12 @@ def main(argv: list[str] | None = None) -> None:
     pair = load_pair_from_args(args)
     tok = pair.tokenizer
     rng = np.random.default_rng(args.seed)
-    edges = [EdgeUser(args.split, pair.draft, eos_id=tok.eos_id, seed=i) for i in range(args.edge_users)]
+    edges = [EdgeUser(args.split, pair.draft, eos_id=tok.eos_id, seed=i, rtt_report=args.rtt_report) for i in range(args.edge_users)]
     rows: list[dict] = []
     try:
+        if args.rtt_report == "measured" and edges:
+            stack = probe_links(edges, tok, CODE_PROMPTS + PROSE_PROMPTS, sum(args.rtt_ms) / 2e3)
+            print("[probe] stack ms per round trip: " + ", ".join(f"{ms:.2f}" for ms in stack), flush=True)
         for r in range(args.rounds):
             users = draw_round(rng, r, args.edge_users, args.http_users, tuple(args.tokens), tuple(args.deadline_s), tuple(args.rtt_ms), CODE_PROMPTS + PROSE_PROMPTS)
             run_round(users, edges, args.url, tok)

@@ -28,6 +28,10 @@ within ``reply_timeout_s`` (the ED generation itself is bounded by the verificat
 **Network emulation.** :class:`EdgeUser` wraps its verification link in
 :class:`~runtime.split.transport.DelayedLink` (``rtt_s``, read at each request: half each way); the placement exchange
 itself (one or two messages per request, against ``J`` verification round trips) is not delayed.
+The round trip the edge *reports* (``PlaceMsg.rtt_s``, what the server plans with) is, by default
+(``rtt_report="measured"``), the emulated delay plus the stack time its recent verification round
+trips took beyond their emulated delays (:mod:`runtime.split.rtt_estimate`): what a client on a
+real link measures. :meth:`EdgeUser.probe_link` measures it before the first request.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from runtime.split.depth import PROBES, DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
 from runtime.split.messages import build_messages
+from runtime.split.rtt_estimate import RTT_REPORTS, MeasuredRtt
 from runtime.split.transport import DelayedLink, GrpcLink
 
 PACKAGE = "specsched.placement"
@@ -84,6 +89,7 @@ class EdgeResult:
     server_latency_s: float  #: the server's arrival -> end
     wait_s: float  #: the server's arrival -> planned
     edge: RequestOutcome | None = field(default=None, repr=False)  #: the ED generation's log
+    reported_rtt_s: float = float("nan")  #: the round trip the edge reported to the server for this request, s
 
     @property
     def latency_s(self) -> float:
@@ -96,17 +102,23 @@ class EdgeUser:
 
     ``depth``: ``plan`` drafts at the plan's ED depth; ``auto`` starts there and lets the per-client
     controller (:class:`~runtime.split.depth.DepthController`, SpecEdge's calibration rule) move it.
+    ``rtt_s`` / ``jitter_s``: the emulated link (may change between requests). ``rtt_report``: the round
+    trip reported to the server, ``measured`` (the emulated mean delay ``rtt_s + jitter_s`` plus the
+    stack time measured on this user's recent round trips) or ``link`` (``rtt_s`` alone).
     """
 
     def __init__(self, address: str, draft, rtt_s: float = 0.0, eos_id: int | None = None, depth: str = "plan", max_depth: int = 8,
                  proactive: bool = True, draft_device: SharedDraftDevice | BatchedDrafter | None = None, connect_timeout_s: float = 10.0, reply_timeout_s: float = 60.0,
-                 jitter_s: float = 0.0, seed: int = 0, depth_probe: str = "inside"):
+                 jitter_s: float = 0.0, seed: int = 0, depth_probe: str = "inside", rtt_report: str = "measured"):
         if depth not in ("plan", "auto"):
             raise ValueError(f"depth must be plan or auto, got {depth!r}")
         if rtt_s < 0 or jitter_s < 0:
             raise ValueError(f"rtt_s and jitter_s must be >= 0 seconds, got {rtt_s}, {jitter_s}")
         if depth_probe not in PROBES:
             raise ValueError(f"depth_probe must be one of {PROBES}, got {depth_probe!r}")
+        if rtt_report not in RTT_REPORTS:
+            raise ValueError(f"rtt_report must be one of {list(RTT_REPORTS)}, got {rtt_report!r}")
+        self.rtt_report, self.measured_rtt = rtt_report, MeasuredRtt()
         self.address, self.draft, self.rtt_s, self.eos_id, self.depth = address, draft, rtt_s, eos_id, depth
         self.max_depth, self.proactive, self.draft_device, self.jitter_s, self.seed = max_depth, proactive, draft_device, jitter_s, seed
         self.connect_timeout_s, self.reply_timeout_s = connect_timeout_s, reply_timeout_s
@@ -138,9 +150,31 @@ class EdgeUser:
         self._client.link.rtt_s, self._client.link.jitter_s = self.rtt_s, self.jitter_s  # this request's network (rtt_s may change between requests)
         return self._client
 
+    @property
+    def reported_rtt_s(self) -> float:
+        """The round trip the next request reports to the server, s."""
+        return self.measured_rtt.rtt_s(self.rtt_s + self.jitter_s) if self.rtt_report == "measured" else self.rtt_s
+
+    def _generate(self, depth: int, prompt: list[int], max_tokens: int, temperature: float, seed: int, request_id: str | None) -> RequestOutcome:
+        """One generation over the verification stream; its round trips feed the measured RTT."""
+        emulated_s = self.rtt_s + self.jitter_s  # read before: the next request may change rtt_s
+        out = self._edge_client(depth).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id)
+        self.measured_rtt.observe((log.network_ms for log in out.iterations), emulated_s)
+        return out
+
+    def probe_link(self, prompt: list[int], max_tokens: int = 24, depth: int = 4) -> float:
+        """Measure the stack's round trip before any placed request: one generation straight over
+        the verification stream (no placement, nothing planned or counted by the rounds); returns
+        the mean stack time per round trip, s. Raises if the generation fails."""
+        out = self._generate(depth, prompt, max_tokens, 0.0, 0, None)
+        if out.outcome not in ("length", "eos"):
+            raise ConnectionError(f"link probe failed: {out.outcome}: {out.error}")
+        return self.measured_rtt.stack_s
+
     def request(self, prompt: list[int], max_tokens: int, deadline_s: float, temperature: float = 0.0, seed: int = 0, request_id: str = "") -> EdgeResult:
         """Submit one request and see it through (blocking); every call returns one :class:`EdgeResult`."""
-        outbox: list = [PlaceMsg(request_id=request_id, prompt=list(prompt), max_tokens=max_tokens, deadline_s=deadline_s, rtt_s=self.rtt_s,
+        reported_rtt_s = self.reported_rtt_s
+        outbox: list = [PlaceMsg(request_id=request_id, prompt=list(prompt), max_tokens=max_tokens, deadline_s=deadline_s, rtt_s=reported_rtt_s,
                                  temperature=temperature, seed=seed)]
         cond = threading.Condition()
         closed = [False]
@@ -189,7 +223,7 @@ class EdgeUser:
                     with cond:
                         waiting["until"] = None  # the generation bounds itself (each verification within reply_timeout_s)
                     try:
-                        edge_out = self._edge_client(depth).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id or None)
+                        edge_out = self._generate(depth, prompt, max_tokens, temperature, seed, request_id or None)
                     except Exception as exc:  # noqa: BLE001 - a fault before the generation starts (the client, the draft session) is reported, not raised
                         with cond:
                             waiting["until"] = time.monotonic() + self.reply_timeout_s
@@ -205,7 +239,7 @@ class EdgeUser:
                 tokens = list(reply.tokens) if reply.mode != "ed" else (edge_out.tokens if edge_out else [])
                 ended = time.time()
                 return EdgeResult(request_id, reply.mode, reply.outcome, reply.reason, tokens, depth, sent_at, decided_at, ended,
-                                  last_token_at if reply.mode == "ed" else ended, reply.latency_s, reply.wait_s, edge_out)
+                                  last_token_at if reply.mode == "ed" else ended, reply.latency_s, reply.wait_s, edge_out, reported_rtt_s)
             reason = "the server ended the placement stream without a result"
         except grpc.RpcError as err:
             reason = f"placement stream failed: {err.code().name}: {err.details()}"
@@ -218,7 +252,7 @@ class EdgeUser:
                 cond.notify_all()
         now = time.time()
         return EdgeResult(request_id, "error", "error", reason, edge_out.tokens if edge_out else [], depth, sent_at, decided_at, now, last_token_at, float("nan"),
-                          float("nan"), edge_out)
+                          float("nan"), edge_out, reported_rtt_s)
 
     def close(self) -> None:
         if self._client is not None:

@@ -1,7 +1,8 @@
 """runtime.split_loadgen against a live loopback ``runtime.serve placement=split`` (the cached tiny
 pair, scheduler edge_first so edge users run ED): its CLI (``main``) for two rounds of edge and HTTP users, then one round of hopeless deadlines
 through ``run_round``. Every request ends with exactly one outcome, and the server's per-kind
-counters add up to what the load generator saw."""
+counters add up to what the load generator saw. The edge users report the measured round trip
+(``--rtt-report measured``, the default: probed first), and the server plans with what they report."""
 
 from __future__ import annotations
 
@@ -40,13 +41,22 @@ def test_the_load_generator_against_a_live_split_server(pair, tmp_path):
                  split={"port": 0, "cohorts": 2, "window_ms": 2.0}, calibration_probe_s=0) as srv:
         url, rounds = srv.url, srv.serve_app.rounds
         address = f"127.0.0.1:{_split_port(rounds)}"
+        planned_rtts: list[float] = []  # the edge users' round trips as the server's rounds saw them
+        as_round = rounds.as_round
+
+        def seeing(batch, now):
+            rnd = as_round(batch, now)
+            planned_rtts.extend(rnd.rtt_s[rnd.has_edge].tolist())
+            return rnd
+
+        rounds.as_round = seeing
         main(["--pair", str(pair.path), "--url", url, "--split", address, "--edge-users", "2", "--http-users", "2", "--rounds", "2",
               "--tokens", "4", "12", "--deadline-s", "20", "30", "--rtt-ms", "1", "5", "--seed", "3", "--out", str(out)])
         # a round nobody can make: 10 ms deadlines for 64 tokens
         import numpy as np
 
         hopeless = draw_round(np.random.default_rng(0), 9, 1, 1, (64, 64), (0.01, 0.01), (1.0, 1.0), ["def f(x):"], setting="hopeless")
-        edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=9)]
+        edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=9, rtt_report="link")]
         try:
             run_round(hopeless, edges, url, tok)
         finally:
@@ -77,3 +87,9 @@ def test_the_load_generator_against_a_live_split_server(pair, tmp_path):
     for outcome in OUTCOMES:  # the server-wide counter is the sum over kinds
         assert f'specsched_requests_total{{outcome="{outcome}"}} {seen["edge"][outcome] + seen["http"][outcome]:.1f}' in metrics
     assert health["edge_active"] == 0
+
+    # the reported round trip: the emulated RTT plus a positive stack time (the probe ran first, so even
+    # round 0's users have one), and exactly what the server planned with; "link" reports the RTT alone
+    assert (edge["reported_rtt_s"] > edge["rtt_s"]).all() and (edge["reported_rtt_s"] < edge["rtt_s"] + 1.0).all(), edge[["rtt_s", "reported_rtt_s"]]
+    assert hopeless[0]["reported_rtt_s"] == hopeless[0]["rtt_s"] == 0.001
+    assert sorted(planned_rtts) == pytest.approx(sorted(edge["reported_rtt_s"]))  # the hopeless one is refused before any round

@@ -88,7 +88,7 @@ def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
     stale.to_csv(run / "requests.csv", index=False)
     (run / "summary.md").write_text("# old\n\nWall time of the live part: 9 s; load.\n")
     args = ["--schedulers", "edge_first", "--settings", "mix", "--rounds", "1", "--http-users", "1", "--window-s", "0.3", "--pin-cpus", "off",
-            "--device-sharing", "os"]
+            "--device-sharing", "os", "--rtt-report", "link"]
     with pytest.raises(SystemExit, match="rounds 1, the arguments say 24"):  # no record: the arguments must describe the run
         svr.main(["--schedulers", "edge_first", "--settings", "mix", "--http-users", "1", "--profile", PROFILE, "--resimulate", str(run)])
     with pytest.raises(SystemExit, match="http-users 1, the arguments say 2"):
@@ -100,7 +100,7 @@ def test_resimulate_rewrites_a_finished_run_without_a_live_part(tmp_path):
     assert not np.allclose(got.sim_latency_s, stale.sim_latency_s)  # the stale batch-completion figures were replaced
     text = (run / "summary.md").read_text()
     reproduce = ("Reproduce (the live run): `python -m experiments.split_sim_vs_real --schedulers edge_first --settings mix --rounds 1 --edge-users 2 "
-                 f"--http-users 1 --tokens 24 64 --deadline-s 0.8 3 --rtt-ms 5 30 --window-s 0.3 --cohorts 2 --profile {PROFILE} --seed 0 --pin-cpus off --device-sharing os`")
+                 f"--http-users 1 --tokens 24 64 --deadline-s 0.8 3 --rtt-ms 5 30 --window-s 0.3 --cohorts 2 --profile {PROFILE} --seed 0 --pin-cpus off --device-sharing os --rtt-report link`")
     assert "Wall time of the live part: 9 s" in text and reproduce in text and f"`python -m experiments.split_sim_vs_real --resimulate {run}`" in text
     assert (run / "profile.yaml").is_file() and set(pd.read_csv(run / "summary.csv").users) == {"ED users", "edge users", "everyone"}
     # again from the record alone (its Reproduce line and saved profile): the same figures and the same live lines
@@ -119,8 +119,9 @@ def test_resimulate_refuses_a_contradicting_live_option(tmp_path, capsys):
         parse_args(["--resimulate", str(tmp_path), "--window-s", "0.5"])
     assert "has --window-s 0.3, the command line 0.5" in capsys.readouterr().err
     args = parse_args(["--resimulate", str(tmp_path)])
-    # before --pin-cpus: unpinned; before --device-sharing: the verifier a free thread
-    assert (args.rounds, args.window_s, args.pin_cpus, args.device_sharing, args.profile) == (8, 0.3, "off", "os", "split_cpu1_specsched-pair")
+    # before --pin-cpus: unpinned; before --device-sharing: the verifier a free thread; before --rtt-report: the emulated RTT
+    assert (args.rounds, args.window_s, args.pin_cpus, args.device_sharing, args.rtt_report, args.profile) == (
+        8, 0.3, "off", "os", "link", "split_cpu1_specsched-pair")
     (tmp_path / "summary.md").write_text("Reproduce: `python -m experiments.split_sim_vs_real --rounds zero`\n")
     with pytest.raises(SystemExit):
         parse_args(["--resimulate", str(tmp_path)])
@@ -317,6 +318,7 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
         assert asked["requested"] == "auto" and asked["edge_here"] is True and asked["base"] == "split_cpu1_specsched-pair" and asked["auto"] is True
     rows = pd.read_csv(out / "requests.csv")
     assert len(rows) == 1 and rows["outcome"].iloc[0] == "served" and rows["mode"].iloc[0] == "ed" and rows["sim_mode"].iloc[0] == "ed"
+    assert rows["reported_rtt_s"].iloc[0] > rows["rtt_s"].iloc[0]  # --rtt-report measured (default): probed before the round
     summary = pd.read_csv(out / "summary.csv")
     assert {"served (real)", "served (sim)", "p50 error % (sim)"} <= set(summary.columns)
     assert (out / "profile.yaml").read_text() == profile.read_text()
@@ -324,6 +326,7 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
     source = "forced" if requested == "path" else "measured"
     assert f"**Planning profile** ({source}" in text and f"--profile {profile if requested == 'path' else 'auto'}" in text
     assert ("`--pin-cpus on`" in text and text.count("--pin-cpus on") == 2) if pinned else "`--pin-cpus off`" in text
+    assert "--rtt-report measured" in text
     parts = pd.read_csv(out / "iteration_parts.csv")  # the edge's logged parts of its iterations beside the model's
     assert len(parts) == 1 and parts["ED users"].iloc[0] == 1 and "**ED iterations, part by part**" in text
     assert (parts[["draft ms (real)", "draft ms (sim)", "network ms (real)", "network ms (sim)", "verify ms (real)", "verify ms (sim, at the ED share)"]] > 0).all(axis=None)

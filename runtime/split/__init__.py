@@ -14,6 +14,8 @@ Modules, one concept each:
                   delay/bandwidth shim that emulates a WAN on loopback
 - ``depth``       the per-client depth controller (drafting + network ~= verification)
 - ``edge_client`` one edge client: serves its user's requests by drafting and asking the server
+- ``rtt_estimate`` the round trip an edge user reports: the emulated delay plus the stack time
+                  its own round trips measured
 
 Losslessness: greedy output equals greedy AD token for token; with sampling, every emitted token
 is a sample of the *target* given the accepted prefix (the server samples one token per query
