@@ -394,7 +394,10 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list
         f"round window {args.window_s} s; " + ("the server pinned to one CPU and the edges to another (`--pin-cpus on`)" if args.pin_cpus == "on"
                                                else "server and edges on any CPU (`--pin-cpus off`)")
         + ("; the verifier and the AD/SD engines took turns at the plan's ED share (`--device-sharing turns`)" if args.device_sharing == "turns"
-           else "; the verifier and the AD/SD engines ran as free threads (`--device-sharing os`)") + ". ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
+           else "; the verifier and the AD/SD engines ran as free threads (`--device-sharing os`)")
+        + ("; edge users reported the round trip they measured, the emulated RTT plus their own round trips' stack time (`--rtt-report measured`), "
+           "which the server and the simulator planned with" if args.rtt_report == "measured" else "; edge users reported the emulated RTT (`--rtt-report link`)")
+        + ". ED users drafted at the plan's depth. Latency: arrival at the server -> end (ED: the edge's report of its last token). "
         "*ED users*: mode ED in the live plan and in the simulated one. *sim*: the acceptance estimate realised; *sim, measured acceptance*: each "
         "ED/SD user's measured acceptance. Edge drafting shares one CPU process (the model gives each edge its own device). "
         "Simulated users end "
