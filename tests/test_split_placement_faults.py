@@ -1,4 +1,4 @@
-"""Faults on the placement stream of ``runtime.serve placement=split`` (:mod:`runtime.split_rounds`,
+"""Faults on the placement stream of ``runtime.serve placement=split`` (:mod:`runtime.split_rounds`, :mod:`runtime.split_placement_service`,
 :class:`runtime.split_placement.EdgeUser`): a frozen server, an edge that hangs up before its round
 is planned, an edge that stays connected but silent, malformed messages. Every request still ends
 with exactly one outcome within a bounded time, and no server state outlives it (loopback, the
@@ -148,7 +148,7 @@ def test_an_edge_that_hangs_up_before_its_round_is_not_planned(server, pair):
 
 def test_a_request_that_ended_while_its_round_was_planned_is_not_placed(server, pair):
     """The race behind the above: the edge hangs up while the planner runs (the request left the queue)."""
-    from runtime.split_rounds import EdgeRequest
+    from runtime.split_placement_service import EdgeRequest
     from runtime.textstream import TextStream
 
     rounds = server.serve_app.rounds
@@ -240,10 +240,10 @@ def test_a_request_the_busy_event_loop_cannot_take_is_unavailable_and_ends_once(
     """The hand-off to the event loop is bounded (``SUBMIT_TIMEOUT_S``): past it the stream gets
     UNAVAILABLE (was UNKNOWN, from an unhandled TimeoutError), the request ends with exactly one
     outcome, ``error``, and it is never queued or planned once the loop is free again."""
-    import runtime.split_rounds as split_rounds
+    import runtime.split_placement_service as placement_service
 
     rounds = server.serve_app.rounds
-    monkeypatch.setattr(split_rounds, "SUBMIT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(placement_service, "SUBMIT_TIMEOUT_S", 0.3)
     before = dict(rounds.kind_counts["edge"])
     unblock = threading.Event()
     rounds.loop.call_soon_threadsafe(lambda: unblock.wait(BOUND_S))  # the loop stalls until the stream has its answer
