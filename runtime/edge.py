@@ -29,7 +29,9 @@ is also the controller's acceptance prior; :mod:`runtime.edge_profile`) instead 
 
 **Through the live server's planner** (``--placement on``; ``--server`` is ``runtime.serve
 placement=split``'s ``split.port``): each request is first submitted with its deadline
-(``--deadline-s``) and the client's RTT; the server's v1 plan decides reject / AD / SD / ED@g
+(``--deadline-s``) and the client's RTT (``--rtt-report measured``, the default: the emulated RTT
+plus the stack time of its own round trips, probed once first; :mod:`runtime.split.rtt_estimate`);
+the server's v1 plan decides reject / AD / SD / ED@g
 (:mod:`runtime.split_placement`), an ED request is drafted here at the plan's depth (``--depth
 plan``, or ``auto``: the depth controller starting there), and every request ends with the server's
 one outcome (served / late / rejected / error), which the summary counts::
@@ -60,6 +62,7 @@ from runtime.split.depth import PROBES, DepthController
 from runtime.split.draft_device import SharedDraftDevice
 from runtime.split.edge_client import EdgeClient, RequestOutcome
 from runtime.split.pair_args import add_pair_args, load_pair_from_args
+from runtime.split.rtt_estimate import RTT_REPORTS
 from runtime.split.transport import DelayedLink, GrpcLink
 
 if TYPE_CHECKING:
@@ -94,6 +97,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--placement", choices=["on", "off"], default="off",
                     help="on: submit each request to runtime.serve placement=split (its plan decides the mode and depth); off: straight to runtime.split_server")
     ap.add_argument("--deadline-s", type=float, default=10.0, help="with --placement on: each request's deadline, seconds from submission")
+    ap.add_argument("--rtt-report", choices=list(RTT_REPORTS), default="measured",
+                    help="with --placement on: the round trip each client reports to the server: measured (default; --rtt-ms + --jitter-ms "
+                         "plus the stack time of its own round trips, probed once before its first request: runtime.split.rtt_estimate) "
+                         "or link (--rtt-ms alone)")
     ap.add_argument("--max-depth", type=int, default=8)
     ap.add_argument("--depth-probe", choices=list(PROBES), default="inside",
                     help="with --depth auto: which way the depth controller's probes go (runtime.split.depth): inside (towards the "
@@ -222,12 +229,19 @@ def run_placed(args: argparse.Namespace, pair: ModelPair, prompts: list[list[int
         try:
             user = EdgeUser(args.server, pair.draft, rtt_s=args.rtt_ms / 1e3, eos_id=pair.tokenizer.eos_id, depth="plan" if args.depth == "plan" else "auto",
                             max_depth=args.max_depth, proactive=args.proactive == "on", draft_device=draft_device, connect_timeout_s=args.connect_timeout_s,
-                            reply_timeout_s=args.reply_timeout_s, jitter_s=args.jitter_ms / 1e3, seed=args.seed + i, depth_probe=args.depth_probe)
+                            reply_timeout_s=args.reply_timeout_s, jitter_s=args.jitter_ms / 1e3, seed=args.seed + i, depth_probe=args.depth_probe,
+                            rtt_report=args.rtt_report)
         except ConnectionError as exc:
             with lock:
                 results.extend({"request_id": f"c{i}r{k}", "mode": "error", "outcome": "error", "reason": str(exc)} for k in range(args.requests))
             return
         try:
+            if args.rtt_report == "measured":
+                try:
+                    stack_ms = 1e3 * user.probe_link(prompts[(args.seed + i) % len(prompts)])
+                    print(f"[edge] client {i}: stack {stack_ms:.2f} ms per round trip beyond the emulated RTT", flush=True)
+                except Exception as exc:  # noqa: BLE001 - the requests still run, reporting what was measured
+                    print(f"[edge] client {i}: the link probe failed ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
             for k in range(args.requests):
                 rid = f"c{i}r{k}"
                 res = user.request(prompts[(args.seed + i * args.requests + k) % len(prompts)], args.max_new_tokens, args.deadline_s, args.temperature,

@@ -132,8 +132,9 @@ class EdgeUser:
         self._place = self.channel.stream_stream(METHOD, request_serializer=PlaceMsg.SerializeToString, response_deserializer=PlacementMsg.FromString)
         self._client: EdgeClient | None = None
 
-    def _edge_client(self, depth: int) -> EdgeClient:
-        """The verification stream's client (kept between requests; a new stream after a failure)."""
+    def _edge_client(self, depth: int, link_s: tuple[float, float]) -> EdgeClient:
+        """The verification stream's client (kept between requests; a new stream after a failure),
+        its link emulating ``link_s = (rtt_s, jitter_s)``."""
         if self._client is not None and self._client.broken:
             self._client.link.close()
             self._client = None
@@ -142,38 +143,54 @@ class EdgeUser:
             ctl = DepthController(1, self.max_depth, initial=min(depth, self.max_depth), probe=self.depth_probe)
         if self._client is None:
             # always behind the WAN shim (no delay at rtt 0), so a later request's RTT applies to the same stream
-            link = DelayedLink(GrpcLink(self.address, self.connect_timeout_s), 1e3 * self.rtt_s, 1e3 * self.jitter_s, seed=self.seed)
+            link = DelayedLink(GrpcLink(self.address, self.connect_timeout_s), 1e3 * link_s[0], 1e3 * link_s[1], seed=self.seed)
             self._client = EdgeClient(self.draft, link, depth=ctl, proactive=self.proactive, max_depth=max(self.max_depth, depth),
                                       eos_id=self.eos_id, reply_timeout_s=self.reply_timeout_s, draft_device=self.draft_device)
         else:
             self._client.depth, self._client.max_depth = ctl, max(self.max_depth, depth)
-        self._client.link.rtt_s, self._client.link.jitter_s = self.rtt_s, self.jitter_s  # this request's network (rtt_s may change between requests)
+        self._client.link.rtt_s, self._client.link.jitter_s = link_s  # this request's network (rtt_s may change between requests)
         return self._client
+
+    def _link_s(self) -> tuple[float, float]:
+        """This request's emulated link ``(rtt_s, jitter_s)``, read once: the report and the link agree."""
+        return self.rtt_s, self.jitter_s
+
+    def _report(self, link_s: tuple[float, float]) -> float:
+        """The round trip to report for a request on ``link_s``, s (DelayedLink's mean delay is rtt + jitter)."""
+        return self.measured_rtt.rtt_s(link_s[0] + link_s[1]) if self.rtt_report == "measured" else link_s[0]
 
     @property
     def reported_rtt_s(self) -> float:
         """The round trip the next request reports to the server, s."""
-        return self.measured_rtt.rtt_s(self.rtt_s + self.jitter_s) if self.rtt_report == "measured" else self.rtt_s
+        return self._report(self._link_s())
 
-    def _generate(self, depth: int, prompt: list[int], max_tokens: int, temperature: float, seed: int, request_id: str | None) -> RequestOutcome:
-        """One generation over the verification stream; its round trips feed the measured RTT."""
-        emulated_s = self.rtt_s + self.jitter_s  # read before: the next request may change rtt_s
-        out = self._edge_client(depth).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id)
-        self.measured_rtt.observe((log.network_ms for log in out.iterations), emulated_s)
+    def _generate(self, depth: int, link_s: tuple[float, float], prompt: list[int], max_tokens: int, temperature: float, seed: int,
+                  request_id: str | None) -> RequestOutcome:
+        """One generation over the verification stream on ``link_s``; its round trips feed the measured RTT."""
+        out = self._edge_client(depth, link_s).generate(list(prompt), max_tokens, temperature, seed=seed, request_id=request_id)
+        self.measured_rtt.observe((log.network_ms for log in out.iterations), link_s[0] + link_s[1])
         return out
 
-    def probe_link(self, prompt: list[int], max_tokens: int = 24, depth: int = 4) -> float:
+    def probe_link(self, prompt: list[int], max_tokens: int = 48, depth: int = 4) -> float:
         """Measure the stack's round trip before any placed request: one generation straight over
-        the verification stream (no placement, nothing planned or counted by the rounds); returns
-        the mean stack time per round trip, s. Raises if the generation fails."""
-        out = self._generate(depth, prompt, max_tokens, 0.0, 0, None)
+        the verification stream (no placement: nothing planned or counted by the rounds), whose
+        stream is then closed, so the server's batcher does not keep this client as a member until
+        its first ED request; returns the mean stack time per round trip, s. Raises
+        ``RuntimeError`` if the generation does not finish (the estimate keeps what it measured)."""
+        try:
+            out = self._generate(depth, self._link_s(), prompt, max_tokens, 0.0, 0, None)
+        finally:
+            if self._client is not None:
+                self._client.link.close()
+                self._client = None
         if out.outcome not in ("length", "eos"):
-            raise ConnectionError(f"link probe failed: {out.outcome}: {out.error}")
+            raise RuntimeError(f"link probe ended {out.outcome}: {out.error}")
         return self.measured_rtt.stack_s
 
     def request(self, prompt: list[int], max_tokens: int, deadline_s: float, temperature: float = 0.0, seed: int = 0, request_id: str = "") -> EdgeResult:
         """Submit one request and see it through (blocking); every call returns one :class:`EdgeResult`."""
-        reported_rtt_s = self.reported_rtt_s
+        link_s = self._link_s()
+        reported_rtt_s = self._report(link_s)
         outbox: list = [PlaceMsg(request_id=request_id, prompt=list(prompt), max_tokens=max_tokens, deadline_s=deadline_s, rtt_s=reported_rtt_s,
                                  temperature=temperature, seed=seed)]
         cond = threading.Condition()
@@ -223,7 +240,7 @@ class EdgeUser:
                     with cond:
                         waiting["until"] = None  # the generation bounds itself (each verification within reply_timeout_s)
                     try:
-                        edge_out = self._generate(depth, prompt, max_tokens, temperature, seed, request_id or None)
+                        edge_out = self._generate(depth, link_s, prompt, max_tokens, temperature, seed, request_id or None)
                     except Exception as exc:  # noqa: BLE001 - a fault before the generation starts (the client, the draft session) is reported, not raised
                         with cond:
                             waiting["until"] = time.monotonic() + self.reply_timeout_s

@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from runtime.live_request import LiveRequest
 from runtime.rounds import Refused
+from runtime.split.rtt_estimate import MAX_RTT_S
 from runtime.split_placement import PlacementMsg, PlaceMsg
 from runtime.textstream import TextStream
 
@@ -90,8 +91,8 @@ class PlacementService:
             return f"max_tokens must lie in [1, {cfg.max_tokens_limit}], got {msg.max_tokens}"
         if not (np.isfinite(msg.deadline_s) and msg.deadline_s > 0):
             return f"deadline_s must be finite seconds > 0, got {msg.deadline_s}"
-        if not (np.isfinite(msg.rtt_s) and 0 <= msg.rtt_s <= 10):
-            return f"rtt_s must lie in [0, 10] seconds, got {msg.rtt_s}"
+        if not (np.isfinite(msg.rtt_s) and 0 <= msg.rtt_s <= MAX_RTT_S):
+            return f"rtt_s must lie in [0, {MAX_RTT_S:g}] seconds, got {msg.rtt_s}"
         if not 0 <= msg.temperature <= 100:
             return f"temperature must lie in [0, 100], got {msg.temperature}"
         return None

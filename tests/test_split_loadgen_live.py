@@ -10,13 +10,14 @@ import threading
 from collections import Counter
 
 import httpx
+import numpy as np
 import pandas as pd
 import pytest
 from live_server import running, tiny_pair
 from test_split_serve import split_tiny_profile
 
 from runtime.live_request import OUTCOMES
-from runtime.split_loadgen import draw_round, main, run_round
+from runtime.split_loadgen import draw_round, main, probe_links, run_round
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +51,23 @@ def test_the_load_generator_against_a_live_split_server(pair, tmp_path):
             return rnd
 
         rounds.as_round = seeing
+        # the probe alone: it measures a stack time, counts nothing, and closes its stream (no batcher member
+        # left behind); a probe that fails (an unreachable prompt: none) reports NaN and the caller goes on
+        probed = EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=5)
+        try:
+            assert probe_links([probed], tok, ["def f(x):"], 0.003)[0] > 0
+            assert probed.reported_rtt_s > 0.003 and probed.measured_rtt.observed >= 1
+            for _ in range(100):
+                if rounds.batcher.members == 0:
+                    break
+                threading.Event().wait(0.05)
+            assert rounds.batcher.members == 0 and sum(rounds.kind_counts["edge"].values()) == 0
+            assert np.isnan(probe_links([probed], tok, [""], 0.003)[0])  # an empty prompt: the probe fails, NaN
+        finally:
+            probed.close()
         main(["--pair", str(pair.path), "--url", url, "--split", address, "--edge-users", "2", "--http-users", "2", "--rounds", "2",
               "--tokens", "4", "12", "--deadline-s", "20", "30", "--rtt-ms", "1", "5", "--seed", "3", "--out", str(out)])
         # a round nobody can make: 10 ms deadlines for 64 tokens
-        import numpy as np
-
         hopeless = draw_round(np.random.default_rng(0), 9, 1, 1, (64, 64), (0.01, 0.01), (1.0, 1.0), ["def f(x):"], setting="hopeless")
         edges = [EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=9, rtt_report="link")]
         try:

@@ -277,3 +277,41 @@ def test_the_calibration_probe_takes_the_engines_turns(pair, tmp_path):
         release.set()
         rounds.batcher.stop()
         rounds.pool.shutdown(wait=False)
+
+
+def test_the_edge_process_through_the_planner_probes_and_reports_its_round_trip(pair, tmp_path, capsys):
+    """``runtime.edge --placement on`` end to end: each client probes its link, then its requests are
+    planned by the live server (edge_first: ED) and each ends with one outcome; the round trip the
+    server planned with is the emulated RTT plus the client's measured stack time (``--rtt-report
+    measured``, the default), and ``--rtt-report link`` reports the emulated RTT alone."""
+    import json
+
+    from runtime.edge import main as edge_main
+
+    with running(pair, split_tiny_profile(pair, tmp_path), scheduler="edge_first", placement="split", window_s=0.1,
+                 split={"port": 0, "cohorts": 1, "window_ms": 2.0}, calibration_probe_s=0) as srv:
+        rounds = srv.serve_app.rounds
+        for _ in range(100):
+            if rounds.split_port:
+                break
+            threading.Event().wait(0.05)
+        planned: list[float] = []
+        as_round = rounds.as_round
+
+        def seeing(batch, now):
+            rnd = as_round(batch, now)
+            planned.extend(rnd.rtt_s[rnd.has_edge].tolist())
+            return rnd
+
+        rounds.as_round = seeing
+        for report in ("measured", "link"):
+            out = tmp_path / f"edge_{report}.json"
+            edge_main(["--pair", str(pair.path), "--server", f"127.0.0.1:{rounds.split_port}", "--placement", "on", "--depth", "plan",
+                       "--clients", "1", "--requests", "2", "--max-new-tokens", "8", "--deadline-s", "30", "--rtt-ms", "2",
+                       "--rtt-report", report, "--summary", str(out)])
+            summary = json.loads(out.read_text())
+            assert summary["requests"] == 2 and summary["outcomes"] == {"served": 2} and summary["modes"] == ["ed"], summary
+    printed = capsys.readouterr().out
+    assert printed.count("stack") == 1  # the probe ran for the measured client only
+    measured, link = planned[:2], planned[2:]
+    assert len(planned) == 4 and all(0.002 < rtt < 1.0 for rtt in measured) and link == [0.002, 0.002], planned
