@@ -69,9 +69,10 @@ leaves out: the README's section on the live server with edge users
 
 **Which round trip** (``--rtt-report``): ``measured`` (default) has each edge user report the
 emulated RTT plus the stack time its own recent round trips took beyond their emulated delays (gRPC
-on loopback, both processes' threads: 2.3 to 3.9 ms per round trip in the eight runs before it,
-none of which the emulated RTT holds; :mod:`runtime.split.rtt_estimate`), after one probe generation
-per edge user at the RTT range's midpoint (not a round: nothing planned or counted); the server and
+on loopback, both processes' threads, the edge finishing a proactive draft step: 2.3 to 3.9 ms per
+round trip in the eight runs before it, none of which the emulated RTT holds;
+:mod:`runtime.split.rtt_estimate`), after one probe generation per edge user at the RTT range's
+midpoint (not a round: nothing planned or counted; a failed probe is reported and the run goes on); the server and
 the simulator plan with the reported value (``reported_rtt_s`` in ``requests.csv``). ``link``
 reports the emulated RTT alone, as every run before 2026-12-03 (stop 43) did (a report without the
 option is read as ``link``).
