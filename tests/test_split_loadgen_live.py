@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from live_server import running, tiny_pair
-from test_split_serve import split_tiny_profile
+from test_split_serve import record_planned_rtts, split_tiny_profile
 
 from runtime.live_request import OUTCOMES
 from runtime.split_loadgen import draw_round, main, probe_links, run_round
@@ -42,15 +42,7 @@ def test_the_load_generator_against_a_live_split_server(pair, tmp_path):
                  split={"port": 0, "cohorts": 2, "window_ms": 2.0}, calibration_probe_s=0) as srv:
         url, rounds = srv.url, srv.serve_app.rounds
         address = f"127.0.0.1:{_split_port(rounds)}"
-        planned_rtts: list[float] = []  # the edge users' round trips as the server's rounds saw them
-        as_round = rounds.as_round
-
-        def seeing(batch, now):
-            rnd = as_round(batch, now)
-            planned_rtts.extend(rnd.rtt_s[rnd.has_edge].tolist())
-            return rnd
-
-        rounds.as_round = seeing
+        planned_rtts = record_planned_rtts(rounds)  # the edge users' round trips as the server's rounds saw them
         # the probe alone: it measures a stack time, counts nothing, and closes its stream (no batcher member
         # left behind); a probe that fails (an unreachable prompt: none) reports NaN and the caller goes on
         probed = EdgeUser(address, pair.draft, eos_id=tok.eos_id, seed=5)

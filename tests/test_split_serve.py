@@ -18,6 +18,20 @@ def split_tiny_profile(pair, folder: Path) -> Path:
     return tiny_profile(pair, folder, base="split_cpu1_specsched-pair", name="split_tiny_test")
 
 
+def record_planned_rtts(rounds) -> list[float]:
+    """A list that fills with the edge users' round trips as ``rounds`` (a live SplitRoundServer) plans them."""
+    planned: list[float] = []
+    as_round = rounds.as_round
+
+    def seeing(batch, now):
+        rnd = as_round(batch, now)
+        planned.extend(rnd.rtt_s[rnd.has_edge].tolist())
+        return rnd
+
+    rounds.as_round = seeing
+    return planned
+
+
 # ----------------------------------------------------------------------------- config, before anything is built
 SPLIT = {"placement": "split", "scheduler": "balance_ed", "profile": "split_cpu1_specsched-pair"}
 
@@ -295,15 +309,7 @@ def test_the_edge_process_through_the_planner_probes_and_reports_its_round_trip(
             if rounds.split_port:
                 break
             threading.Event().wait(0.05)
-        planned: list[float] = []
-        as_round = rounds.as_round
-
-        def seeing(batch, now):
-            rnd = as_round(batch, now)
-            planned.extend(rnd.rtt_s[rnd.has_edge].tolist())
-            return rnd
-
-        rounds.as_round = seeing
+        planned = record_planned_rtts(rounds)
         for report in ("measured", "link"):
             out = tmp_path / f"edge_{report}.json"
             edge_main(["--pair", str(pair.path), "--server", f"127.0.0.1:{rounds.split_port}", "--placement", "on", "--depth", "plan",
