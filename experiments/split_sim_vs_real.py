@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         first, second = sorted(available_cpus())[:2]
         server_cpus = {first}
         pin_process({second})
+    probes: list[str] = []  # each scheduler's link probes: stack ms per round trip, per edge user
     t_start = time.perf_counter()
     try:
         for scheduler in args.schedulers.split(","):
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 if args.rtt_report == "measured":  # not a round: the probe's requests are neither planned nor counted
                     stack = probe_links(edges, tok, prompts, sum(args.rtt_ms) / 2e3)
+                    probes.append(f"{scheduler} " + ", ".join(f"{ms:.2f}" for ms in stack))
                     print(f"[{scheduler} probe] stack ms per round trip: " + ", ".join(f"{ms:.2f}" for ms in stack), flush=True)
                 for setting in args.settings.split(","):
                     rng = np.random.default_rng([args.seed, SETTINGS.index(setting)])  # the same users for every scheduler
@@ -285,6 +287,8 @@ def main(argv: list[str] | None = None) -> None:
                                                                                         if k not in ("engine overhead",)) + ".",
         f"Wall time of the live part: {wall:.0f} s; the host's 1-minute load average {load[0]:.1f} before it and {load[1]:.1f} after, "
         f"on {os.cpu_count()} CPU(s) (above the CPU count the host was loaded, and real times are slower than the profile's).",
+        *([f"Link probes (stack ms per round trip beyond the emulated RTT, per edge user, before each server's first round): {'; '.join(probes)}."]
+          if probes else []),
         f"Reproduce: `{command(args)}`",
     ]
     write_report(args, both.drop(columns=["prompt"]), compare(both), live, planning.path.read_text(), planning.path.name)

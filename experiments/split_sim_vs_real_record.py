@@ -78,7 +78,7 @@ def resimulate(args: argparse.Namespace) -> None:
     saved = src / "profile.yaml"
     profile_text = saved.read_text() if saved.is_file() else profile_file(args.profile).read_text()
     old = (src / "summary.md").read_text().splitlines() if (src / "summary.md").is_file() else []
-    keep = [line for line in old if line.startswith(("**Planning profile**", "Wall time of the live part"))]
+    keep = [line for line in old if line.startswith(("**Planning profile**", "Wall time of the live part", "Link probes"))]
     with tempfile.TemporaryDirectory() as tmp:  # the profile as the run saved it, whatever --out overwrites
         path = Path(tmp) / "profile.yaml"
         path.write_text(profile_text)

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import numpy as np
@@ -36,8 +36,6 @@ from runtime.textstream import TextStream
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
-
-    from runtime.split_rounds import SplitRoundServer
 
 REPORT_GRACE_S = 5.0  #: how long after its deadline a placement stream waits for its request's end (an ED report), s
 FIRST_MESSAGE_S = 30.0  #: how long a new placement stream waits for its request message, s
@@ -56,10 +54,25 @@ class EdgeRequest(LiveRequest):
     ended: threading.Event = field(default_factory=threading.Event)  #: has its outcome
 
 
+class PlacementHost(Protocol):
+    """What the placement stream needs of its server (:class:`runtime.split_rounds.SplitRoundServer`)."""
+
+    cfg: Any  #: the ServeConfig (``max_prompt_tokens``, ``max_tokens_limit``)
+    batcher: Any  #: the VerificationBatcher (its verifier's ``vocab_size``)
+    pair: Any  #: the ModelPair (its tokenizer)
+    loop: asyncio.AbstractEventLoop | None  #: the server's event loop, once it runs
+    first_message_s: float  #: how long a new stream waits for its request, s
+    report_grace_s: float  #: how long after its deadline a request waits for its end, s
+
+    def submit(self, req: LiveRequest) -> None: ...
+
+    def finish(self, req: LiveRequest, outcome: str, reason: str = "") -> None: ...
+
+
 class PlacementService:
     """The ``Place`` method: one edge request per bidirectional stream (a gRPC worker thread each)."""
 
-    def __init__(self, server: SplitRoundServer):
+    def __init__(self, server: PlacementHost):
         self.server = server
 
     async def _queue(self, req: EdgeRequest) -> None:
@@ -80,7 +93,7 @@ class PlacementService:
         self.end_soon(req, outcome, reason)
         req.ended.wait(10.0)
 
-    def validate(self, msg) -> str | None:
+    def validate(self, msg: Message) -> str | None:
         """Why a placement request is refused (INVALID_ARGUMENT), naming the field; None if valid."""
         cfg, vocab = self.server.cfg, self.server.batcher.verifier.vocab_size
         if not msg.prompt or len(msg.prompt) > cfg.max_prompt_tokens:
@@ -97,14 +110,14 @@ class PlacementService:
             return f"temperature must lie in [0, 100], got {msg.temperature}"
         return None
 
-    def result(self, req: EdgeRequest):
+    def result(self, req: EdgeRequest) -> Message:
         end = req.completed_at or time.monotonic()
         return PlacementMsg(request_id=req.client_id, kind="result", mode=req.mode if req.mode != "-" else req.outcome, depth=req.ed_depth,
                             outcome=req.outcome or "error", reason=req.reason, tokens=req.text.ids if req.mode in ("ad", "sd") else [],
                             latency_s=end - req.arrival, wait_s=(req.round_start - req.arrival) if req.round_start else float("nan"))
 
     @staticmethod
-    def next_raw(messages, until: float, context) -> tuple[str, bytes | None]:
+    def next_raw(messages: Iterator[bytes], until: float, context: grpc.ServicerContext) -> tuple[str, bytes | None]:
         """The stream's next message as raw bytes, waiting until monotonic ``until`` at most:
         ``("msg", raw)``, ``("end", None)`` (the edge half-closed or went away) or ``("timeout", None)``.
 
@@ -131,7 +144,7 @@ class PlacementService:
                 if not context.is_active():
                     return "end", None
 
-    def parse(self, raw: bytes, context, req: EdgeRequest | None = None):
+    def parse(self, raw: bytes, context: grpc.ServicerContext, req: EdgeRequest | None = None) -> Message:
         """A :data:`PlaceMsg` from raw bytes; if they do not parse, ``req`` (if any) ends with ``error`` and
         the stream with INVALID_ARGUMENT (gRPC's own deserializer would answer INTERNAL / UNKNOWN)."""
         try:
@@ -142,7 +155,7 @@ class PlacementService:
                 self.end(req, "error", f"edge: invalid report: {problem}")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
 
-    def report_problem(self, req: EdgeRequest, report) -> str | None:
+    def report_problem(self, req: EdgeRequest, report: Message) -> str | None:
         """Why an ED report is refused (INVALID_ARGUMENT), naming the field; None if valid."""
         vocab = self.server.batcher.verifier.vocab_size
         if len(report.tokens) > req.max_tokens:

@@ -221,7 +221,7 @@ def test_an_edge_fault_before_its_generation_ends_the_request_with_one_error(ser
     before = edge_count(rounds, "error")
     user = EdgeUser(f"127.0.0.1:{rounds.split_port}", pair.draft, rtt_s=0.001, reply_timeout_s=BOUND_S)
 
-    def broken(depth: int):
+    def broken(depth: int, link_s: tuple[float, float]):
         raise RuntimeError(f"no draft device for depth {depth}")
 
     user._edge_client = broken

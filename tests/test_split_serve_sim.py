@@ -326,7 +326,7 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
     source = "forced" if requested == "path" else "measured"
     assert f"**Planning profile** ({source}" in text and f"--profile {profile if requested == 'path' else 'auto'}" in text
     assert ("`--pin-cpus on`" in text and text.count("--pin-cpus on") == 2) if pinned else "`--pin-cpus off`" in text
-    assert "--rtt-report measured" in text
+    assert "--rtt-report measured" in text and "Link probes (stack ms per round trip" in text and "edge_first " in text
     parts = pd.read_csv(out / "iteration_parts.csv")  # the edge's logged parts of its iterations beside the model's
     assert len(parts) == 1 and parts["ED users"].iloc[0] == 1 and "**ED iterations, part by part**" in text
     assert (parts[["draft ms (real)", "draft ms (sim)", "network ms (real)", "network ms (sim)", "verify ms (real)", "verify ms (sim, at the ED share)"]] > 0).all(axis=None)
