@@ -2,7 +2,7 @@
 
 :func:`evaluate_schedulers_v1` is ``agents.evaluate.evaluate_schedulers`` for plans that may hold ED
 users: every plan is checked with the split exact check (``envs.split_plan.check_plan_split``) and
-scored with ``envs.split_plan.evaluate_split_plan`` (which *is* v0's outcome for plans without ED
+scored with ``envs.split_outcome.evaluate_split_plan`` (which *is* v0's outcome for plans without ED
 users), with the same outcome generator per round (``round_rng(seed, r, 1)``). Rows add
 ``admitted_ed``; ``agents.evaluate.summarize`` reads them as it reads v0's.
 Training-time validation on v1 is ``agents.train_callbacks.ValidationEvaluationV1`` (against
@@ -22,7 +22,8 @@ from envs.config import EnvConfig
 from envs.cost_model import CostModel
 from envs.plan import DEFAULT_DRAFT_DEPTH, ED
 from envs.split_cost import SplitCostModel
-from envs.split_plan import check_plan_split, ed_users, evaluate_split_plan
+from envs.split_outcome import evaluate_split_plan
+from envs.split_plan import check_plan_split, ed_users
 from envs.workload import Round, Split, make_rounds, round_rng
 
 #: the reference of the validation (model.zip) and of the paired differences

@@ -71,7 +71,7 @@ v0's in two fields: ``profile`` (a split profile, ``envs/profiles/split_*.yaml``
 ``edge_fraction`` (0.5). A profile without ``edge``/``network`` sections needs ``edge_fraction=0``;
 with ``edge_fraction=0`` v1 serves exactly what v0 serves on the same rounds. ``completion``
 applies to every user: ``"batch"`` (default) ends each at its batch's end, ``"own"`` each at its
-own last token, ED users included (``envs.split_plan.evaluate_split_plan``, ``envs.split_outcome``).
+own last token, ED users included (``envs.split_outcome.evaluate_split_plan``, ``envs.split_outcome``).
 
 ## Vectorized environment
 
@@ -101,13 +101,8 @@ from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_builder import SplitScalarPlan, ed_rows
 from envs.split_cost import SplitCostModel, SplitOptions
 from envs.split_final_batch import batchable
-from envs.split_plan import (
-    EdUsers,
-    ed_users,
-    evaluate_split_plan,
-    served_from_aggregates,
-    shares_split,
-)
+from envs.split_outcome import evaluate_split_plan, served_from_aggregates
+from envs.split_plan import EdUsers, ed_users, shares_split
 from envs.v1_user_features import USER_FEATURES, round_features
 from envs.workload import Round, sample_round
 
@@ -143,7 +138,7 @@ def final_info(cfg: EnvConfig, cost: CostModel, split: SplitCostModel | None, rn
                built: SplitScalarPlan | None = None) -> dict[str, Any]:
     """The last step's ``info`` (modes and depths in the round's original order). ``built``: the
     scalar plan that built it (the scalar env's), whose aggregates give the served count where they
-    are the numbers ``evaluate_split_plan`` would take (``split_plan.served_from_aggregates``: the
+    are the numbers ``evaluate_split_plan`` would take (``split_outcome.served_from_aggregates``: the
     terminal step's hot path); otherwise the plan is evaluated."""
     modes = np.zeros(rnd.num_users, dtype=np.int8)
     depth = np.zeros(rnd.num_users, dtype=np.int64)
@@ -180,7 +175,7 @@ class EdgeScheduleV1Env(gym.Env):
     mask, converted once per distinct pattern: :meth:`_set_masks`); each mode's six batch features
     are recomputed only when that mode admits, the SD depth feature only when SD does (a reset writes
     the empty batches' features, computed once). The last step counts the served users from the
-    builder's aggregates (``split_plan.served_from_aggregates``) where they are the numbers the plan's
+    builder's aggregates (``split_outcome.served_from_aggregates``) where they are the numbers the plan's
     evaluation would take. Every value is computed by the same operations as before
     (``tests/test_env_v1_golden.py`` pins 300 trajectories bit for bit,
     ``tests/test_env_v1_speed_paths.py`` the pieces).

@@ -19,7 +19,7 @@ Prompts cycle through the pair's prompt lists; ``max_tokens`` and deadlines are 
 seeded generator (``--tokens``, ``--deadline-s``), RTTs from ``--rtt-ms``. Then each round is planned
 again by the same scheduler as the server saw it -- prompt tokens, ``max_tokens`` as the output
 prediction, the deadline less the round window, ``has_edge`` and ``rtt_s`` -- on the same profile,
-with the acceptance estimate the server had, and costed with ``envs.split_plan.evaluate_split_plan``
+with the acceptance estimate the server had, and costed with ``envs.split_outcome.evaluate_split_plan``
 (each user's realised output length). Every user ends at its own last token -- ED users
 (``ed_completion="own"``) and AD/SD users (``completion="own"``: its own passes at its batch's
 size and share) -- the server's semantics, as ``experiments.sim_vs_real`` uses v0's

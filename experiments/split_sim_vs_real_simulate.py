@@ -2,7 +2,7 @@
 and costed again with the v1 model, and their comparison with the live records.
 
 :func:`simulate` rebuilds each live round as the server built it and costs its plan with
-``envs.split_plan.evaluate_split_plan``; :func:`ed_iteration_parts` gives the model's parts of an ED
+``envs.split_outcome.evaluate_split_plan``; :func:`ed_iteration_parts` gives the model's parts of an ED
 iteration beside the edges' logged ones; :func:`compare` and :func:`compare_parts` tabulate real
 against simulated. Separate from the experiment's driver (:mod:`experiments.split_sim_vs_real`: the
 server, the edges, the CLI, ``--resimulate`` and the report), as ``experiments.sim_vs_real_simulate``
@@ -23,7 +23,8 @@ from envs.cost_model import CostModel
 from envs.draft_tree import DraftTree
 from envs.plan import AD, ED, SD
 from envs.profile import load_profile
-from envs.split_plan import ed_users, evaluate_split_plan
+from envs.split_outcome import evaluate_split_plan
+from envs.split_plan import ed_users
 from envs.workload import Round
 
 MODES = {AD: "ad", SD: "sd", ED: "ed"}
@@ -35,7 +36,7 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
     """Plan each round as the server saw it and cost it with the v1 model (see the module docstring).
 
     ``completion``: when users end in *sim* and *sim, measured acceptance* -- ``own`` (each at its own
-    last token: ``completion`` and ``ed_completion`` of ``envs.split_plan.evaluate_split_plan``) or
+    last token: ``completion`` and ``ed_completion`` of ``envs.split_outcome.evaluate_split_plan``) or
     ``batch``; *sim_batch* (the estimate realised, every user ending at its batch's end) is always added."""
     cost = CostModel(load_profile(profile))
     split = split_model(cost.profile)

@@ -9,7 +9,7 @@
   proactive prefix masked, both ``np.where`` always taken);
 * ``envs.split_builder.ed_rows`` from the edge users' constants alone equals the rows from every
   user's (as the env built them before);
-* ``envs.split_plan.served_from_aggregates`` (the terminal step) equals
+* ``envs.split_outcome.served_from_aggregates`` (the terminal step) equals
   ``evaluate_split_plan(...).served_count`` on plans built by ``SplitScalarPlan``, and declines (None)
   where it does not apply;
 * ``envs.v1_user_features.user_feature_table`` with acceptance at 1 equals v0's user features.
@@ -34,14 +34,8 @@ from envs.profile import load_profile
 from envs.scalar_times import ad_time_of, sd_parts_all_of, sd_parts_of
 from envs.split_builder import SplitScalarPlan, ed_rows
 from envs.split_cost import SplitCostModel, SplitOptions
-from envs.split_plan import (
-    EdUsers,
-    ed_users,
-    ed_users_arrays,
-    evaluate_split_plan,
-    served_from_aggregates,
-    shares_split,
-)
+from envs.split_outcome import evaluate_split_plan, served_from_aggregates
+from envs.split_plan import EdUsers, ed_users, ed_users_arrays, shares_split
 from envs.workload import sample_round
 
 SPLIT = "split_a100-40gb_llama2-7b_tinyllama-1.1b"

@@ -12,8 +12,8 @@ from envs.cost_model import CostModel
 from envs.plan import ED, REJECT, Plan
 from envs.profile import load_profile
 from envs.split_cost import SplitCostModel
-from envs.split_outcome import ed_own_latency
-from envs.split_plan import check_plan_split, ed_users, evaluate_split_plan
+from envs.split_outcome import ed_own_latency, evaluate_split_plan
+from envs.split_plan import check_plan_split, ed_users
 from envs.workload import Round, sample_round
 
 PROFILE = "split_a100-40gb_llama2-7b_tinyllama-1.1b"

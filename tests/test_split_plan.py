@@ -22,7 +22,8 @@ from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.profile import load_profile
 from envs.split_builder import SplitPlanBuilder, SplitScalarPlan
 from envs.split_cost import DraftTree, SplitCostModel
-from envs.split_plan import check_plan_split, ed_users, evaluate_split_plan
+from envs.split_outcome import evaluate_split_plan
+from envs.split_plan import check_plan_split, ed_users
 from envs.workload import sample_round
 
 

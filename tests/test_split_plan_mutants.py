@@ -27,7 +27,7 @@ from envs.outcome import evaluate_plan
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.profile import Profile, load_profile
 from envs.split_cost import DraftTree, SplitCostModel
-from envs.split_outcome import ed_own_latency
+from envs.split_outcome import ed_own_latency, evaluate_split_plan, served_from_aggregates
 from envs.split_plan import (
     check_plan_split,
     ed_aggregates,
@@ -38,8 +38,6 @@ from envs.split_plan import (
     ed_time1,
     ed_users,
     ed_users_arrays,
-    evaluate_split_plan,
-    served_from_aggregates,
     shares_split,
 )
 from envs.split_profile import cpu_split_profile

@@ -16,7 +16,8 @@ from envs.edge_schedule_v1 import final_info, make_models, round_features
 from envs.edge_schedule_v1_vector import EdgeScheduleV1VectorEnv
 from envs.plan import AD, ED, REJECT, SD, Plan
 from envs.split_final_batch import KEYS, final_infos, outcome_latency
-from envs.split_plan import ed_users, evaluate_split_plan
+from envs.split_outcome import evaluate_split_plan
+from envs.split_plan import ed_users
 from envs.split_reset_batch import V1Rounds, load_rounds, sample_rounds
 from envs.workload import Round, sample_round
 
