@@ -85,7 +85,8 @@ come from its report's ``Reproduce`` line (a report from before ``--pin-cpus`` r
 live option given on the command line that contradicts it is an error, and without such a line the
 options given describe the run. Schedulers, settings, rounds and users per round are checked
 against the records. The report keeps the run's planning-profile and wall-time lines and adds the
-re-simulation's command; ``--completion`` is the simulator's and may differ from the run's.
+re-simulation's command; ``--completion`` and ``--sim-rtt`` (an ablation: the emulated RTT instead
+of the reported one) are the simulator's and may differ from the run's.
 
 **Edge devices.** The edges' draft models share this process's CPU (one torch thread); the model
 gives every edge its own device. Few concurrent edge users per round keep that difference small.
@@ -109,7 +110,7 @@ from envs.profile import ProfileError, load_profile
 from envs.split_outcome import ED_COMPLETIONS
 from experiments.sim_vs_real import free_port
 from experiments.split_sim_vs_real_record import command, recorded_options, resimulate, write_report
-from experiments.split_sim_vs_real_simulate import compare, simulate
+from experiments.split_sim_vs_real_simulate import SIM_RTTS, compare, simulate
 from runtime.cpu_pinning import available_cpus, pin_process
 from runtime.machine_profile import (
     AUTO,
@@ -183,6 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "runtime.device_turns) or os (the verifier and the engines as two free threads)")
     ap.add_argument("--completion", default="own", choices=list(ED_COMPLETIONS),
                     help="when simulated users end: own (each at its own last token, as the server answers) or batch (at its batch's end, v1's default)")
+    ap.add_argument("--sim-rtt", default="reported", choices=list(SIM_RTTS),
+                    help="the round trip the simulator plans edge users with: reported (default: what each reported to the server) or "
+                         "emulated (the emulated RTT alone: an ablation of the measured stack time)")
     ap.add_argument("--out", type=Path, default=None, help=f"where to write (default {RESULTS.relative_to(ROOT)}; with --resimulate, its DIR)")
     ap.add_argument("--resimulate", type=Path, default=None, metavar="DIR",
                     help="re-simulate the finished run in DIR (its requests.csv) without a live part, with the arguments its report's "
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
             pin_process(before)
     wall = time.perf_counter() - t_start
     load.append(os.getloadavg()[0])
-    sims = [simulate(df, s, profile, args.window_s, args.policy, args.completion) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
+    sims = [simulate(df, s, profile, args.window_s, args.policy, args.completion, args.sim_rtt) for s, df in pd.concat(frames, ignore_index=True).groupby("scheduler", sort=False)]
     both = pd.concat(sims)
     live = [
         f"**Planning profile** ({planning.source}; `--profile {args.profile}`): " + "; ".join(f"{k}: {v}" for k, v in planning.summary().items()

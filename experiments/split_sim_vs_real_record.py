@@ -24,7 +24,7 @@ from agents.artefacts import write_csv_atomic, write_text_atomic
 from experiments.split_sim_vs_real_simulate import compare, compare_parts, simulate
 from runtime.machine_profile import profile_file
 
-#: the options that describe a live run (the rest -- --completion, --out, --resimulate -- are the simulator's or the report's)
+#: the options that describe a live run (the rest -- --completion, --sim-rtt, --out, --resimulate -- are the simulator's or the report's)
 LIVE_OPTIONS = ("schedulers", "policy", "settings", "rounds", "edge_users", "http_users", "tokens", "deadline_s", "rtt_ms", "window_s", "alpha",
                 "cohorts", "threads", "profile", "auto_profile", "remeasure_profile", "pair", "seed", "pin_cpus",
                 "device_sharing", "rtt_report")
@@ -82,12 +82,13 @@ def resimulate(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:  # the profile as the run saved it, whatever --out overwrites
         path = Path(tmp) / "profile.yaml"
         path.write_text(profile_text)
-        both = pd.concat([simulate(df, s, str(path), args.window_s, args.policy, args.completion)
+        both = pd.concat([simulate(df, s, str(path), args.window_s, args.policy, args.completion, args.sim_rtt)
                           for s, df in live_rows.groupby("scheduler", sort=False)])
     if not any(line.startswith("**Planning profile**") for line in keep):
         keep.insert(0, f"**Planning profile**: `{saved if saved.is_file() else args.profile}` (the run's own report recorded none).")
     keep.append(f"Reproduce (the live run): `{command(args)}`")
-    again = f"python -m experiments.split_sim_vs_real --resimulate {src}" + ("" if args.completion == "own" else f" --completion {args.completion}")
+    again = (f"python -m experiments.split_sim_vs_real --resimulate {src}" + ("" if args.completion == "own" else f" --completion {args.completion}")
+             + ("" if args.sim_rtt == "reported" else f" --sim-rtt {args.sim_rtt}") + ("" if args.out == src else f" --out {args.out}"))
     keep.append(f"Re-simulated on {time.strftime('%Y-%m-%d')} with this code and the run's {'saved profile' if saved.is_file() else 'profile'}, "
                 f"the live part not rerun: `{again}`")
     named = re.search(r"planning profile `([^`]+)`", "\n".join(old))  # the name the run's header gave its saved profile
@@ -137,7 +138,9 @@ def write_report(args, both: pd.DataFrame, table: pd.DataFrame, live_lines: list
         + ("at their own last token (ED: its own iterations x its own edge iteration, verify passes at the batch occupancy; AD/SD: its own passes "
            "at its batch's size and share; as live)" if args.completion == "own" else "at their batch's end (ED: its most iterations x its slowest edge iteration)")
         + " (`--completion " + args.completion + "`); *sim, batch completion*: the estimate realised and every user ending at its batch's end "
-        "(the v1 environment's default outcome).", "",
+        "(the v1 environment's default outcome)."
+        + ("" if args.sim_rtt == "reported" else " **Ablation** (`--sim-rtt emulated`): the simulator planned edge users with the emulated RTT "
+           "alone, not the round trip they reported to the server (the plans may pick other depths than the server's)."), "",
         table.to_markdown(index=False, floatfmt=".3g"), "",
         *(["**ED iterations, part by part** (mean ms per iteration of ED users served in both; live from the edges' iteration logs, simulated "
            "from the model's terms, the prompt's prefill spread over the iterations on both sides: `ed_iteration_parts`):", "", parts.to_markdown(index=False, floatfmt=".3g"), ""] if not parts.empty else []),

@@ -32,12 +32,23 @@ MODES = {AD: "ad", SD: "sd", ED: "ed"}
 SIMS = (("sim", "sim"), ("sim, measured acceptance", "sim_measured"), ("sim, batch completion", "sim_batch"))
 
 
-def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, policy: str | None, completion: str = "own") -> pd.DataFrame:
+#: which round trip the simulator plans edge users with: what they reported to the server, or the emulated RTT alone (an ablation)
+SIM_RTTS = ("reported", "emulated")
+
+
+def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, policy: str | None, completion: str = "own",
+             sim_rtt: str = "reported") -> pd.DataFrame:
     """Plan each round as the server saw it and cost it with the v1 model (see the module docstring).
 
     ``completion``: when users end in *sim* and *sim, measured acceptance* -- ``own`` (each at its own
     last token: ``completion`` and ``ed_completion`` of ``envs.split_outcome.evaluate_split_plan``) or
-    ``batch``; *sim_batch* (the estimate realised, every user ending at its batch's end) is always added."""
+    ``batch``; *sim_batch* (the estimate realised, every user ending at its batch's end) is always added.
+    ``sim_rtt``: ``reported`` (the round trip each edge user reported, :func:`reported_rtt_s`: as the
+    server saw it) or ``emulated`` (the emulated RTT alone, ``rtt_s``: an ablation that shows what the
+    measured stack time adds; the plans then pick depths for the shorter RTT, so they may differ from
+    the server's)."""
+    if sim_rtt not in SIM_RTTS:
+        raise ValueError(f"sim_rtt must be one of {list(SIM_RTTS)}, got {sim_rtt!r}")
     cost = CostModel(load_profile(profile))
     split = split_model(cost.profile)
     sched = make_scheduler(scheduler, cost, EnvConfig.max_gamma, seed=0) if scheduler != "policy" else _policy(cost, policy)
@@ -47,7 +58,7 @@ def simulate(df: pd.DataFrame, scheduler: str, profile: str, window_s: float, po
         edge = (g.kind == "edge").to_numpy()
         rnd = Round.from_requests(g.prompt_tokens.to_numpy(), g.max_tokens.to_numpy(), np.maximum(g.deadline_s.to_numpy() - window_s, 1e-6),
                                   np.full(n, float(g.alpha_server.iloc[0])), uplink_s=0.0, downlink_s=0.0)
-        rnd.has_edge, rnd.rtt_s = edge, reported_rtt_s(g)
+        rnd.has_edge, rnd.rtt_s = edge, reported_rtt_s(g) if sim_rtt == "reported" else g.rtt_s.to_numpy(dtype=float)
         plan = sched.plan(rnd)
         produced = np.maximum(g.tokens.fillna(0).to_numpy(dtype=np.int64), 1)
         realised = np.where(g.outcome.isin(["served", "late"]), produced, rnd.output_tokens)  # a rejected request's output is never seen

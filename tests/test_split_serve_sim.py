@@ -330,3 +330,30 @@ def test_the_experiment_end_to_end_on_the_tiny_pair(requested, tmp_path, monkeyp
     parts = pd.read_csv(out / "iteration_parts.csv")  # the edge's logged parts of its iterations beside the model's
     assert len(parts) == 1 and parts["ED users"].iloc[0] == 1 and "**ED iterations, part by part**" in text
     assert (parts[["draft ms (real)", "draft ms (sim)", "network ms (real)", "network ms (sim)", "verify ms (real)", "verify ms (sim, at the ED share)"]] > 0).all(axis=None)
+
+
+def test_the_emulated_rtt_ablation_plans_with_the_links_delay_alone(tmp_path):
+    """``--sim-rtt emulated`` (the simulator's option, allowed on a re-simulation): the same figures as
+    the records without the reported round trip; the default plans with what the edges reported, and
+    a reported RTT longer than the emulated one makes no simulated ED user faster."""
+    import experiments.split_sim_vs_real as svr
+
+    live = live_rows().assign(reported_rtt_s=lambda d: np.where(d.kind == "edge", d.rtt_s + 0.004, np.nan))
+    reported = simulate(live, "edge_first", PROFILE, 0.3, None)
+    emulated = simulate(live, "edge_first", PROFILE, 0.3, None, sim_rtt="emulated")
+    np.testing.assert_array_equal(emulated.sim_latency_s, simulate(live.drop(columns="reported_rtt_s"), "edge_first", PROFILE, 0.3, None).sim_latency_s)
+    ed = (reported.sim_mode == "ed") & (emulated.sim_mode == "ed") & (reported.sim_depth == emulated.sim_depth)
+    assert ed.any() and (reported.sim_latency_s[ed] >= emulated.sim_latency_s[ed]).all()
+    with pytest.raises(ValueError, match="sim_rtt"):
+        simulate(live, "edge_first", PROFILE, 0.3, None, sim_rtt="link")
+    run = tmp_path / "run"
+    run.mkdir()
+    reported.drop(columns=["prompt"]).to_csv(run / "requests.csv", index=False)
+    (run / "summary.md").write_text(
+        "Reproduce: `python -m experiments.split_sim_vs_real --schedulers edge_first --settings mix --rounds 1 --http-users 1 --window-s 0.3 "
+        f"--profile {PROFILE} --pin-cpus off --device-sharing turns --rtt-report measured`\n")
+    svr.main(["--resimulate", str(run), "--out", str(tmp_path / "ablation"), "--sim-rtt", "emulated"])
+    got = pd.read_csv(tmp_path / "ablation" / "requests.csv")
+    np.testing.assert_allclose(got.sim_latency_s, emulated.sim_latency_s, rtol=1e-12)
+    text = (tmp_path / "ablation" / "summary.md").read_text()
+    assert "**Ablation** (`--sim-rtt emulated`)" in text and f"--resimulate {run} --sim-rtt emulated --out {tmp_path / 'ablation'}" in text
