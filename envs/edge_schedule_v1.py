@@ -71,7 +71,7 @@ v0's in two fields: ``profile`` (a split profile, ``envs/profiles/split_*.yaml``
 ``edge_fraction`` (0.5). A profile without ``edge``/``network`` sections needs ``edge_fraction=0``;
 with ``edge_fraction=0`` v1 serves exactly what v0 serves on the same rounds. ``completion``
 applies to every user: ``"batch"`` (default) ends each at its batch's end, ``"own"`` each at its
-own last token, ED users included (``envs.split_outcome.evaluate_split_plan``, ``envs.split_outcome``).
+own last token, ED users included (``envs.split_outcome.evaluate_split_plan``).
 
 ## Vectorized environment
 
