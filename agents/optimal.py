@@ -88,21 +88,15 @@ def split_upper_bound(cost: CostModel, rnd: Round, gamma: int, step: float = 0.0
         for j in range(len(g) - 1):
             cells.append((int(ad_cheap[i + 1, j + 1] + sd_cheap[i, j]), i, j))
     cells.sort(reverse=True)
-    ad_cache: dict = {}
-    sd_cache: dict = {}
     bound = max(ad_only, sd_only)
-    for cheap, i, j in cells:
+    for cheap, i, j in cells:  # each cell once: its two exact solves are its own (no cache to share)
         if cheap <= bound:
             break
         if cheap <= incumbent:  # cells are in descending cheap bound: none left can beat the incumbent
             bound = max(bound, cheap)
             break
-        a = ad_cache.get((i + 1, j + 1))
-        if a is None:
-            a = ad_cache[(i + 1, j + 1)] = len(solve_mode(ad_tab, everyone, float(g[i + 1]), float(g[j + 1]) * rem_sd))
-        s = sd_cache.get((i, j))
-        if s is None:
-            s = sd_cache[(i, j)] = len(solve_mode(sd_tab, everyone, 1.0 - float(g[i]), (1.0 - float(g[j])) * rem_sd))
+        a = len(solve_mode(ad_tab, everyone, float(g[i + 1]), float(g[j + 1]) * rem_sd))
+        s = len(solve_mode(sd_tab, everyone, 1.0 - float(g[i]), (1.0 - float(g[j])) * rem_sd))
         bound = max(bound, min(a + s, k))
     return bound
 

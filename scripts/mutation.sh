@@ -51,13 +51,13 @@ FILES[agents]="agents/mode_solver.py agents/balance.py agents/optimal.py agents/
 # the agents group runs only fast tests with exact expected values (brute force on tiny rounds,
 # hand-walked rounds); the slower hypothesis / brute-force suites (test_mode_solver.py,
 # test_schedulers.py, test_optimal.py) stay in the default run, out of the per-mutant selection
-TESTS[agents]="tests/test_agents_core.py tests/test_golden.py tests/test_binding.py tests/test_balance_mutants.py tests/test_mode_solver_mutants.py tests/test_exact_search_mutants.py tests/test_optimal_mutants.py tests/test_build_table_mutants.py"
+TESTS[agents]="tests/test_agents_core.py tests/test_golden.py tests/test_binding.py tests/test_balance_mutants.py tests/test_mode_solver_mutants.py tests/test_exact_search_mutants.py tests/test_optimal_mutants.py tests/test_build_table_mutants.py tests/test_sort_ties.py"
 GLOBS[agents]="agents.mode_solver.* agents.balance.* agents.optimal.* agents.exact_search.*"
 TIMEOUT[split]=15
 FILES[split]="envs/split_cost.py envs/split_cohorts.py envs/draft_tree.py envs/split_plan.py envs/split_builder.py envs/split_outcome.py envs/scalar_times.py agents/balance_ed.py agents/edge_first.py agents/ed_batch.py"
 # the fast tests with exact expected values: hand-derived formulas, brute force on small rounds, the
 # recorded v1 trajectories, builder == exact check; the DES and the live runtime's tests stay out
-TESTS[split]="tests/test_split_cost.py tests/test_split_plan.py tests/test_split_outcome.py tests/test_env_v1_golden.py tests/test_env_v1_speed_paths.py tests/test_env_v1_fast_paths.py tests/test_v1_reset_batch.py tests/test_specedge_schedulers.py tests/test_split_workload.py tests/test_split_cost_mutants.py tests/test_split_builder_mutants.py tests/test_split_plan_mutants.py tests/test_specedge_schedulers_mutants.py"
+TESTS[split]="tests/test_split_cost.py tests/test_split_plan.py tests/test_split_outcome.py tests/test_env_v1_golden.py tests/test_env_v1_speed_paths.py tests/test_env_v1_fast_paths.py tests/test_v1_reset_batch.py tests/test_specedge_schedulers.py tests/test_split_workload.py tests/test_split_cost_mutants.py tests/test_split_builder_mutants.py tests/test_split_plan_mutants.py tests/test_specedge_schedulers_mutants.py tests/test_sort_ties.py"
 GLOBS[split]="envs.split_cost.* envs.split_cohorts.* envs.draft_tree.* envs.split_plan.* envs.split_builder.* envs.split_outcome.* envs.scalar_times.* agents.balance_ed.* agents.edge_first.* agents.ed_batch.*"
 
 SELECTED=("$@")

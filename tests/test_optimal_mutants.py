@@ -30,7 +30,7 @@ from test_agents_core import (
 import agents.optimal as optimal
 from agents.balance import grid
 from agents.cost_envelope import CostEnvelope
-from agents.mode_solver import build_table, solve_mode
+from agents.mode_solver import build_table, solve_mode, upper_bound_grid
 from agents.optimal import Exhaustive, Optimal, certify, split_upper_bound
 from envs import AD, SD, Plan, check_plans
 from envs.cost_model import sd_iterations
@@ -249,7 +249,7 @@ def _last_column_round():
     return cost, rnd
 
 
-# rounds on which cells share cache entries or need the grid's edges (found by search, then fixed)
+# rounds on which the bound needs the grid's edges (found by search, then fixed)
 EDGE_ROUNDS = [
     (golden("padded"), 1, 0.25, make_round([2, 2, 2, 9, 2], [3, 14, 14, 14, 3], [0.16, 0.3, 0.16, 0.05, 0.09], [0.95, 0.5, 0.95, 0.9, 0.7],
                                            [0.0244, 0.0181, 0.0197, 0.0274, 0.002], [0.0083, 0.0038, 0.0033, 0.0099, 0.0078])),
@@ -265,8 +265,8 @@ EDGE_ROUNDS = [
 @pytest.mark.parametrize("which", ["row", "column", 0, 1, 2, 3])
 def test_split_bound_on_rounds_that_need_every_cell(which):
     """The bound covers the optimum where only the grid's last row (AD takes all the compute) or
-    last column (all the KV memory) of cells holds it, and equals the definition where cells
-    would share cache entries."""
+    last column (all the KV memory) of cells holds it, and equals the definition on the rounds
+    found by search."""
     if which in ("row", "column"):
         cost, rnd = _last_row_round() if which == "row" else _last_column_round()
         gamma, step = 4, 0.25
@@ -279,6 +279,23 @@ def test_split_bound_on_rounds_that_need_every_cell(which):
     for incumbent in range(rnd.num_users + 1):  # pruned: equal wherever either exceeds the incumbent
         pruned = split_upper_bound(cost, rnd, gamma, step, incumbent=incumbent)
         assert (pruned <= incumbent) == (ref <= incumbent) and (pruned == ref or ref <= incumbent)
+
+
+def test_pruned_split_bound_is_the_largest_cheap_bound_left():
+    """With an incumbent no cell's cheap bound exceeds (each table bounds at most K users, so 2K),
+    the documented stand-in for every cell: the larger of the single-mode
+    optima and the largest cheap bound of a cell, the AD table's bound at the cell's upper corner
+    (g[i+1], g[j+1]) plus the optimistic SD table's at its lower one (1 - g[i], 1 - g[j])."""
+    for n, (cost, rnd) in enumerate(CASES + [(c, r) for c, _, _, r in EDGE_ROUNDS]):
+        gamma, step, k = 1 + n % 4, 0.25, rnd.num_users
+        everyone = np.ones(k, dtype=bool)
+        ad, sd = build_table(cost, rnd, AD, gamma), build_table(cost, rnd, SD, gamma, optimistic=True)
+        mem = float(cost.memory_budget(True))
+        single = max(len(solve_mode(ad, everyone, 1.0, float(cost.memory_budget(False)))), len(solve_mode(sd, everyone, 1.0, mem)))
+        g = grid(step)
+        cheap = max(int(upper_bound_grid(ad, [g[i + 1]], [g[j + 1] * mem])[0, 0] + upper_bound_grid(sd, [1.0 - g[i]], [(1.0 - g[j]) * mem])[0, 0])
+                    for i in range(len(g) - 1) for j in range(len(g) - 1))
+        assert split_upper_bound(cost, rnd, gamma, step, incumbent=2 * k) == max(single, cheap), n
 
 
 def test_split_bound_with_nothing_servable_is_zero():
