@@ -31,6 +31,17 @@ def test_chain_expected_tokens_is_the_closed_form_and_the_tree_model_reduces_to_
     assert shape.expected_tokens >= closed - 1e-12  # a second child per node can only add
 
 
+@pytest.mark.parametrize("g", [1, 4, 12])
+def test_chain_accepts_everything_at_alpha_one(g):
+    """At acceptance 1 every draft is accepted: g + 1 tokens per iteration (the closed form's 0/0
+    limit), from both the scalar shape and the numpy path, and continuous from below."""
+    chain = DraftTree.chain(g)
+    assert tree_shape(1.0, chain).expected_tokens == g + 1.0
+    assert float(expected_tokens(1.0, chain)) == g + 1.0
+    assert tree_shape(1.0 - 1e-6, chain).expected_tokens == pytest.approx(g + 1.0, rel=1e-4)
+    assert tree_shape(1.0, chain).top_path_prob == 1.0
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.floats(0.05, 0.95), st.integers(1, 40), st.integers(1, 8), st.integers(1, 8), st.integers(1, 10))
 def test_tree_shape_invariants(alpha, budget, beams, branch, depth):
