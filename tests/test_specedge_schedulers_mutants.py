@@ -541,6 +541,35 @@ def test_when_server_kv_binds_the_ed_batches_respect_the_ad_only_budget(tmp_path
     assert check_balance_ed(cost, cfg, rnds) >= 1  # round 2: ED beats BALANCE
 
 
+def test_edge_first_admits_an_ed_batch_that_exactly_fills_the_kv_budget(tmp_path):
+    """The greedy's memory test is tolerant (``<= M (1 + 1e-9)``), never strict: on a server whose
+    AD-only KV budget is exactly the memory of the ED batch EdgeFirst picks with room to spare,
+    it picks the same batch (the last user added fills the budget to the byte)."""
+    cfg, roomy = setting(10, edge_fraction=1.0, max_gamma=4, deadline_s=[5.0, 10.0], output_tokens=[20, 60], input_tokens=[100, 200])
+    split = SplitCostModel(roomy.profile)
+    checked = 0
+    for rnd in make_rounds(cfg, 4, 8):
+        plan = EdgeFirst(roomy, 4).decide(rnd)
+        ed = np.flatnonzero(plan.ed_depth > 0) if plan.ed_depth is not None else np.zeros(0, dtype=np.int64)
+        if len(ed) < 2:
+            continue
+        users = ed_users(split, rnd, 4)
+        need = fixed_depth_option(roomy, users, rnd, ed, plan.ed_depth[ed]).memory_bytes
+        assert need < float(roomy.memory_budget(False))  # with room to spare, memory did not bind
+        with (PROFILE_DIR / f"{PROFILE}.yaml").open() as fh:
+            d = yaml.safe_load(fh)
+        d["device"]["memory_bytes"] = float(d["device"]["reserve_bytes"]) + float(roomy.w_l) + need
+        path = tmp_path / f"exact_{checked}.yaml"
+        path.write_text(yaml.safe_dump(d))
+        exact = CostModel.from_config(replace(cfg, profile=str(path)))
+        assert float(exact.memory_budget(False)) == pytest.approx(need, rel=1e-15)
+        again = EdgeFirst(exact, 4).decide(rnd)
+        assert again.ed_depth is not None and np.array_equal(np.flatnonzero(again.ed_depth > 0), ed)
+        assert np.array_equal(again.ed_depth[ed], plan.ed_depth[ed])
+        checked += 1
+    assert checked >= 1
+
+
 def test_edge_first_checks_each_user_at_its_own_calibrated_depth(tmp_path):
     # an edge with KV room for 200 draft tokens and requests of 185-205 tokens: many users are allowed at
     # shallow depths only, so the depth checked must be the user's calibrated one
