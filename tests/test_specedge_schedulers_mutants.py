@@ -128,6 +128,23 @@ def test_ed_options_is_exactly_the_brute_force_pareto_front(seed, kv, g_max, rtt
     assert n_fronts > 0 or g_max == 1  # some set has a real trade-off between share and memory
 
 
+@pytest.mark.parametrize("idx", [(1, 4), (3, 5), (3, 4)])
+def test_ed_options_front_where_the_slowest_edge_iteration_depends_on_the_iteration_cap(idx):
+    """Pairs (found by search over 1,404 sets) whose front holds options at different iteration
+    caps J* with different slowest fastest-edge iterations: each cap must budget with its own
+    slowest edge iteration, not the slowest over all caps (which prices the shallower options too
+    dear, or drops them)."""
+    cfg, cost = setting(6, edge_fraction=1.0, max_gamma=8, deadline_s=[0.5, 6.0])
+    rnd = make_rounds(cfg, 3, 5 if idx != (1, 4) else 3)[1]
+    users = ed_users(SplitCostModel(cost.profile), rnd, 8)
+    idx = np.array(idx)
+    got = [(o.share, o.memory_bytes) for o in ed_options(cost, users, rnd, idx)]
+    front = brute_front(cost, users, rnd, idx, 8)
+    assert len(got) == len(front) >= 4
+    for (s, m), (s2, m2) in zip(got, front, strict=True):
+        assert s == pytest.approx(s2, rel=1e-12) and m == pytest.approx(m2, rel=1e-12)
+
+
 def test_ed_options_of_the_empty_set_and_of_a_set_with_a_user_without_edge():
     cfg, cost = setting(6, edge_fraction=0.5, max_gamma=3, deadline_s=[2.0, 6.0], output_tokens=[20, 100])
     split = SplitCostModel(cost.profile)
