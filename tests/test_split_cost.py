@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import envs.draft_tree as draft_tree
 from envs.profile import load_profile
 from envs.split_cost import DraftTree, SplitCostModel, SplitOptions, expected_tokens, tree_shape
 
@@ -34,7 +35,10 @@ def test_chain_expected_tokens_is_the_closed_form_and_the_tree_model_reduces_to_
 @pytest.mark.parametrize("g", [1, 4, 12])
 def test_chain_accepts_everything_at_alpha_one(g):
     """At acceptance 1 every draft is accepted: g + 1 tokens per iteration (the closed form's 0/0
-    limit), from both the scalar shape and the numpy path, and continuous from below."""
+    limit), from both the scalar shape and the numpy path, and continuous from below. The shapes'
+    cache is cleared first: an entry computed earlier in the process (mutmut's forked runs inherit
+    its parent's) would answer without running the code under test."""
+    draft_tree._shape.cache_clear()
     chain = DraftTree.chain(g)
     assert tree_shape(1.0, chain).expected_tokens == g + 1.0
     assert float(expected_tokens(1.0, chain)) == g + 1.0
