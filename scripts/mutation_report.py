@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agents.artefacts import write_text_atomic
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     eq = load_equivalents(args.equivalents)
     rows: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     survivors, equivalents, stale, not_run = [], [], [], []
+    # one `mutmut show` per surviving mutant, each a Python start-up: run them side by side
+    alive = sorted(k for k, v in st.items() if v not in NOT_RUN and v not in KILLED)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        diffs = dict(zip(alive, pool.map(lambda n: diff_lines(where[n], n), alive), strict=True))
     for name, status in sorted(st.items()):
         groups = [module_of(name)] + [g.split("=", 1)[0] for g in args.groups if any(fnmatch.fnmatch(name, p) for p in g.split("=", 1)[1].split(","))]
         if status in NOT_RUN:
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         kind = "killed" if status in KILLED else "survived"
         if kind == "survived":
-            minus, plus = diff_lines(where[name], name)
+            minus, plus = diffs[name]
             if name in eq and eq[name][0] == plus:
                 kind = "equivalent"
                 equivalents.append((name, minus, plus, eq[name][1]))
