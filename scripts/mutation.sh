@@ -30,6 +30,8 @@
 # surviving mutants. MUTATION_RERUN_TESTS="tests/a.py tests/b.py" refreshes only those files
 # (for when other tests at HEAD need code newer than the run's). MUTATION_RERUN=report: run nothing, rewrite the report from
 # the groups' last runs (e.g. `MUTATION_RERUN=report bash scripts/mutation.sh envs agents`).
+# MUTATION_CARRY_KILLED="split": in the report, that group's mutants a survivors-only rerun left unchecked count as
+# killed (they were, in its last full run; only valid while its modules have not changed since; the report says so).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
@@ -139,9 +141,12 @@ for g in "${SELECTED[@]}"; do
     ALL_GLOBS+=("${globs[@]}")
 done
 cd "$ROOT"
+CARRY=()
+for g in ${MUTATION_CARRY_KILLED:-}; do CARRY+=("$WORK/$g"); done
 "$VENV/bin/python" "$ROOT/scripts/mutation_report.py" --workdirs "${DIRS[@]}" \
+    --carry-killed "${CARRY[@]}" \
     --equivalents "$ROOT/scripts/mutation_equivalents.tsv" \
     --targets "${ALL_GLOBS[@]}" \
-    --command "${MUTATION_RERUN:+MUTATION_RERUN=$MUTATION_RERUN }bash scripts/mutation.sh${1:+ $*}" \
+    --command "${MUTATION_RERUN:+MUTATION_RERUN=$MUTATION_RERUN }${MUTATION_CARRY_KILLED:+MUTATION_CARRY_KILLED=$MUTATION_CARRY_KILLED }bash scripts/mutation.sh${1:+ $*}" \
     --history "${MUTATION_HISTORY:-}" \
     --out "$REPORT"

@@ -87,13 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--command", required=True, help="the command that produced the run (for the report)")
     ap.add_argument("--history", default="", help="how the groups' runs came about (earlier runs, reruns), appended to the report's first line")
     ap.add_argument("--groups", nargs="*", default=[], help="extra rows: LABEL=GLOB[,GLOB...] (e.g. action handling)")
+    ap.add_argument("--carry-killed", nargs="*", type=Path, default=[],
+                    help="workdirs whose 'not checked' mutants count as killed: a survivors-only rerun (MUTATION_RERUN=survivors) "
+                         "after new tests leaves every other mutant unmarked, and those were killed by the group's last full run "
+                         "(valid only while its modules are unchanged since; tests were only added)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
-    st, where = {}, {}
+    st, where, carried = {}, {}, 0
+    carry = {wd.resolve() for wd in args.carry_killed}
     for wd in args.workdirs:
         for k, v in statuses(wd).items():
             if any(fnmatch.fnmatch(k, t) for t in args.targets):
+                if v == "not checked" and wd.resolve() in carry:
+                    v, carried = "killed", carried + 1
                 st[k], where[k] = v, wd
     eq = load_equivalents(args.equivalents)
     rows: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -143,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         r = rows[g]
         lines.append(f"| {g} | {r['killed'] + r['survived'] + r['equivalent']} | {r['killed']} | {r['survived']} | {r['equivalent']} | {score(r)} |")
     lines.append(f"| **all modules** | {total['killed'] + total['survived'] + total['equivalent']} | {total['killed']} | {total['survived']} | {total['equivalent']} | **{score(total)}** |")
+    if carried:
+        lines += ["", f"{carried} mutants of {', '.join(str(w) for w in args.carry_killed)} count as killed from that group's last "
+                  "full run: the survivors-only rerun after new tests left them unchecked (`--carry-killed`)."]
     if not_run:
         lines += ["", f"{len(not_run)} mutants were not run (no test reaches them or the run was cut short): " + ", ".join(f"`{n}`" for n in not_run[:40]) + (" ..." if len(not_run) > 40 else "")]
     lines += ["", "## Surviving mutants", ""]
