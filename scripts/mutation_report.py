@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {g} | {r['killed'] + r['survived'] + r['equivalent']} | {r['killed']} | {r['survived']} | {r['equivalent']} | {score(r)} |")
     lines.append(f"| **all modules** | {total['killed'] + total['survived'] + total['equivalent']} | {total['killed']} | {total['survived']} | {total['equivalent']} | **{score(total)}** |")
     if carried:
-        lines += ["", f"{carried} mutants of {', '.join(str(w) for w in args.carry_killed)} count as killed from that group's last "
+        lines += ["", f"{carried} mutants of the {', '.join(w.name for w in args.carry_killed)} group count as killed from its last "
                   "full run: the survivors-only rerun after new tests left them unchecked (`--carry-killed`)."]
     if not_run:
         lines += ["", f"{len(not_run)} mutants were not run (no test reaches them or the run was cut short): " + ", ".join(f"`{n}`" for n in not_run[:40]) + (" ..." if len(not_run) > 40 else "")]
